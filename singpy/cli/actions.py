@@ -1,0 +1,92 @@
+"""`run`, `exec`, `shell`: parsed options -> LaunchRequest -> launch.run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from singpy import console
+from singpy.cli.parse import action_help, parse_action
+from singpy.errors import UsageError
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from typing import Any
+
+    from singpy.planner import LaunchRequest
+
+
+def verbosity(values: Mapping[str, Any], base: int = 0) -> int:
+    if values.get("debug"):
+        return console.DEBUG
+    if values.get("verbose"):
+        return max(base, console.VERBOSE)
+    if values.get("quiet"):
+        return console.QUIET
+    return base
+
+
+def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -> int:
+    env = os.environ
+    values, positionals = parse_action(action, argv, env)
+    if values.get("help"):
+        print(action_help(action), end="")
+        return 0
+    console.set_level(verbosity(values, verbosity(global_values)))
+    if not positionals:
+        raise UsageError(f"singpy {action} needs an IMAGE", hint=f"Run 'singpy {action} --help' for usage.")
+    if action == "exec" and len(positionals) < 2:
+        raise UsageError("singpy exec needs a COMMAND after the IMAGE", hint="Run 'singpy exec --help' for usage.")
+
+    from singpy import host as host_module
+    from singpy import launch
+    from singpy.config import sysconf
+
+    host = host_module.capture(env)
+    config = sysconf.load(global_values.get("config") or sysconf.default_path(env))
+    request = build_request(action, values, positionals, host.cwd, console.level())
+    return launch.run(request, config, host, dry_run=bool(values.get("dry_run")))
+
+
+def build_request(action: str, values: Mapping[str, Any], positionals: list[str], cwd: str,
+                  level: int) -> LaunchRequest:
+    from singpy.environ import parse_env_option
+    from singpy.mounts.parse import parse_bind_list
+    from singpy.planner import LaunchRequest
+
+    containall = bool(values.get("containall"))
+    return LaunchRequest(
+        action=action,
+        image=positionals[0],
+        args=tuple(positionals[1:]),
+        binds=parse_bind_list(values.get("bind", []), cwd),
+        contain=containall or bool(values.get("contain")),
+        cleanenv=containall or bool(values.get("cleanenv")),
+        env=tuple(parse_env_option(values.get("env", [])).items()),
+        env_file=tuple(_read_env_files(values.get("env_file", []))),
+        home=values.get("home"),
+        no_home=bool(values.get("no_home")),
+        pwd=values.get("pwd"),
+        writable_tmpfs=bool(values.get("writable_tmpfs")),
+        hostname=values.get("hostname"),
+        pid=containall or bool(values.get("pid")),
+        ipc=containall or bool(values.get("ipc")),
+        uts=bool(values.get("uts")),
+        shell=values.get("shell"),
+        verbosity=level,
+    )
+
+
+def _read_env_files(paths: list[str]) -> list[tuple[str, str]]:
+    from singpy.environ import parse_env_file
+
+    merged: dict[str, str] = {}
+    for value in paths:
+        for path in value.split(","):
+            try:
+                with open(path) as handle:
+                    text = handle.read()
+            except OSError as error:
+                raise UsageError(f"can't read --env-file {path}: {error.strerror}") from None
+            merged.update(parse_env_file(text, path))
+    return list(merged.items())

@@ -1,0 +1,63 @@
+"""Entry point, and THE error boundary.
+
+`run`, `exec` and `shell` go through the fast parser without importing typer
+(see singpy.cli.parse); every other command goes to the typer app. A
+`SingpyError` from anywhere becomes one `FATAL:` line on stderr (plus a hint
+at -v, the traceback at -d) and its exit code; nothing below this module
+prints errors or exits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+FAST_COMMANDS = ("run", "exec", "shell")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    from singpy import console
+    from singpy.errors import SingpyError
+
+    debug = "-d" in args[:3] or "--debug" in args[:3]
+    try:
+        _refuse_setuid()
+        return _dispatch(args)
+    except SingpyError as error:
+        if debug or console.level() >= console.DEBUG:
+            import traceback
+
+            traceback.print_exc()
+        console.fatal(error.message)
+        if error.hint and (console.level() >= console.VERBOSE or error.exit_code == 1):
+            console.hint(error.hint)
+        return int(error.exit_code)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: list[str]) -> int:
+    from singpy.cli.parse import split_global
+
+    global_values, rest = split_global(args)
+    if global_values.get("version"):
+        from singpy import __version__
+
+        print(f"singpy version {__version__}")
+        return 0
+    if rest and rest[0] in FAST_COMMANDS:
+        from singpy.cli.actions import run_action
+
+        return run_action(rest[0], rest[1:], global_values)
+    from singpy.cli.app import run_app
+
+    return run_app(args)
+
+
+def _refuse_setuid() -> None:
+    """singpy never runs setuid: privilege comes from user namespaces alone."""
+    if os.getuid() != os.geteuid() or os.getgid() != os.getegid():
+        from singpy.errors import SingpyError
+
+        raise SingpyError("singpy must not be installed setuid or setgid; refusing to run")

@@ -1,0 +1,78 @@
+"""Every flag of `run`, `exec` and `shell`, declared once.
+
+Each `Option` names its long and short forms, whether it takes a value, the
+environment variables that set it (`SINGULARITY_X`, `APPTAINER_X` and
+`SINGPY_X`, as Apptainer's `EnvKeys`), and its help. The fast parser in
+`singpy.cli.parse` and the help text are both generated from this table.
+Apptainer's names are kept so that users' habits and scripts carry over.
+"""
+
+from __future__ import annotations
+
+from singpy.record import Record
+
+ENV_PREFIXES = ("SINGULARITY_", "APPTAINER_", "SINGPY_")
+
+
+class Option(Record, kw_only=False):
+    dest: str  # attribute name in the parsed result
+    long: str  # e.g. "--bind"
+    help: str  # one line
+    short: str = ""  # e.g. "-B"
+    value: str = ""  # metavar when the option takes a value, "" for a boolean flag
+    repeat: bool = False  # may be given several times (values collected in order)
+    env: str = ""  # suffix of the SINGULARITY_/APPTAINER_/SINGPY_ variables, "" for none
+    group: str = "Options"  # help section
+
+
+ACTION_OPTIONS: tuple[Option, ...] = (
+    Option("bind", "--bind", "bind a host path: src[:dest[:ro|rw]], comma lists allowed", "-B", "SPEC",
+           repeat=True, env="BIND", group="Mounts"),
+    Option("contain", "--contain", "minimal /dev, empty /tmp and home; no cwd bind", "-c", env="CONTAIN",
+           group="Isolation"),
+    Option("containall", "--containall", "--contain plus --cleanenv, --pid and --ipc", "-C",
+           env="CONTAINALL", group="Isolation"),
+    Option("cleanenv", "--cleanenv", "do not pass the host environment into the container", "-e",
+           env="CLEANENV", group="Environment"),
+    Option("env", "--env", "set a container variable: NAME=VALUE (comma lists allowed)", value="NAME=VALUE",
+           repeat=True, group="Environment"),
+    Option("env_file", "--env-file", "read container variables from a file of NAME=VALUE lines",
+           value="FILE", repeat=True, env="ENV_FILE", group="Environment"),
+    Option("home", "--home", "home directory: src[:dest] (default: your home)", "-H", "SPEC", env="HOME",
+           group="Mounts"),
+    Option("no_home", "--no-home", "do not bind the home directory", env="NO_HOME", group="Mounts"),
+    Option("pwd", "--pwd", "initial working directory inside the container", value="DIR", env="PWD",
+           group="Mounts"),
+    Option("writable_tmpfs", "--writable-tmpfs", "make the image writable, changes kept in memory only",
+           env="WRITABLE_TMPFS", group="Mounts"),
+    Option("hostname", "--hostname", "set the container's hostname (implies --uts)", value="NAME",
+           env="HOSTNAME", group="Isolation"),
+    Option("pid", "--pid", "run in a new PID namespace", "-p", env="PID", group="Isolation"),
+    Option("ipc", "--ipc", "run in a new IPC namespace", "-i", env="IPC", group="Isolation"),
+    Option("uts", "--uts", "run in a new UTS namespace", env="UTS", group="Isolation"),
+    Option("shell", "--shell", "shell started by `singpy shell`", "-s", "PATH", env="SHELL",
+           group="Environment"),
+    Option("nv", "--nv", "enable NVIDIA GPU support", env="NV", group="GPU"),
+    Option("rocm", "--rocm", "enable AMD ROCm GPU support", env="ROCM", group="GPU"),
+    Option("dry_run", "--dry-run", "print the launch plan as JSON and exit without running", group="Output"),
+    Option("quiet", "--quiet", "only print errors", "-q", group="Output"),
+    Option("verbose", "--verbose", "print each step (mounts, image preparation)", "-v", group="Output"),
+    Option("debug", "--debug", "print debugging messages and tracebacks", "-d", group="Output"),
+    Option("help", "--help", "show this help and exit", "-h", group="Output"),
+)
+
+# Flags that may come before the command, as `singpy -v exec ...` (Apptainer's global flags).
+GLOBAL_OPTIONS: tuple[Option, ...] = (
+    Option("quiet", "--quiet", "only print errors", "-q"),
+    Option("verbose", "--verbose", "print each step", "-v"),
+    Option("debug", "--debug", "print debugging messages and tracebacks", "-d"),
+    Option("config", "--config", "read this singpy.conf instead of the default", value="FILE"),
+    Option("version", "--version", "print the version and exit"),
+    Option("help", "--help", "show this help and exit", "-h"),
+)
+
+ACTIONS = {
+    "exec": ("IMAGE COMMAND [ARGS...]", "run a command inside a container"),
+    "run": ("IMAGE [ARGS...]", "run the container's runscript"),
+    "shell": ("IMAGE", "start an interactive shell inside a container"),
+}

@@ -1,0 +1,151 @@
+"""singpy.conf: Apptainer's `key = value` format, parsed against a typed table.
+
+Each directive is declared once in `DIRECTIVES` (name, kind, default, allowed
+values, one line of documentation); the parser, the defaults and
+docs/configuration.md all come from that table. Nothing is evaluated: values
+are matched against their kind, and a bad line is reported as `file:line`.
+
+Where singpy looks (first found wins): `--config FILE`, `$SINGPY_CONFIG`,
+`/etc/singpy/singpy.conf`, then the `etc/singpy.conf` shipped beside the package.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from singpy.errors import ConfigError
+from singpy.record import Record
+
+BOOL, CHOICE, STRING, LIST, INT = "bool", "choice", "string", "list", "int"
+
+
+class Directive(Record, kw_only=False):
+    name: str  # as written in the file, e.g. "mount home"
+    kind: str  # BOOL, CHOICE, STRING, LIST (may repeat) or INT
+    default: object  # value when the file does not set it
+    doc: str  # one line for docs/configuration.md
+    allowed: tuple[str, ...] = ()  # for CHOICE
+
+
+DIRECTIVES: tuple[Directive, ...] = (
+    Directive("bind path", LIST, (), "host path bound into every container (src[:dst]); may repeat"),
+    Directive("mount proc", BOOL, True, "mount /proc in the container"),
+    Directive("mount sys", BOOL, True, "mount /sys in the container"),
+    Directive("mount dev", CHOICE, "yes", "bind the host /dev (yes), a minimal /dev (minimal) or none (no)",
+              ("yes", "no", "minimal")),
+    Directive("mount devpts", BOOL, True, "mount a private devpts instance with a minimal /dev"),
+    Directive("mount home", BOOL, True, "bind the user's home directory"),
+    Directive("mount tmp", BOOL, True, "bind the host /tmp and /var/tmp"),
+    Directive("mount hostfs", BOOL, False, "bind every host filesystem mount point into the container"),
+    Directive("user bind control", BOOL, True, "allow users to ask for their own binds (--bind)"),
+    Directive("allow pid ns", BOOL, True, "allow --pid (a new PID namespace)"),
+    Directive("config passwd", BOOL, True, "add the user to the container's /etc/passwd"),
+    Directive("config group", BOOL, True, "add the user's group to the container's /etc/group"),
+    Directive("config resolv_conf", BOOL, True, "bind the host /etc/resolv.conf"),
+    Directive("always use nv", BOOL, False, "act as if --nv were given on every run"),
+    Directive("always use rocm", BOOL, False, "act as if --rocm were given on every run"),
+    Directive("use nvidia-container-cli", BOOL, False, "find NVIDIA libraries with nvidia-container-cli"),
+    Directive("nvidia-container-cli path", STRING, "", "path of nvidia-container-cli (empty: search PATH)"),
+    Directive("ldconfig path", STRING, "/sbin/ldconfig", "ldconfig used to read the host library cache"),
+    Directive("root default capabilities", CHOICE, "full", "capabilities root keeps in the container",
+              ("full", "file", "no")),
+    Directive("allow net users", LIST, (), "users allowed to use --net with a named network; may repeat"),
+    Directive("allow net networks", LIST, (), "networks those users may use; may repeat"),
+    Directive("unsquash", BOOL, False, "always extract SIF/squashfs images instead of mounting them"),
+)
+
+_BY_NAME = {directive.name: directive for directive in DIRECTIVES}
+_TRUE, _FALSE = ("yes", "true", "1"), ("no", "false", "0")
+
+
+class SysConfig(Record, kw_only=False):
+    """Parsed settings by directive name; every directive has a value."""
+
+    path: str  # the file read ("" for built-in defaults)
+    values: Mapping[str, object]
+
+    def get(self, name: str) -> object:
+        return self.values[name]
+
+    def flag(self, name: str) -> bool:
+        return bool(self.values[name])
+
+    def text(self, name: str) -> str:
+        return str(self.values[name])
+
+    def items(self, name: str) -> tuple[str, ...]:
+        value = self.values[name]
+        assert isinstance(value, tuple)
+        return value
+
+
+SYSTEM_PATH = "/etc/singpy/singpy.conf"
+SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "etc")
+
+
+def default_path(env: Mapping[str, str]) -> str:
+    """The singpy.conf to read when --config is not given."""
+    if env.get("SINGPY_CONFIG"):
+        return env["SINGPY_CONFIG"]
+    if os.path.exists(SYSTEM_PATH):
+        return SYSTEM_PATH
+    return os.path.join(SHIPPED_DIR, "singpy.conf")
+
+
+def load(path: str) -> SysConfig:
+    """Read and check `path`; a missing file is an error (an admin pointed at it)."""
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except OSError as error:
+        raise ConfigError(f"can't read configuration {path}: {error.strerror}") from None
+    return parse(text, path)
+
+
+def parse(text: str, origin: str) -> SysConfig:
+    values: dict[str, object] = {d.name: d.default for d in DIRECTIVES}
+    lists: dict[str, list[str]] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{origin}:{number}"
+        key, sep, value = line.partition("=")
+        directive = _BY_NAME.get(" ".join(key.split()))
+        if not sep or directive is None:
+            raise ConfigError(f"{where}: unknown directive {key.strip()!r}")
+        value = value.strip()
+        if directive.kind == LIST:
+            lists.setdefault(directive.name, []).append(value)
+        else:
+            values[directive.name] = _convert(directive, value, where)
+    values.update({name: tuple(items) for name, items in lists.items()})
+    return SysConfig(origin, values)
+
+
+def _convert(directive: Directive, value: str, where: str) -> object:
+    if directive.kind == BOOL:
+        if value.lower() in _TRUE:
+            return True
+        if value.lower() in _FALSE:
+            return False
+        raise ConfigError(f"{where}: {directive.name} must be yes or no, not {value!r}")
+    if directive.kind == CHOICE and value not in directive.allowed:
+        allowed = ", ".join(directive.allowed)
+        raise ConfigError(f"{where}: {directive.name} must be one of {allowed}, not {value!r}")
+    if directive.kind == INT:
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{where}: {directive.name} must be a number, not {value!r}") from None
+    return value
+
+
+def defaults() -> SysConfig:
+    return SysConfig("", {d.name: d.default for d in DIRECTIVES})
+
+
+def confdir(config: SysConfig) -> str:
+    """Directory holding the liblist files: the one singpy.conf was read from."""
+    return os.path.dirname(config.path) if config.path else SHIPPED_DIR

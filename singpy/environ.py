@@ -1,0 +1,193 @@
+"""The container environment, built by Apptainer's rules.
+
+Precedence, lowest first (Apptainer's action script and its docs,
+"Environment and Metadata"):
+
+1. a base environment: HOME, the default PATH, LANG=C under --cleanenv, and
+   the APPTAINER_/SINGULARITY_ variables describing the container;
+2. the image's `/.singularity.d/env/*.sh`, sourced in lexical order;
+3. injected variables: `SINGULARITYENV_X` < `APPTAINERENV_X` < `SINGPYENV_X`
+   < `--env-file` < `--env`;
+4. PATH rules: `..ENV_PREPEND_PATH`, `..ENV_APPEND_PATH`, then `..ENV_PATH`;
+5. LD_LIBRARY_PATH always ends with /.singularity.d/libs (where --nv/--rocm
+   put the host's GPU libraries);
+6. host variables, only where nothing above set the same name (skipped with
+   --cleanenv, except TERM and the proxy variables). PATH, LD_LIBRARY_PATH and
+   the launcher's own SINGULARITY_/APPTAINER_/SINGPY_ variables never pass.
+
+When the image has env scripts, step 2 needs a shell inside the container:
+`ACTION_SCRIPT` does steps 2-6 there. Otherwise `final_env` does them here,
+with the same result and without starting a shell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from singpy.record import Record
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+LIBS_DIR = "/.singularity.d/libs"
+INJECT_PREFIXES = ("SINGULARITYENV_", "APPTAINERENV_", "SINGPYENV_")  # later wins
+RUNTIME_PREFIXES = ("SINGULARITY_", "APPTAINER_", "SINGPY_")
+ALWAYS_PASSED = (
+    "TERM", "http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "no_proxy", "NO_PROXY",
+    "all_proxy", "ALL_PROXY", "ftp_proxy", "FTP_PROXY",
+)
+NEVER_PASSED = ("PATH", "LD_LIBRARY_PATH")
+# Injection may not replace these (Apptainer: "Overriding HOME environment variable ... is not permitted").
+PROTECTED = ("HOME", "SINGULARITY_SHELL", "APPTAINER_SHELL", "SINGULARITY_APPNAME", "APPTAINER_APPNAME")
+
+
+class EnvPlan(Record):
+    """The inputs of the precedence above, each already filtered."""
+
+    base: tuple[tuple[str, str], ...]  # step 1
+    injected: tuple[tuple[str, str], ...]  # step 3, in precedence order (later wins)
+    prepend_path: str = ""  # step 4
+    append_path: str = ""
+    path: str = ""  # replaces PATH when set
+    host: tuple[tuple[str, str], ...] = ()  # step 6 candidates
+
+
+def is_valid_name(name: str) -> bool:
+    """A name a POSIX shell can hold (no `re`: it is not loaded at start-up)."""
+    return name.isascii() and name.isidentifier()
+
+
+def injected_from_host(host_env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Variables the host asks to inject via prefixes; also returns warnings."""
+    found: dict[str, str] = {}
+    warnings = []
+    for prefix in INJECT_PREFIXES:
+        for key, value in host_env.items():
+            if key.startswith(prefix) and is_valid_name(key[len(prefix):]):
+                name = key[len(prefix):]
+                if name in PROTECTED:
+                    warnings.append(f"overriding {name} environment variable with {key} is not permitted")
+                    continue
+                found[name] = value
+    return found, warnings
+
+
+def host_passthrough(host_env: Mapping[str, str], *, cleanenv: bool, keep: Iterable[str] = ()) -> dict[str, str]:
+    """Host variables that may reach the container (step 6)."""
+    kept = set(keep)
+    return {key: value for key, value in host_env.items()
+            if key in kept or (_is_passed(key) and (not cleanenv or key in ALWAYS_PASSED))}
+
+
+def _is_passed(key: str) -> bool:
+    if key in NEVER_PASSED or key.startswith(RUNTIME_PREFIXES) or key.startswith(INJECT_PREFIXES):
+        return False
+    return is_valid_name(key)
+
+
+def split_path_rules(injected: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Move PREPEND_PATH / APPEND_PATH / PATH out of the injected variables."""
+    rules: dict[str, str] = {key: injected.pop(key) for key in ("PREPEND_PATH", "APPEND_PATH", "PATH")
+                             if key in injected}
+    return injected, rules
+
+
+def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Steps 1-6 in Python, for an image whose env scripts set `image_env` (often nothing)."""
+    env = dict(plan.base)
+    env.update(image_env or {})
+    env.update(plan.injected)
+    path = env.get("PATH", DEFAULT_PATH)
+    if plan.prepend_path:
+        path = f"{plan.prepend_path}:{path}"
+    if plan.append_path:
+        path = f"{path}:{plan.append_path}"
+    env["PATH"] = plan.path or path
+    env["LD_LIBRARY_PATH"] = with_libs_dir(env.get("LD_LIBRARY_PATH", ""))
+    for key, value in plan.host:
+        env.setdefault(key, value)
+    return env
+
+
+def with_libs_dir(value: str) -> str:
+    if not value:
+        return LIBS_DIR
+    return value if LIBS_DIR in value.split(":") else f"{value}:{LIBS_DIR}"
+
+
+def shell_env(plan: EnvPlan) -> dict[str, str]:
+    """The environment the action shell starts with: base, plus data for ACTION_SCRIPT.
+
+    Values travel as variables, never spliced into shell code, so any content is
+    safe; the names were checked with `is_valid_name`.
+    """
+    env = dict(plan.base)
+    env["__SINGPY_INJECT"] = " ".join(key for key, _ in plan.injected)
+    env.update({f"__SINGPY_I_{key}": value for key, value in plan.injected})
+    env["__SINGPY_HOST"] = " ".join(key for key, _ in plan.host)
+    env.update({f"__SINGPY_H_{key}": value for key, value in plan.host})
+    env.update({"__SINGPY_PREPEND": plan.prepend_path, "__SINGPY_APPEND": plan.append_path,
+                "__SINGPY_PATH": plan.path})
+    return env
+
+
+# Run as: /bin/sh -c ACTION_SCRIPT singpy PAYLOAD [ARGS...], with shell_env().
+ACTION_SCRIPT = r"""
+for __f in /.singularity.d/env/*.sh; do
+    [ -f "$__f" ] && . "$__f"
+done
+for __n in $__SINGPY_INJECT; do
+    eval "export $__n=\"\${__SINGPY_I_$__n}\"; unset __SINGPY_I_$__n"
+done
+[ -n "$__SINGPY_PREPEND" ] && PATH="$__SINGPY_PREPEND:$PATH"
+[ -n "$__SINGPY_APPEND" ] && PATH="$PATH:$__SINGPY_APPEND"
+[ -n "$__SINGPY_PATH" ] && PATH="$__SINGPY_PATH"
+export PATH
+case ":$LD_LIBRARY_PATH:" in
+    *:/.singularity.d/libs:*) ;;
+    ::) LD_LIBRARY_PATH=/.singularity.d/libs ;;
+    *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/.singularity.d/libs" ;;
+esac
+export LD_LIBRARY_PATH
+for __n in $__SINGPY_HOST; do
+    eval "[ -n \"\${$__n+x}\" ] || export $__n=\"\${__SINGPY_H_$__n}\"; unset __SINGPY_H_$__n"
+done
+unset __f __n __SINGPY_INJECT __SINGPY_HOST __SINGPY_PREPEND __SINGPY_APPEND __SINGPY_PATH
+exec "$@"
+"""
+
+
+def parse_env_file(text: str, origin: str) -> dict[str, str]:
+    """NAME=VALUE lines (optionally `export NAME=...`, quoted values, # comments)."""
+    from singpy.errors import UsageError
+
+    values = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):].strip()
+        name, sep, value = line.partition("=")
+        if not sep or not is_valid_name(name):
+            raise UsageError(f"{origin}:{number}: expected NAME=VALUE, got {raw.strip()!r}")
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        values[name] = value
+    return values
+
+
+def parse_env_option(values: Iterable[str]) -> dict[str, str]:
+    """--env NAME=VALUE[,NAME=VALUE...] (a comma only separates before a NAME=)."""
+    from singpy.errors import UsageError
+
+    result: dict[str, str] = {}
+    last = None
+    for value in values:
+        for item in value.split(","):
+            name, sep, text = item.partition("=")
+            if sep and is_valid_name(name):
+                result[name], last = text, name
+            elif last is not None:  # a comma inside a value: "--env A=x,y"
+                result[last] += "," + item
+            else:
+                raise UsageError(f"bad --env value {item!r}: expected NAME=VALUE")
+    return result

@@ -1,0 +1,63 @@
+"""Typed errors and exit codes.
+
+Library code raises a `SingpyError` subclass and never prints or exits;
+`singpy.cli.main` is the one place where an error becomes a line on stderr
+and an exit status.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """Exit statuses of the launcher itself (a payload's status passes through)."""
+
+    SUCCESS = 0
+    USAGE = 1  # bad command line: unknown flag, missing argument
+    LAUNCHER = 255  # anything else the launcher could not do (Apptainer uses 255 too)
+
+
+class SingpyError(Exception):
+    """An error a user can cause and understand: one line, plus an optional hint."""
+
+    exit_code = ExitCode.LAUNCHER
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class UsageError(SingpyError):
+    """The command line itself is wrong."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(SingpyError):
+    """singpy.conf (or a liblist file) is malformed; the message carries file:line."""
+
+
+class ImageError(SingpyError):
+    """The image is missing, unreadable, of an unknown kind or unusable here."""
+
+
+class SifError(ImageError):
+    """A SIF file is malformed. The SIF parser raises nothing else, on any input."""
+
+
+class BindSpecError(SingpyError):
+    """A --bind / bind path specification is malformed or cannot be honoured."""
+
+
+class KernelError(SingpyError):
+    """A system call failed: "can't VERB OBJECT: strerror"."""
+
+
+class ExecError(SingpyError):
+    """The payload could not be started inside the container."""
+
+
+class GpuError(SingpyError):
+    """GPU set-up failed in a way that must stop the launch."""

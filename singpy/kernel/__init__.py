@@ -1,0 +1,1 @@
+"""The only package that calls libc directly (through ctypes)."""

@@ -1,0 +1,26 @@
+"""User and group id maps for a new user namespace.
+
+The invoking user is mapped to themselves (uid U outside is U inside), so
+files they create in bound host directories carry their own ids. A process
+may write a single-id map for itself once `setgroups` is denied
+(user_namespaces(7), "Interaction with setgroups").
+"""
+
+from __future__ import annotations
+
+from singpy.errors import KernelError
+
+
+def write_id_maps(uid: int, gid: int, pid: str = "self") -> None:
+    """Map `uid`/`gid` to themselves in the user namespace of process `pid`."""
+    _write(f"/proc/{pid}/setgroups", "deny")
+    _write(f"/proc/{pid}/uid_map", f"{uid} {uid} 1\n")
+    _write(f"/proc/{pid}/gid_map", f"{gid} {gid} 1\n")
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError as error:
+        raise KernelError(f"can't write {path}: {error.strerror}") from None

@@ -1,0 +1,84 @@
+"""Thin ctypes wrappers for the system calls Python 3.11's `os` lacks.
+
+Each wrapper checks its result where the call is made and turns a failure
+into a `KernelError` that reads "can't VERB OBJECT: strerror", so a user sees
+which step failed and why ([1] charliecloud bin/ch_misc.h, the Zf() macro).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from singpy.errors import KernelError
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_NOATIME = 0x400
+MS_NODIRATIME = 0x800
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_PRIVATE = 0x40000
+MS_SLAVE = 0x80000
+MS_RELATIME = 0x200000
+
+MNT_DETACH = 0x2
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+
+# pivot_root(2) has no glibc wrapper; its number depends on the architecture.
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "riscv64": 41, "s390x": 217}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise KernelError(f"can't {what}: {os.strerror(errno)}")
+
+
+def _b(path: str | None) -> bytes | None:
+    return None if path is None else os.fsencode(path)
+
+
+def unshare(flags: int) -> None:
+    """Move this process into new namespaces (`flags` is CLONE_NEW* ORed)."""
+    _check(_libc.unshare(ctypes.c_int(flags)), "create namespaces (unshare)")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """mount(2); `source` None for pseudo filesystems and flag-only changes."""
+    result = _libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data))
+    _check(result, f"mount {source or fstype} on {target}")
+
+
+def umount(target: str, flags: int = 0) -> None:
+    _check(_libc.umount2(_b(target), ctypes.c_int(flags)), f"unmount {target}")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise KernelError(f"can't pivot_root: unsupported architecture {os.uname().machine}")
+    _check(_libc.syscall(ctypes.c_long(number), _b(new_root), _b(put_old)), f"pivot_root into {new_root}")
+
+
+def sethostname(name: str) -> None:
+    raw = name.encode()
+    _check(_libc.sethostname(raw, ctypes.c_size_t(len(raw))), f"set hostname {name}")
+
+
+def prctl(option: int, value: int) -> None:
+    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")

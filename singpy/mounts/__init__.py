@@ -1,0 +1,1 @@
+"""Mount specifications: parsing, default contributors, guest paths, the executor."""

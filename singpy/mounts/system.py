@@ -1,0 +1,117 @@
+"""The default mounts every container gets, as Apptainer makes them.
+
+Each function returns `MountSpec`s for one concern; the planner chains them in
+`Stage` order. Nothing here touches the kernel or the image.
+"""
+
+from __future__ import annotations
+
+import os
+
+from singpy.plan import Missing, MountOp, MountSpec, Stage
+
+# Device nodes bind-mounted into a minimal /dev (a user namespace cannot mknod).
+MINIMAL_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+             ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
+# Working directories that are never bound: they are the container's own.
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/sbin", "/sys",
+               "/usr", "/var")
+
+
+def kernel_mounts(*, new_pid: bool, proc: bool, sys: bool, dev: str) -> list[MountSpec]:
+    """/proc, /sys and /dev. `dev` is "yes" (host /dev), "minimal" or "no"."""
+    specs = []
+    if proc:
+        # A fresh procfs needs a PID namespace owned by our user namespace;
+        # otherwise the host's /proc is bound, as Apptainer does.
+        op = MountOp.PROC if new_pid else MountOp.BIND
+        specs.append(MountSpec(op=op, source=None if new_pid else "/proc", dest="/proc", stage=Stage.KERNEL))
+    if sys:
+        specs.append(MountSpec(op=MountOp.BIND, source="/sys", dest="/sys", stage=Stage.KERNEL))
+    if dev == "yes":
+        specs.append(MountSpec(op=MountOp.BIND, source="/dev", dest="/dev", dev=True, stage=Stage.KERNEL))
+    elif dev == "minimal":
+        specs += minimal_dev()
+    return specs
+
+
+def minimal_dev() -> list[MountSpec]:
+    """A tmpfs /dev with the usual nodes, a private devpts and /dev/shm."""
+    specs = [MountSpec(op=MountOp.TMPFS, dest="/dev", stage=Stage.KERNEL)]
+    specs += [MountSpec(op=MountOp.BIND, source=f"/dev/{name}", dest=f"/dev/{name}", dev=True,
+                        missing=Missing.SKIP, stage=Stage.KERNEL) for name in MINIMAL_DEV_NODES]
+    specs.append(MountSpec(op=MountOp.DEVPTS, dest="/dev/pts", stage=Stage.KERNEL))
+    specs.append(MountSpec(op=MountOp.TMPFS, dest="/dev/shm", stage=Stage.KERNEL))
+    specs += [MountSpec(op=MountOp.SYMLINK, source=target, dest=f"/dev/{name}", stage=Stage.KERNEL)
+              for name, target in DEV_LINKS]
+    return specs
+
+
+def identity_files(*, passwd_entry: str | None, group_entry: str | None) -> list[MountSpec]:
+    """The container's /etc/passwd and /etc/group, with the user's entries merged in."""
+    specs = []
+    if passwd_entry:
+        specs.append(MountSpec(op=MountOp.FILE, dest="/etc/passwd", content=passwd_entry, readonly=True,
+                               stage=Stage.SYSTEM_FILES))
+    if group_entry:
+        specs.append(MountSpec(op=MountOp.FILE, dest="/etc/group", content=group_entry, readonly=True,
+                               stage=Stage.SYSTEM_FILES))
+    return specs
+
+
+def host_files(bind_paths: tuple[str, ...], *, resolv_conf: bool) -> list[MountSpec]:
+    """`bind path` entries of singpy.conf (src[:dst]) and /etc/resolv.conf; absent ones are skipped."""
+    specs = []
+    for entry in bind_paths:
+        source, _, dest = entry.partition(":")
+        specs.append(MountSpec(op=MountOp.BIND, source=source, dest=dest or source, missing=Missing.SKIP,
+                               stage=Stage.SYSTEM_FILES))
+    if resolv_conf:
+        specs.append(MountSpec(op=MountOp.BIND, source="/etc/resolv.conf", dest="/etc/resolv.conf",
+                               missing=Missing.SKIP, stage=Stage.SYSTEM_FILES))
+    return specs
+
+
+def home_mounts(*, source: str, dest: str, contain: bool, enabled: bool) -> list[MountSpec]:
+    """The home directory: the host's, or an empty tmpfs under --contain."""
+    if not enabled:
+        return []
+    if contain:
+        return [MountSpec(op=MountOp.TMPFS, dest=dest, stage=Stage.HOME_TMP)]
+    return [MountSpec(op=MountOp.BIND, source=source, dest=dest, missing=Missing.REQUIRED, stage=Stage.HOME_TMP)]
+
+
+def tmp_mounts(*, contain: bool, enabled: bool) -> list[MountSpec]:
+    """/tmp and /var/tmp: the host's, or empty tmpfs under --contain."""
+    if not enabled:
+        return []
+    if contain:
+        return [MountSpec(op=MountOp.TMPFS, dest=path, stage=Stage.HOME_TMP) for path in ("/tmp", "/var/tmp")]
+    return [MountSpec(op=MountOp.BIND, source=path, dest=path, missing=Missing.SKIP, stage=Stage.HOME_TMP)
+            for path in ("/tmp", "/var/tmp")]
+
+
+def cwd_mount(cwd: str, covered: list[MountSpec]) -> list[MountSpec]:
+    """The working directory, unless it is a system directory or already bound."""
+    if cwd in SYSTEM_DIRS or any(_covers(spec, cwd) for spec in covered):
+        return []
+    return [MountSpec(op=MountOp.BIND, source=cwd, dest=cwd, missing=Missing.SKIP, stage=Stage.HOME_TMP)]
+
+
+def _covers(spec: MountSpec, path: str) -> bool:
+    if spec.op is not MountOp.BIND or spec.source is None or spec.source != spec.dest:
+        return False
+    return path == spec.dest or path.startswith(spec.dest.rstrip("/") + "/")
+
+
+def passwd_line(*, user: str, uid: int, gid: int, gecos: str, home: str, shell: str) -> str:
+    return f"{user}:x:{uid}:{gid}:{gecos}:{home}:{shell}"
+
+
+def group_line(*, group: str, gid: int, user: str) -> str:
+    return f"{group}:x:{gid}:{user}"
+
+
+def is_system_dir(path: str) -> bool:
+    return os.path.normpath(path) in SYSTEM_DIRS

@@ -1,0 +1,108 @@
+"""The launch plan: frozen data handed from the planner to the launch phases.
+
+Nothing here does I/O. A plan is built once by `singpy.planner.build_plan`
+and never mutated; `--dry-run` prints it as JSON.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from singpy.environ import EnvPlan
+from singpy.record import Record
+
+
+class MountOp(enum.Enum):
+    """What one mount step does; `singpy.mounts.apply` handles every member."""
+
+    BIND = "bind"  # bind a host path (file or directory, recursively)
+    TMPFS = "tmpfs"  # an empty, writable tmpfs
+    PROC = "proc"  # a fresh procfs (only inside a new pid namespace)
+    DEVPTS = "devpts"  # a private devpts instance, with /dev/ptmx pointing at it
+    MQUEUE = "mqueue"  # a POSIX message queue filesystem (new ipc namespace)
+    FILE = "file"  # a file written by the launcher (passwd, group), bound read-only
+    SYMLINK = "symlink"  # a symbolic link created in a tmpfs (minimal /dev)
+
+
+class Missing(enum.Enum):
+    """What to do when a mount's host source or guest destination is absent."""
+
+    REQUIRED = "required"  # the launch fails with a clear error
+    SKIP = "skip"  # the mount is silently left out (host facts that vary)
+    CREATE = "create"  # the guest destination is created (source must exist)
+
+
+class Stage(enum.IntEnum):
+    """Order in which mounts are applied; a later stage wins over an earlier one."""
+
+    KERNEL = 10  # /proc, /sys, /dev
+    SYSTEM_FILES = 20  # passwd, group, hosts, resolv.conf, bind path
+    HOME_TMP = 30  # home, /tmp, /var/tmp, cwd
+    GPU = 40  # --nv / --rocm devices, libraries, binaries
+    USER = 50  # --bind
+
+
+class MountSpec(Record):
+    """One mount step inside the container root."""
+
+    op: MountOp
+    dest: str  # absolute path inside the container
+    source: str | None = None  # absolute host path (BIND) or link target (SYMLINK)
+    content: str | None = None  # file content (FILE)
+    readonly: bool = False  # remount read-only after binding
+    missing: Missing = Missing.CREATE  # policy for an absent source or destination
+    stage: Stage = Stage.USER  # ordering key; see Stage
+    dev: bool = False  # keep device nodes usable (nodev is set otherwise on binds from /dev)
+
+
+class Namespaces(Record):
+    """Which namespaces the container gets (mount is always new)."""
+
+    user: bool  # a new user namespace (always, unless the invoker is root)
+    pid: bool = False
+    ipc: bool = False
+    uts: bool = False
+    net: bool = False
+
+
+class ProcessSpec(Record):
+    """What is executed inside the container.
+
+    The runscript, the shell and the env scripts are looked up inside the
+    container root once it is in place (a SIF's content is not known before).
+    """
+
+    action: str  # "exec", "run" or "shell"
+    args: tuple[str, ...]  # exec: command and arguments; run: runscript arguments
+    env: EnvPlan  # the environment rules, applied in the container (singpy.environ)
+    cwd: str  # working directory inside the container
+    shell: str | None = None  # --shell, for the shell action
+
+
+class ImageSpec(Record):
+    """Where the root filesystem comes from."""
+
+    kind: str  # "sandbox", "sif" or "squashfs"
+    path: str  # absolute host path of the image
+    rootfs: str | None = None  # host directory of the root filesystem, when known at plan time
+    offset: int = 0  # byte offset of the squashfs partition inside the file
+    size: int = 0  # size in bytes of that partition (0: to the end)
+    arch: str = ""  # image architecture when the format records it
+
+
+class LaunchPlan(Record):
+    """Everything the launch phases need; nothing after the planner reads argv, env or conf."""
+
+    image: ImageSpec
+    namespaces: Namespaces
+    uid: int  # the invoking user's id, mapped to itself inside
+    gid: int  # the invoking user's primary group id, mapped to itself inside
+    mounts: tuple[MountSpec, ...]  # applied in this order
+    process: ProcessSpec
+    hostname: str | None = None  # sethostname() in the new uts namespace
+    writable_tmpfs: bool = False  # overlay a writable tmpfs on the image root
+    verbosity: int = 0  # -1 quiet, 0 normal, 1 verbose, 2 debug
+
+    def to_json_data(self) -> dict[str, object]:
+        """A JSON-ready dict (enums as their values) for --dry-run and logging."""
+        return self.as_dict()

@@ -1,0 +1,141 @@
+"""build_plan: what the user asked + admin config + host facts -> LaunchPlan.
+
+Pure apart from read-only checks of host paths (a bind source that does not
+exist fails here, before anything touches the kernel).
+"""
+
+from __future__ import annotations
+
+import os
+
+from singpy.config.sysconf import SysConfig
+from singpy.environ import EnvPlan, host_passthrough, injected_from_host, split_path_rules
+from singpy.errors import BindSpecError, SingpyError
+from singpy.host import HostInfo
+from singpy.mounts import system
+from singpy.mounts.parse import BindSpec
+from singpy.plan import ImageSpec, LaunchPlan, Missing, MountOp, MountSpec, Namespaces, ProcessSpec, Stage
+from singpy.record import Record
+
+
+class LaunchRequest(Record):
+    """What the user asked for, typed and validated by the command line."""
+
+    action: str  # "exec", "run" or "shell"
+    image: str  # image reference as given
+    args: tuple[str, ...]  # payload arguments (for exec: the command and its arguments)
+    binds: tuple[BindSpec, ...] = ()
+    contain: bool = False
+    cleanenv: bool = False
+    env: tuple[tuple[str, str], ...] = ()  # --env, in order
+    env_file: tuple[tuple[str, str], ...] = ()  # merged --env-file contents, in order
+    home: str | None = None  # --home src[:dest]
+    no_home: bool = False
+    pwd: str | None = None
+    writable_tmpfs: bool = False
+    hostname: str | None = None
+    pid: bool = False
+    ipc: bool = False
+    uts: bool = False
+    shell: str | None = None
+    verbosity: int = 0
+
+
+class Planned(Record, kw_only=False):
+    """A plan plus the warnings found while building it (printed by the caller)."""
+
+    plan: LaunchPlan
+    warnings: tuple[str, ...]
+
+
+def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec,
+               gpu_mounts: tuple[MountSpec, ...] = (), keep_host_env: tuple[str, ...] = ()) -> Planned:
+    if request.pid and not config.flag("allow pid ns"):
+        raise SingpyError("--pid is not allowed by the system administrator (allow pid ns = no)")
+    home_source, home_dest = _home(request, host)
+    namespaces = Namespaces(user=host.uid != 0, pid=request.pid, ipc=request.ipc,
+                            uts=request.uts or request.hostname is not None)
+    mounts = _mounts(request, config, host, namespaces, home_source, home_dest) + list(gpu_mounts)
+    mounts += _user_binds(request, config)
+    env_plan, warnings = _env_plan(request, host, image, home_dest, keep_host_env)
+    process = ProcessSpec(action=request.action, args=request.args, env=env_plan,
+                          cwd=_cwd(request, host, home_dest), shell=request.shell)
+    plan = LaunchPlan(image=image, namespaces=namespaces, uid=host.uid, gid=host.gid,
+                      mounts=tuple(sorted(mounts, key=lambda spec: spec.stage)), process=process,
+                      hostname=request.hostname, writable_tmpfs=request.writable_tmpfs,
+                      verbosity=request.verbosity)
+    return Planned(plan, tuple(warnings))
+
+
+def _home(request: LaunchRequest, host: HostInfo) -> tuple[str, str]:
+    if request.home is None:
+        return host.home, host.home
+    source, _, dest = request.home.partition(":")
+    source = os.path.abspath(source)
+    if dest and not os.path.isabs(dest):
+        raise BindSpecError(f"bad --home {request.home!r}: destination must be an absolute path")
+    return source, os.path.normpath(dest or source)
+
+
+def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespaces: Namespaces,
+            home_source: str, home_dest: str) -> list[MountSpec]:
+    dev = "minimal" if request.contain and config.text("mount dev") == "yes" else config.text("mount dev")
+    mounts = system.kernel_mounts(new_pid=namespaces.pid, proc=config.flag("mount proc"),
+                                  sys=config.flag("mount sys"), dev=dev)
+    mounts += system.identity_files(
+        passwd_entry=system.passwd_line(user=host.user, uid=host.uid, gid=host.gid, gecos=host.gecos,
+                                        home=home_dest, shell=host.shell) if config.flag("config passwd") else None,
+        group_entry=system.group_line(group=host.group, gid=host.gid, user=host.user)
+        if config.flag("config group") else None)
+    mounts += system.host_files(config.items("bind path"), resolv_conf=config.flag("config resolv_conf"))
+    mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp"))
+    home_enabled = config.flag("mount home") and not request.no_home
+    if home_enabled and not request.contain and not os.path.isdir(home_source):
+        raise BindSpecError(f"home directory {home_source} does not exist")
+    home = system.home_mounts(source=home_source, dest=home_dest, contain=request.contain, enabled=home_enabled)
+    mounts += home
+    if not request.contain:
+        mounts += system.cwd_mount(host.cwd, home + mounts)
+    return mounts
+
+
+def _user_binds(request: LaunchRequest, config: SysConfig) -> list[MountSpec]:
+    if request.binds and not config.flag("user bind control"):
+        raise BindSpecError("user binds are disabled by the system administrator (user bind control = no)")
+    specs = []
+    for bind in request.binds:
+        if not os.path.exists(bind.source):
+            raise BindSpecError(f"bind source {bind.source} does not exist")
+        specs.append(MountSpec(op=MountOp.BIND, source=bind.source, dest=bind.dest, readonly=bind.readonly,
+                               missing=Missing.REQUIRED, stage=Stage.USER))
+    return specs
+
+
+def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_dest: str,
+              keep_host_env: tuple[str, ...]) -> tuple[EnvPlan, list[str]]:
+    injected, warnings = injected_from_host(host.env)
+    for name, value in request.env_file + request.env:  # --env-file < --env
+        if name in ("HOME",):
+            warnings.append(f"overriding {name} environment variable with --env is not permitted")
+            continue
+        injected[name] = value
+    injected, rules = split_path_rules(injected)
+    base = {"HOME": home_dest, "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    if request.cleanenv:
+        base["LANG"] = "C"
+    name = os.path.basename(image.path)
+    for prefix in ("SINGULARITY", "APPTAINER"):
+        base.update({f"{prefix}_CONTAINER": image.path, f"{prefix}_NAME": name,
+                     f"{prefix}_COMMAND": request.action})
+    base["PS1"] = "Singpy> "
+    host_env = host_passthrough(host.env, cleanenv=request.cleanenv, keep=keep_host_env)
+    plan = EnvPlan(base=tuple(base.items()), injected=tuple(injected.items()),
+                   prepend_path=rules.get("PREPEND_PATH", ""), append_path=rules.get("APPEND_PATH", ""),
+                   path=rules.get("PATH", ""), host=tuple(host_env.items()))
+    return plan, warnings
+
+
+def _cwd(request: LaunchRequest, host: HostInfo, home_dest: str) -> str:
+    if request.pwd:
+        return request.pwd
+    return home_dest if request.contain else host.cwd

@@ -1,0 +1,85 @@
+"""Frozen records: what `dataclasses` gives, without its import cost.
+
+`import dataclasses` pulls in `inspect` and `ast` (about 8 ms here) and each
+frozen dataclass compiles generated code when its module is imported; on
+the start-up path of `singpy exec` that was a quarter of the launcher's own
+time (benchmarks/README.md). A `Record` subclass declares fields as class
+annotations with optional defaults, exactly like a keyword-only frozen
+dataclass, and type checkers treat it as one through `dataclass_transform`.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # `typing` itself is not loaded at start-up; mypy treats this name as True
+if TYPE_CHECKING:
+    from typing import Any, Self, dataclass_transform
+else:
+    def dataclass_transform(**_: object) -> object:
+        return lambda cls: cls
+
+
+_MISSING = object()
+
+
+@dataclass_transform(kw_only_default=True, frozen_default=True)
+class Record:
+    """Keyword-only, immutable, compared and hashed by value."""
+
+    __fields__: tuple[str, ...] = ()
+    __defaults__: dict[str, object] = {}
+
+    def __init_subclass__(cls, *, kw_only: bool = True) -> None:
+        names = [name for name in cls.__dict__.get("__annotations__", {}) if not name.startswith("__")]
+        cls.__fields__ = tuple(dict.fromkeys([*cls.__fields__, *names]))
+        cls.__defaults__ = {**cls.__defaults__,
+                            **{name: cls.__dict__[name] for name in names if name in cls.__dict__}}
+
+    def __init__(self, *positional: Any, **values: Any) -> None:
+        if len(positional) > len(self.__fields__):
+            raise TypeError(f"{type(self).__name__} takes at most {len(self.__fields__)} arguments")
+        values.update(zip(self.__fields__, positional, strict=False))
+        unknown = set(values) - set(self.__fields__)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {sorted(unknown)[0]!r}")
+        for name in self.__fields__:
+            value = values.get(name, self.__defaults__.get(name, _MISSING))
+            if value is _MISSING:
+                raise TypeError(f"{type(self).__name__} needs a value for {name!r}")
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen")
+
+    def _values(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__fields__)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Record) and type(other) is type(self) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__fields__)
+        return f"{type(self).__name__}({fields})"
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed (records are never mutated)."""
+        return type(self)(**{**self.as_dict(shallow=True), **changes})
+
+    def as_dict(self, *, shallow: bool = False) -> dict[str, Any]:
+        """Fields by name; nested records, tuples and enums converted unless `shallow`."""
+        if shallow:
+            return {name: getattr(self, name) for name in self.__fields__}
+        return {name: _plain(getattr(self, name)) for name in self.__fields__}
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, Record):
+        return value.as_dict()
+    if isinstance(value, (tuple, list)):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    enum_value = getattr(type(value), "_value2member_map_", None)
+    return value.value if enum_value is not None else value  # type: ignore[attr-defined]

@@ -1,0 +1,135 @@
+"""The container root: a staging root, the image mounted on it, the final pivot.
+
+The pivot_root dance, as bubblewrap does it ([1] bubblewrap.c, setup_newroot
+and the two pivots; [2] man 2 pivot_root, "pivot_root(".", ".")"):
+
+1. In the new mount namespace every mount is made private, so nothing we do
+   propagates back to the host.
+2. A tmpfs is mounted on /tmp and becomes the root (first pivot); the host
+   tree is now at /oldroot, untouched by the tmpfs. The tmpfs holds the
+   mount point of the container root (/newroot) and the launcher's scratch
+   files (passwd, overlay layers): they live in memory in a namespace that
+   dies with the container, so nothing is ever left behind on the host.
+3. The image is bound (read-only) or overlaid on /newroot, the mount plan is
+   applied on top of it, and the second pivot makes /newroot the root; the
+   staging root and the host tree beneath it are then detached.
+"""
+
+from __future__ import annotations
+
+import os
+
+from singpy.kernel import syscalls as k
+from singpy.mounts.rootpath import resolve
+
+STAGE = "/tmp"  # where the staging tmpfs is mounted before the first pivot
+HOST = "/oldroot"  # the host's root, seen from the staging root
+NEWROOT = "/newroot"  # the container's root, seen from the staging root
+SCRATCH = "/scratch"  # launcher files and overlay layers
+
+
+def enter_staging() -> None:
+    """Called in the new mount namespace, with CAP_SYS_ADMIN over it."""
+    k.mount(None, "/", None, k.MS_REC | k.MS_PRIVATE)
+    k.mount("singpy", STAGE, "tmpfs", k.MS_NOSUID | k.MS_NODEV, "mode=0755")
+    for name in (HOST, NEWROOT, SCRATCH):
+        os.mkdir(STAGE + name)
+    k.pivot_root(STAGE, STAGE + HOST)
+    os.chdir("/")
+
+
+def host_path(path: str) -> str:
+    """Where host `path` is, seen from the staging root (host symlinks resolved)."""
+    return resolve(HOST, path)
+
+
+def mount_image(rootfs: str, *, mount_points: list[tuple[str, bool]], writable: bool, userns: bool) -> None:
+    """Put the image's root filesystem on NEWROOT, never writing the image.
+
+    With nothing to add, the image is bound read-only. Otherwise it becomes
+    the lower layer of an overlay whose top layer (in the staging tmpfs)
+    holds the mount points the image lacks, so they need no write to the
+    image and no permission over its directories; `--writable-tmpfs` adds a
+    writable tmpfs upper layer. `userxattr` is what overlayfs needs inside a
+    user namespace (kernel >= 5.11).
+    """
+    lower = host_path(rootfs)
+    if not mount_points and not writable:
+        k.mount(lower, NEWROOT, None, k.MS_BIND | k.MS_REC)
+        remount(NEWROOT, k.MS_RDONLY | k.MS_NOSUID)  # read-only before anything is mounted on it
+        return
+    layers = _escape(lower)
+    if mount_points:
+        _make_mount_point_layer(lower, mount_points)
+        layers = f"{SCRATCH}/layer:{layers}"
+    options = f"lowerdir={layers}"
+    if writable:
+        for name in ("upper", "work"):
+            os.mkdir(f"{SCRATCH}/{name}")
+        options += f",upperdir={SCRATCH}/upper,workdir={SCRATCH}/work"
+    k.mount("overlay", NEWROOT, "overlay", k.MS_NOSUID, options + (",userxattr" if userns else ""))
+
+
+def _make_mount_point_layer(lower: str, mount_points: list[tuple[str, bool]]) -> None:
+    """Empty files and directories for the missing mount points, with the image's directory modes."""
+    layer = f"{SCRATCH}/layer"
+    os.mkdir(layer)
+    os.chmod(layer, os.stat(lower).st_mode & 0o7777)
+    for relative, is_dir in mount_points:
+        parts = relative.split("/")
+        for depth in range(1, len(parts)):
+            _mirror_dir(lower, layer, "/".join(parts[:depth]))
+        path = f"{layer}/{relative}"
+        if is_dir:
+            _mirror_dir(lower, layer, relative)
+        elif not os.path.lexists(path):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def _mirror_dir(lower: str, layer: str, relative: str) -> None:
+    path = f"{layer}/{relative}"
+    if os.path.isdir(path):
+        return
+    os.mkdir(path)
+    try:
+        os.chmod(path, os.stat(f"{lower}/{relative}").st_mode & 0o7777)
+    except OSError:
+        os.chmod(path, 0o755)
+
+
+def remount(target: str, flags: int) -> None:
+    """Add `flags` to the bind mount at `target`, keeping the flags it already has.
+
+    Inside a user namespace the kernel refuses a remount that would clear a
+    flag locked by a more privileged namespace (nosuid, nodev, noexec, atime),
+    so the current flags are read back and kept.
+    """
+    current = _mount_flags(target)
+    if current & flags == flags:
+        return
+    k.mount(None, target, None, k.MS_REMOUNT | k.MS_BIND | current | flags)
+
+
+_STATVFS_TO_MS = ((os.ST_RDONLY, k.MS_RDONLY), (os.ST_NOSUID, k.MS_NOSUID), (os.ST_NODEV, k.MS_NODEV),
+                  (os.ST_NOEXEC, k.MS_NOEXEC), (os.ST_NOATIME, k.MS_NOATIME),
+                  (os.ST_NODIRATIME, k.MS_NODIRATIME), (os.ST_RELATIME, k.MS_RELATIME))
+
+
+def _mount_flags(target: str) -> int:
+    flags = os.statvfs(target).f_flag
+    return sum(ms for st, ms in _STATVFS_TO_MS if flags & st)
+
+
+def _escape(path: str) -> str:
+    """overlayfs splits its options on ',' and its layers on ':'."""
+    return path.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
+
+
+def finish_root(*, writable: bool) -> None:
+    """Make the root read-only (unless --writable-tmpfs) and pivot into it."""
+    if not writable:
+        remount(NEWROOT, k.MS_RDONLY)
+    os.chdir(NEWROOT)
+    k.pivot_root(".", ".")
+    k.umount(".", k.MNT_DETACH)
+    os.chdir("/")
