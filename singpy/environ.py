@@ -151,6 +151,10 @@ for __n in $__SINGPY_HOST; do
     eval "[ -n \"\${$__n+x}\" ] || export $__n=\"\${__SINGPY_H_$__n}\"; unset __SINGPY_H_$__n"
 done
 unset __f __n __SINGPY_INJECT __SINGPY_HOST __SINGPY_PREPEND __SINGPY_APPEND __SINGPY_PATH
+if ! command -v "$1" >/dev/null 2>&1; then
+    echo "FATAL:   \"$1\": executable file not found in \$PATH" >&2
+    exit 255
+fi
 exec "$@"
 """
 

@@ -22,12 +22,13 @@ class Option(Record, kw_only=False):
     value: str = ""  # metavar when the option takes a value, "" for a boolean flag
     repeat: bool = False  # may be given several times (values collected in order)
     env: str = ""  # suffix of the SINGULARITY_/APPTAINER_/SINGPY_ variables, "" for none
+    env_appends: bool = False  # the variable adds to command-line values instead of standing in for them
     group: str = "Options"  # help section
 
 
 ACTION_OPTIONS: tuple[Option, ...] = (
     Option("bind", "--bind", "bind a host path: src[:dest[:ro|rw]], comma lists allowed", "-B", "SPEC",
-           repeat=True, env="BIND", group="Mounts"),
+           repeat=True, env="BIND", env_appends=True, group="Mounts"),
     Option("contain", "--contain", "minimal /dev, empty /tmp and home; no cwd bind", "-c", env="CONTAIN",
            group="Isolation"),
     Option("containall", "--containall", "--contain plus --cleanenv, --pid and --ipc", "-C",

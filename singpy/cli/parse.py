@@ -94,9 +94,13 @@ def _store(values: dict[str, Any], option: Option, value: str) -> None:
 
 
 def _apply_env(values: dict[str, Any], env: Mapping[str, str]) -> None:
-    """Options not given on the command line may come from the environment."""
+    """Options not given on the command line may come from the environment.
+
+    As in Apptainer, `SINGULARITY_BIND` adds to the --bind values rather than
+    being overridden by them.
+    """
     for option in ACTION_OPTIONS:
-        if not option.env or option.dest in values:
+        if not option.env or (option.dest in values and not option.env_appends):
             continue
         for prefix in reversed(ENV_PREFIXES):  # SINGPY_ beats APPTAINER_ beats SINGULARITY_
             raw = env.get(prefix + option.env)

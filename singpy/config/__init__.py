@@ -1,0 +1,1 @@
+"""Configuration files: singpy.conf and the GPU library lists (*liblist.conf)."""

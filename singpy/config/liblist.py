@@ -1,0 +1,64 @@
+"""Parse `etc/nvliblist.conf` / `etc/rocmliblist.conf` (Apptainer's format).
+
+One entry per line; each line is stripped, blank lines and lines starting
+with `#` are skipped (there are no inline comments).  Entries are classified
+as Apptainer main does in `internal/pkg/util/gpu/paths.go` (`gpuliblist` and
+`paths`):
+
+* the substring ``.so`` anywhere  -> library (bare name or absolute path);
+* otherwise an absolute path      -> plain file (Apptainer >= 1.4);
+* otherwise                       -> binary, looked up on $PATH later.
+
+Duplicates are dropped, first occurrence kept, so the order of the file is
+the order of the binds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from singpy.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class LibList:
+    """The three kinds of entries of a liblist file, in file order."""
+
+    binaries: tuple[str, ...]  # names looked up on $PATH, bound at /usr/bin/<name>
+    libraries: tuple[str, ...]  # "libcuda.so" (ld cache prefix) or an absolute .so path
+    files: tuple[str, ...]  # absolute paths bound at the same path when present
+
+
+def parse_liblist(text: str) -> LibList:
+    """Classify the entries of a liblist file's text."""
+    kinds: dict[str, list[str]] = {"binaries": [], "libraries": [], "files": []}
+    seen: set[str] = set()
+    for raw in text.splitlines():
+        entry = raw.strip()
+        if not entry or entry.startswith("#") or entry in seen:
+            continue
+        seen.add(entry)
+        if ".so" in entry:
+            kinds["libraries"].append(entry)
+        elif entry.startswith("/"):
+            kinds["files"].append(entry)
+        else:
+            kinds["binaries"].append(entry)
+    return LibList(
+        binaries=tuple(kinds["binaries"]),
+        libraries=tuple(kinds["libraries"]),
+        files=tuple(kinds["files"]),
+    )
+
+
+def load_liblist(path: str | Path) -> LibList:
+    """Read and parse a liblist file; an unreadable file is a `ConfigError`."""
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ConfigError(
+            f"could not read {path}: {exc.strerror or exc}",
+            hint="check the path of the GPU library list (nvliblist.conf / rocmliblist.conf)",
+        ) from exc
+    return parse_liblist(text)

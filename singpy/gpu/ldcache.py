@@ -1,0 +1,236 @@
+"""Find host GPU files: libraries through `ldconfig -p`, binaries through $PATH.
+
+This is Apptainer main's legacy `--nv`/`--rocm` lookup
+(`internal/pkg/util/paths/resolve.go`, `internal/pkg/util/gpu/paths.go`):
+
+* `ldconfig -p` is parsed into name -> every path listed for that name, in
+  the printed order (SingularityCE keeps only the first; Apptainer 1.6 keeps
+  all so that a multiarch host whose first entry is the i386 copy still
+  finds the x86-64 one);
+* a bare liblist entry ("libcuda.so") matches every cache name it is a
+  prefix of ("libcuda.so", "libcuda.so.1"); each name is taken once, from the
+  first path whose ELF class and machine are the host's (the 32-bit filter);
+* an absolute ".so" entry is taken as-is when its ELF matches, plus every
+  symlink beside it that resolves to it (`soLinks`);
+* binaries are looked up on a PATH string (Go's exec.LookPath there).
+
+Nothing here mounts anything: the result is `HostFiles`, which turns itself
+into `MountSpec`s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+
+from singpy.errors import GpuError
+from singpy.gpu.elf import ElfIdentity, elf_identity, host_elf_identity, required_glibc
+from singpy.plan import MountOp, MountSpec, Stage
+
+LIBS_DIR = "/.singularity.d/libs"  # where Apptainer puts host libraries in the container
+LdCache = Mapping[str, tuple[str, ...]]  # library name -> host paths, in `ldconfig -p` order
+
+# "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"; the flags may
+# carry ", hwcap: 0x..." or ", OS ABI: Linux 3.2.0", and are "(ELF)" for libs without libc.
+_LINE_RE = re.compile(r"^\s*(?P<name>\S+)\s+\((?P<flags>[^)]*)\)\s+=>\s+(?P<path>\S.*?)\s*$")
+
+
+def parse_ldconfig_output(text: str) -> dict[str, tuple[str, ...]]:
+    """`ldconfig -p` text -> name -> paths; header and trailer lines are ignored."""
+    cache: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        match = _LINE_RE.match(line)
+        if match is None:
+            continue
+        paths = cache.setdefault(match["name"], [])
+        if match["path"] not in paths:
+            paths.append(match["path"])
+    return {name: tuple(paths) for name, paths in cache.items()}
+
+
+def read_ld_cache(ldconfig: str = "/sbin/ldconfig", cache_file: str | None = None) -> dict[str, tuple[str, ...]]:
+    """Run `ldconfig [-C cache_file] -p` and parse it; GpuError if that fails.
+
+    `-C` makes glibc's ldconfig print another cache (tests build one with
+    `ldconfig -C FILE -f CONF`).  LC_ALL=C keeps the output untranslated.
+    """
+    argv = [ldconfig, *(("-C", cache_file) if cache_file else ()), "-p"]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, errors="replace", timeout=30,
+            env={"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise GpuError(f"could not retrieve ld cache: {' '.join(argv)}: {exc}") from exc
+    if done.returncode != 0:
+        detail = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+        raise GpuError(f"could not retrieve ld cache: {' '.join(argv)}: {detail[0]}")
+    return parse_ldconfig_output(done.stdout)
+
+
+def so_links(path: str) -> tuple[str, ...]:
+    """Symlinks beside `path` named like it ("libcuda.so*") that resolve to it (Apptainer `soLinks`)."""
+    target = os.path.realpath(path)
+    directory, name = os.path.split(path)
+    stem = name[: name.index(".so") + 3] if ".so" in name else name
+    try:
+        entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
+    except OSError:
+        return ()
+    return tuple(
+        entry.path
+        for entry in entries
+        if entry.name.startswith(stem) and entry.path != path and entry.is_symlink()
+        and os.path.realpath(entry.path) == target
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class HostFiles:
+    """Host files found for one GPU vendor, before they become mounts."""
+
+    libraries: tuple[tuple[str, str], ...] = ()  # (file name in /.singularity.d/libs, host path)
+    binaries: tuple[tuple[str, str], ...] = ()  # (name in /usr/bin, host path)
+    files: tuple[str, ...] = ()  # plain files, bound at the same path
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # verbose-level messages
+
+    def mounts(self) -> tuple[MountSpec, ...]:
+        """Read-only binds; one tmpfs at /.singularity.d/libs first when there are libraries."""
+        specs: list[MountSpec] = []
+        if self.libraries:
+            specs.append(MountSpec(op=MountOp.TMPFS, dest=LIBS_DIR, stage=Stage.GPU))
+        targets = [(path, f"{LIBS_DIR}/{name}") for name, path in self.libraries]
+        targets += [(path, f"/usr/bin/{name}") for name, path in self.binaries]
+        targets += [(path, path) for path in self.files]
+        specs += [
+            MountSpec(op=MountOp.BIND, source=src, dest=dst, readonly=True, stage=Stage.GPU) for src, dst in targets
+        ]
+        return tuple(specs)
+
+    def bind_notes(self) -> tuple[str, ...]:
+        """One "binding SRC -> DEST" line per bind, for -v."""
+        return tuple(f"binding {spec.source} -> {spec.dest}" for spec in self.mounts() if spec.op is MountOp.BIND)
+
+
+def resolve_libraries(
+    entries: Iterable[str], cache: LdCache, host: ElfIdentity, *, inherited: Iterable[tuple[str, str]] = ()
+) -> tuple[list[tuple[str, str]], list[str], list[str]]:
+    """Liblist library entries -> ([(dest name, host path)], missing entries, notes).
+
+    `inherited` pairs (already in a parent container's /.singularity.d/libs)
+    come first and win, as in Apptainer's nested-container handling.
+    """
+    found: dict[str, str] = dict(inherited)
+    missing: list[str] = []
+    notes: list[str] = []
+    for entry in entries:
+        candidates = _absolute_candidates(entry) if entry.startswith("/") else _cache_candidates(entry, cache)
+        if not candidates:
+            missing.append(entry)
+        for paths in candidates:
+            path = next((p for p in paths if elf_identity(p) == host), None)
+            if path is None:
+                notes.append(f"ignoring {', '.join(paths)}: not an ELF library of the host's architecture")
+                continue
+            found.setdefault(os.path.basename(path), path)
+    return list(found.items()), missing, notes
+
+
+def _cache_candidates(prefix: str, cache: LdCache) -> list[tuple[str, ...]]:
+    return [paths for name, paths in cache.items() if name.startswith(prefix)]
+
+
+def _absolute_candidates(path: str) -> list[tuple[str, ...]]:
+    if not os.path.exists(path):
+        return []
+    return [(candidate,) for candidate in (path, *so_links(path))]
+
+
+def resolve_binaries(names: Iterable[str], path_env: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """Binary names -> ([(name, host path)], missing names), looked up on `path_env`."""
+    found: list[tuple[str, str]] = []
+    missing: list[str] = []
+    for name in names:
+        path = shutil.which(name, path=path_env) if path_env else None
+        if path is None:
+            missing.append(name)
+        else:
+            found.append((os.path.basename(name), os.path.abspath(path)))
+    return found, missing
+
+
+def inherited_libraries(libs_dir: str) -> list[tuple[str, str]]:
+    """Files already in /.singularity.d/libs when singpy itself runs inside a container."""
+    try:
+        return [(entry.name, entry.path) for entry in sorted(os.scandir(libs_dir), key=lambda e: e.name)]
+    except OSError:
+        return []
+
+
+def drop_newer_glibc(files: HostFiles, image_glibc: str | None) -> HostFiles:
+    """Skip host libraries/binaries that need a newer glibc than the image has, with a warning."""
+    limit = _parse_glibc(image_glibc)
+    if limit is None:
+        return files
+    warnings: list[str] = []
+
+    def keep(path: str) -> bool:
+        needed = required_glibc(path)
+        if needed is None or needed <= limit:
+            return True
+        want = f"GLIBC_{needed[0]}.{needed[1]}"
+        warnings.append(
+            f"skipping host file {path}: it needs {want} but the image has glibc {image_glibc} "
+            f"(inside the container it would fail with '{want} not found')"
+        )
+        return False
+
+    return dataclasses.replace(
+        files,
+        libraries=tuple(item for item in files.libraries if keep(item[1])),
+        binaries=tuple(item for item in files.binaries if keep(item[1])),
+        warnings=files.warnings + tuple(warnings),
+    )
+
+
+def _parse_glibc(version: str | None) -> tuple[int, int] | None:
+    match = re.match(r"\s*(\d+)\.(\d+)", version or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def find_host_files(
+    *, libraries: Iterable[str], binaries: Iterable[str], files: Iterable[str], platform: str,
+    ldconfig: str, ld_cache_file: str | None, path_env: str, image_glibc: str | None = None,
+    host: ElfIdentity | None = None, inherited_libs_dir: str = LIBS_DIR,
+) -> HostFiles:
+    """The shared legacy lookup for --nv and --rocm (`platform` is "nv" or "rocm", as in warnings)."""
+    host = host or host_elf_identity()
+    notes: list[str] = []
+    warnings: list[str] = []
+    libraries = tuple(libraries)
+    try:
+        cache: LdCache = read_ld_cache(ldconfig, ld_cache_file) if libraries else {}
+    except GpuError as exc:
+        warnings.append(f"while finding {platform} bind points: {exc.message}")
+        cache = {}
+    found_libs, missing_libs, lib_notes = resolve_libraries(
+        libraries, cache, host, inherited=inherited_libraries(inherited_libs_dir)
+    )
+    notes += lib_notes + [f"{platform} library {name} not found on this host" for name in missing_libs]
+    if libraries and not found_libs:
+        warnings.append(f"could not find any {platform} libraries on this host")
+    found_bins, missing_bins = resolve_binaries(binaries, path_env)
+    notes += [f"{platform} binary {name} not found on PATH" for name in missing_bins]
+    present = tuple(path for path in files if os.path.exists(path))
+    notes += [f"{platform} file {path} not found" for path in files if path not in present]
+    result = HostFiles(
+        libraries=tuple(found_libs), binaries=tuple(found_bins), files=present,
+        warnings=tuple(warnings), notes=tuple(notes),
+    )
+    return drop_newer_glibc(result, image_glibc)
+

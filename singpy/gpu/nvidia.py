@@ -1,0 +1,325 @@
+"""--nv: find the host's NVIDIA devices, driver libraries and tools; return data only.
+
+Library lookup follows Apptainer's legacy mode (nvliblist.conf + `ldconfig
+-p`, see `singpy.gpu.ldcache`), or, when an executable
+`nvidia-container-cli` is configured, its `list --binaries --libraries`
+output, as SingularityCE 3.7 did (absolute paths honoured, every versioned
+symlink to them bound too).  Devices are every `/dev/nvidia*` node
+(Apptainer `NvidiaDevices(true)`); with --contain, `NVIDIA_VISIBLE_DEVICES`
+picks the GPU nodes, as `nvidia-container-cli --device=` does.
+
+Nothing is mounted here.  Problems are warnings: a launch with --nv on a
+host without GPUs still runs (Apptainer behaves the same).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+
+from singpy.config.liblist import load_liblist
+from singpy.errors import ConfigError
+from singpy.gpu import GpuContribution
+from singpy.gpu.elf import elf_identity, host_elf_identity
+from singpy.gpu.ldcache import (
+    LIBS_DIR,
+    HostFiles,
+    drop_newer_glibc,
+    find_host_files,
+    so_links,
+)
+from singpy.plan import Missing, MountOp, MountSpec, Stage
+
+SELECT_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")  # kept through --cleanenv
+_GPU_NODE = re.compile(r"nvidia(\d+)$")
+NO_DEVICES = "no NVIDIA GPU devices found on this host (no /dev/nvidia*): the container will run without GPU access"
+
+# Minimum Linux driver per CUDA toolkit (GA release), newest first: NVIDIA "CUDA Toolkit
+# Release Notes", table "CUDA Toolkit and Corresponding Driver Versions".
+CUDA_MIN_DRIVER: tuple[tuple[tuple[int, int], tuple[int, ...]], ...] = (
+    ((13, 0), (580, 65, 6)),
+    ((12, 9), (575, 51, 3)),
+    ((12, 8), (570, 26)),
+    ((12, 6), (560, 28, 3)),
+    ((12, 5), (555, 42, 2)),
+    ((12, 4), (550, 54, 14)),
+    ((12, 3), (545, 23, 6)),
+    ((12, 2), (535, 54, 3)),
+    ((12, 1), (530, 30, 2)),
+    ((12, 0), (525, 60, 13)),
+    ((11, 8), (520, 61, 5)),
+    ((11, 7), (515, 43, 4)),
+    ((11, 6), (510, 39, 1)),
+    ((11, 5), (495, 29, 5)),
+    ((11, 4), (470, 42, 1)),
+    ((11, 3), (465, 19, 1)),
+    ((11, 2), (460, 27, 3)),
+    ((11, 1), (455, 23)),
+    ((11, 0), (450, 36, 6)),
+    ((10, 2), (440, 33)),
+    ((10, 1), (418, 39)),
+    ((10, 0), (410, 48)),
+)
+
+
+def discover(
+    *,
+    liblist_path: str,
+    dev_dir: str = "/dev",
+    ldconfig: str = "/sbin/ldconfig",
+    ld_cache_file: str | None = None,
+    path_env: str,
+    nvidia_container_cli: str | None,
+    contain: bool,
+    host_env: Mapping[str, str],
+    image_env: Mapping[str, str] | None = None,
+    persistenced_socket: str = "/var/run/nvidia-persistenced/socket",
+    proc_driver_version: str = "/proc/driver/nvidia/version",
+    image_glibc: str | None = None,
+    inherited_libs_dir: str = LIBS_DIR,
+) -> GpuContribution:
+    """Everything --nv binds, as data.  Never raises for host facts; see module doc."""
+    devices = device_mounts(dev_dir=dev_dir, contain=contain, host_env=host_env, path_env=path_env)
+    files = _host_files(
+        liblist_path=liblist_path, ldconfig=ldconfig, ld_cache_file=ld_cache_file, path_env=path_env,
+        cli=nvidia_container_cli, image_glibc=image_glibc, inherited_libs_dir=inherited_libs_dir,
+    )
+    if os.path.exists(persistenced_socket):
+        files = dataclasses.replace(files, files=(*files.files, persistenced_socket))
+    else:
+        files = dataclasses.replace(files, notes=(*files.notes, f"persistenced socket {persistenced_socket} not found"))
+    cuda_warning = check_cuda_version(proc_driver_version, image_env or {}, host_env)
+    return GpuContribution(
+        mounts=devices.mounts + files.mounts(),
+        keep_host_env=tuple(name for name in SELECT_VARS if name in host_env),
+        libs_dir_used=bool(files.libraries),
+        warnings=devices.warnings + files.warnings + cuda_warning,
+        notes=devices.notes + files.notes + files.bind_notes(),
+    )
+
+
+# --- devices -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Devices:
+    mounts: tuple[MountSpec, ...]
+    warnings: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], path_env: str) -> _Devices:
+    """Dev binds for every /dev/nvidia* node; GPU nodes filtered by NVIDIA_VISIBLE_DEVICES under --contain."""
+    try:
+        names = sorted((n for n in os.listdir(dev_dir) if n.startswith("nvidia")), key=_node_order)
+    except OSError:
+        names = []
+    if not names:
+        return _Devices((), (NO_DEVICES,), ())
+    warnings: list[str] = []
+    notes: list[str] = []
+    if "nvidiactl" in names and "nvidia-uvm" not in names:
+        warnings.append(
+            f"{dev_dir}/nvidia-uvm is missing although the NVIDIA driver is loaded: CUDA programs will fail "
+            "with CUDA_ERROR_UNKNOWN; run 'modprobe nvidia_uvm' on the host (or start nvidia-persistenced, "
+            "or run any CUDA program once on the host), then retry"
+        )
+    wanted = _wanted_gpus(names, contain, host_env, path_env, warnings, notes)
+    kept = [n for n in names if (m := _GPU_NODE.match(n)) is None or wanted is None or int(m.group(1)) in wanted]
+    mounts = tuple(
+        MountSpec(op=MountOp.BIND, source=os.path.join(dev_dir, name), dest=f"/dev/{name}", dev=True,
+                  missing=Missing.CREATE, stage=Stage.GPU)
+        for name in kept
+    )
+    notes += [f"binding {spec.source} -> {spec.dest}" for spec in mounts]
+    return _Devices(mounts, tuple(warnings), tuple(notes))
+
+
+def _node_order(name: str) -> tuple[int, int, str]:
+    match = _GPU_NODE.match(name)
+    return (1, int(match.group(1)), name) if match else (0, 0, name)
+
+
+def _wanted_gpus(
+    names: list[str], contain: bool, host_env: Mapping[str, str], path_env: str,
+    warnings: list[str], notes: list[str],
+) -> set[int] | None:
+    """GPU minors to bind, or None for all (nvidia-container-toolkit's NVIDIA_VISIBLE_DEVICES values)."""
+    value = host_env.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    if value in ("", "all"):
+        return None
+    if not contain:
+        # Without --contain the whole host /dev is bound, so no selection is possible.
+        notes.append("NVIDIA_VISIBLE_DEVICES selects GPU device nodes only with --contain; all are visible")
+        return None
+    if value in ("none", "void"):
+        return set()
+    present = {int(m.group(1)) for n in names if (m := _GPU_NODE.match(n))}
+    uuids: dict[str, int] | None = None
+    wanted: set[int] = set()
+    for item in (part.strip() for part in value.split(",") if part.strip()):
+        if item.startswith("MIG-"):
+            warnings.append(f"NVIDIA_VISIBLE_DEVICES: MIG device '{item}' cannot be selected by device node; ignored")
+            continue
+        if item.isdigit():
+            index: int | None = int(item)
+        else:
+            if uuids is None:
+                uuids = gpu_uuids(path_env, warnings)
+            index = uuids.get(item)
+        if index is None or index not in present:
+            warnings.append(f"NVIDIA_VISIBLE_DEVICES: no GPU device node for '{item}'; ignored")
+        else:
+            wanted.add(index)
+    return wanted
+
+
+def gpu_uuids(path_env: str, warnings: list[str]) -> dict[str, int]:
+    """UUID -> index from `nvidia-smi --query-gpu=index,uuid --format=csv,noheader`.
+
+    The index is taken as the /dev/nvidiaN minor, which holds on hosts where
+    nvidia-smi enumerates in device-minor order (the default PCI bus order).
+    """
+    smi = shutil.which("nvidia-smi", path=path_env) if path_env else None
+    if smi is None:
+        warnings.append("NVIDIA_VISIBLE_DEVICES lists GPU UUIDs but nvidia-smi is not on PATH to resolve them")
+        return {}
+    argv = [smi, "--query-gpu=index,uuid", "--format=csv,noheader"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as exc:
+        warnings.append(f"could not resolve GPU UUIDs with {' '.join(argv)}: {_why(exc)}")
+        return {}
+    table: dict[str, int] = {}
+    for line in done.stdout.splitlines():
+        index, _, uuid = (part.strip() for part in line.partition(","))
+        if index.isdigit() and uuid:
+            table[uuid] = int(index)
+    return table
+
+
+# --- libraries and binaries -------------------------------------------------------------
+
+
+def _host_files(
+    *, liblist_path: str, ldconfig: str, ld_cache_file: str | None, path_env: str,
+    cli: str | None, image_glibc: str | None, inherited_libs_dir: str,
+) -> HostFiles:
+    """From nvidia-container-cli when configured and it works, else from the liblist."""
+    fallback_warning: tuple[str, ...] = ()
+    if cli is not None and os.path.isfile(cli) and os.access(cli, os.X_OK):
+        try:
+            return drop_newer_glibc(files_from_container_cli(cli), image_glibc)
+        except (OSError, subprocess.SubprocessError) as exc:
+            fallback_warning = (f"nvidia-container-cli list failed ({_why(exc)}); using {liblist_path} instead",)
+    try:
+        liblist = load_liblist(liblist_path)
+    except ConfigError as exc:
+        return HostFiles(warnings=(*fallback_warning, f"while finding nv bind points: {exc.message}"))
+    files = find_host_files(
+        libraries=liblist.libraries, binaries=liblist.binaries, files=liblist.files, platform="nv",
+        ldconfig=ldconfig, ld_cache_file=ld_cache_file, path_env=path_env, image_glibc=image_glibc,
+        inherited_libs_dir=inherited_libs_dir,
+    )
+    return dataclasses.replace(files, warnings=fallback_warning + files.warnings)
+
+
+def _why(exc: OSError | subprocess.SubprocessError) -> str:
+    """The tool's own last stderr line when it has one ("nvml error: driver not loaded")."""
+    stderr = getattr(exc, "stderr", None)
+    lines = stderr.strip().splitlines() if isinstance(stderr, str) else []
+    return lines[-1] if lines else str(exc)
+
+
+def files_from_container_cli(cli: str) -> HostFiles:
+    """Run `<cli> list --binaries --libraries`; absolute paths, one per line.
+
+    Libraries of another ELF class/machine are skipped silently; each library
+    is also bound under the name of every symlink beside it that resolves to
+    it (libcuda.so.1 -> libcuda.so.550.54.14), since programs open the soname.
+    """
+    argv = [cli, "list", "--binaries", "--libraries"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    host = host_elf_identity()
+    libraries: dict[str, str] = {}
+    binaries: dict[str, str] = {}
+    notes: list[str] = []
+    for path in (line.strip() for line in done.stdout.splitlines()):
+        if not path.startswith("/"):
+            continue
+        name = os.path.basename(path)
+        if ".so" not in name:
+            binaries.setdefault(name, path)
+        elif elf_identity(path) != host:
+            notes.append(f"ignoring {path}: not an ELF library of the host's architecture")
+        else:
+            for source in (path, *so_links(path)):
+                libraries.setdefault(os.path.basename(source), source)
+    warnings = () if libraries else ("could not find any nv libraries on this host",)
+    return HostFiles(
+        libraries=tuple(libraries.items()), binaries=tuple(binaries.items()), warnings=warnings,
+        notes=(f"libraries and binaries listed by {cli}", *notes),
+    )
+
+
+# --- CUDA version check ------------------------------------------------------------------
+
+
+def check_cuda_version(
+    proc_driver_version: str, image_env: Mapping[str, str], host_env: Mapping[str, str]
+) -> tuple[str, ...]:
+    """A warning when the image's CUDA is newer than the host driver supports."""
+    if "NVIDIA_DISABLE_REQUIRE" in image_env or "NVIDIA_DISABLE_REQUIRE" in host_env:
+        return ()  # the toolkit's opt-out of its own `cuda>=` requirement check
+    wanted = image_cuda_version(image_env)
+    drv = driver_version_text(proc_driver_version)
+    if wanted is None or drv is None:
+        return ()
+    driver = tuple(int(part) for part in drv.split("."))
+    supported = max_cuda_for_driver(driver)
+    newest_known = CUDA_MIN_DRIVER[0][0]
+    if supported is not None and (wanted <= supported or supported == newest_known):
+        return ()  # supported, or newer than this table knows about: cannot judge
+    have = f"CUDA up to {supported[0]}.{supported[1]}" if supported else "no CUDA >= 10.0"
+    message = (
+        f"the image needs CUDA {wanted[0]}.{wanted[1]} but the host NVIDIA driver {drv} supports {have}: "
+        "CUDA programs may fail with 'CUDA driver version is insufficient for CUDA runtime version' "
+        "(update the host driver, or use an image built for an older CUDA)"
+    )
+    return (message,)
+
+
+def image_cuda_version(image_env: Mapping[str, str]) -> tuple[int, int] | None:
+    """From NVIDIA_REQUIRE_CUDA ("cuda>=12.4 brand=...") or else CUDA_VERSION ("12.4.1")."""
+    match = re.search(r"cuda>=(\d+)\.(\d+)", image_env.get("NVIDIA_REQUIRE_CUDA", ""))
+    match = match or re.match(r"\s*(\d+)\.(\d+)", image_env.get("CUDA_VERSION", ""))
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def driver_version_text(proc_driver_version: str) -> str | None:
+    """The version in "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 ...".
+
+    The open kernel module says "... Open Kernel Module for x86_64  570.86.15  Release Build ...".
+    """
+    try:
+        with open(proc_driver_version, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(4096)
+    except OSError:
+        return None
+    match = re.search(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)(?:\s|$)", text)
+    return match.group(1) if match else None
+
+
+def driver_version(proc_driver_version: str) -> tuple[int, ...] | None:
+    """The driver version as integers, for comparisons: (550, 54, 14)."""
+    text = driver_version_text(proc_driver_version)
+    return tuple(int(part) for part in text.split(".")) if text else None
+
+
+def max_cuda_for_driver(driver: tuple[int, ...]) -> tuple[int, int] | None:
+    """Newest CUDA whose minimum driver is <= `driver`; None if older than every entry."""
+    return next((cuda for cuda, minimum in CUDA_MIN_DRIVER if driver >= minimum), None)

@@ -1,0 +1,1 @@
+"""Image formats: detection, SIF parsing and writing, root filesystem preparation."""

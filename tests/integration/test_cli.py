@@ -1,0 +1,58 @@
+"""The command line itself: version, help, configuration settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import Singpy
+
+
+def test_version(as_root: Singpy) -> None:
+    assert as_root.ok("--version").startswith("singpy version ")
+
+
+def test_top_level_help_lists_commands(as_root: Singpy) -> None:
+    out = as_root.ok("--help")
+    for command in ("exec", "run", "shell", "version"):
+        assert command in out
+
+
+def test_action_help_lists_flags(as_root: Singpy) -> None:
+    out = as_root.ok("exec", "--help")
+    for flag in ("--bind", "--contain", "--containall", "--cleanenv", "--env-file", "--writable-tmpfs",
+                 "--hostname", "--pid", "--ipc", "--uts", "--no-home", "--pwd", "$APPTAINER_BIND"):
+        assert flag in out
+
+
+def test_unknown_command_is_a_usage_error(as_root: Singpy) -> None:
+    result = as_root.run("frobnicate")
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_conf_mount_settings(singpy: Singpy, image: Path, workdir: Path) -> None:
+    conf = workdir / f"nohome-{singpy.profile}.conf"
+    conf.write_text("mount home = no\nmount tmp = no\nmount dev = minimal\nconfig passwd = no\n")
+    out = singpy.ok("--config", str(conf), "exec", str(image), "sh", "-c",
+                    f"ls -A /tmp | wc -l; ls /dev | grep -c vda; grep -c {singpy.user} /etc/passwd; true", cwd="/")
+    tmp_entries, vda, passwd = out.split()
+    assert tmp_entries == "0"
+    assert vda == "0"
+    assert passwd == ("1" if singpy.uid == 0 else "0")
+
+
+def test_conf_bind_path(singpy: Singpy, image: Path, workdir: Path) -> None:
+    shared = workdir / "site-data"
+    shared.mkdir(exist_ok=True)
+    (shared / "readme").write_text("site\n")
+    conf = workdir / "bindpath.conf"
+    conf.write_text(f"bind path = {shared}:/site\nbind path = /does/not/exist\n")
+    assert singpy.ok("--config", str(conf), "exec", str(image), "cat", "/site/readme") == "site\n"
+
+
+def test_conf_from_environment_variable(singpy: Singpy, image: Path, workdir: Path) -> None:
+    conf = workdir / "nopid.conf"
+    conf.write_text("allow pid ns = no\n")
+    result = singpy.run("exec", "--pid", str(image), "true", env=singpy.env(SINGPY_CONFIG=str(conf)))
+    assert result.returncode == 255
+    assert "--pid is not allowed" in result.stderr

@@ -1,0 +1,82 @@
+"""Every error a user can cause: one clear line, the right exit code, nothing left behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Singpy, host_state
+
+
+def failing_cases(image: Path, workdir: Path) -> dict[str, tuple[list[str], int, str]]:
+    escape = workdir / "escape-image"
+    if not escape.exists():
+        from tests.support.images import build_busybox_rootfs
+
+        build_busybox_rootfs(escape)
+        (escape / "evil").symlink_to("../../../../tmp")
+    not_image = workdir / "not-an-image.txt"
+    not_image.write_text("hello")
+    return {
+        "missing image": (["exec", str(workdir / "nope"), "true"], 255, "does not exist"),
+        "not an image": (["exec", str(not_image), "true"], 255, "is not a container image"),
+        "bad bind spec": (["exec", "-B", "/a:/b:/c:ro", str(image), "true"], 255, "bad bind specification"),
+        "bad bind option": (["exec", "-B", "/tmp:/x:rx", str(image), "true"], 255, "unknown option 'rx'"),
+        "missing bind source": (["exec", "-B", "/no/such/dir:/x", str(image), "true"], 255,
+                                "bind source /no/such/dir does not exist"),
+        "escaping destination": (["exec", "-B", f"{workdir}:/evil/x", str(escape), "true"], 255,
+                                 "escapes the container root"),
+        "unknown flag": (["exec", "--no-such-flag", str(image), "true"], 1, "unknown flag: --no-such-flag"),
+        "missing command": (["exec", str(image)], 1, "needs a COMMAND"),
+        "command not found": (["exec", str(image), "no-such-command"], 255,
+                              '"no-such-command": executable file not found in $PATH'),
+        "bad env value": (["exec", "--env", "=x", str(image), "true"], 1, "bad --env value"),
+    }
+
+
+CASES = ["missing image", "not an image", "bad bind spec", "bad bind option", "missing bind source",
+         "escaping destination", "unknown flag", "missing command", "command not found", "bad env value"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_user_errors(singpy: Singpy, image: Path, workdir: Path, case: str) -> None:
+    args, code, message = failing_cases(image, workdir)[case]
+    before = host_state()
+    result = singpy.run(*args)
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("FATAL:") and message in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert len([line for line in lines if not line.startswith("HINT:")]) == 1, result.stderr
+    assert result.stdout == ""
+    assert host_state() == before
+
+
+def test_command_not_found_with_env_scripts(singpy: Singpy, env_image: Path) -> None:
+    result = singpy.run("exec", str(env_image), "no-such-command")
+    assert result.returncode == 255
+    assert result.stderr.strip() == 'FATAL:   "no-such-command": executable file not found in $PATH'
+
+
+def test_unreadable_image(as_user: Singpy, workdir: Path) -> None:
+    private = workdir / "private"
+    private.mkdir(exist_ok=True)
+    private.chmod(0o700)
+    result = as_user.run("exec", str(private), "true")
+    assert result.returncode == 255
+    assert result.stderr.startswith("FATAL:") and "permission denied" in result.stderr
+
+
+def test_debug_shows_a_traceback(singpy: Singpy, workdir: Path) -> None:
+    result = singpy.run("-d", "exec", str(workdir / "nope"), "true")
+    assert result.returncode == 255
+    assert "Traceback" in result.stderr and "FATAL:" in result.stderr
+
+
+def test_bad_configuration_names_file_and_line(singpy: Singpy, image: Path, workdir: Path) -> None:
+    conf = workdir / "bad.conf"
+    conf.write_text("mount home = yes\nmount tmp = maybe\n")
+    result = singpy.run("--config", str(conf), "exec", str(image), "true")
+    assert result.returncode == 255
+    assert f"{conf}:2: mount tmp must be yes or no" in result.stderr

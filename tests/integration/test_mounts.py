@@ -1,0 +1,171 @@
+"""Default mounts, binds, --contain, --writable-tmpfs: what the container sees."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Singpy
+
+
+def tree_digest(root: Path) -> str:
+    """A digest of every path, mode and file content under root (symlinks not followed)."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        digest.update(f"{path.relative_to(root)} {info.st_mode} {info.st_uid}".encode())
+        if path.is_file() and not path.is_symlink():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_system_mounts_present(singpy: Singpy, image: Path) -> None:
+    out = singpy.ok("exec", str(image), "sh", "-c", "ls /proc/self/status /sys/kernel /dev/null >/dev/null && echo ok")
+    assert out.strip() == "ok"
+
+
+def test_host_dev_is_bound_by_default(singpy: Singpy, image: Path) -> None:
+    host_nodes = {name for name in os.listdir("/dev") if not name.startswith(".")}
+    inside = set(singpy.ok("exec", str(image), "ls", "/dev").split())
+    assert host_nodes <= inside
+
+
+def test_home_cwd_and_tmp_are_shared_with_the_host(singpy: Singpy, image: Path, workdir: Path) -> None:
+    out = singpy.ok("exec", str(image), "sh", "-c", "echo $HOME; pwd; ls -d /tmp/" + workdir.name)
+    home, cwd, tmp = out.split()
+    assert (home, cwd) == (singpy.home, str(workdir))
+    assert tmp == f"/tmp/{workdir.name}"
+
+
+def test_file_written_in_home_appears_on_host(singpy: Singpy, image: Path) -> None:
+    name = f"written-by-{singpy.profile}"
+    singpy.ok("exec", str(image), "sh", "-c", f"echo hello > $HOME/{name}")
+    written = Path(singpy.home) / name
+    try:
+        assert written.read_text() == "hello\n"
+        assert written.stat().st_uid == singpy.uid
+    finally:
+        written.unlink()
+
+
+def test_image_root_is_read_only(singpy: Singpy, image: Path) -> None:
+    result = singpy.run("exec", str(image), "touch", "/bin/new-file")
+    assert result.returncode != 0
+    assert "Read-only file system" in result.stderr
+    assert not (image / "bin" / "new-file").exists()
+
+
+def test_writable_tmpfs_allows_writes_that_vanish(singpy: Singpy, workdir: Path) -> None:
+    from tests.support.images import build_busybox_rootfs
+
+    # Overlayfs copies a file up with its owner, which a user namespace can only
+    # do for ids it maps: an unprivileged user can change the parts of an image
+    # they own (an image they built or unpacked), as with Apptainer.
+    image = workdir / f"writable-{singpy.profile}"
+    if not image.exists():
+        build_busybox_rootfs(image)
+        os.chown(image / "opt", singpy.uid, singpy.gid)
+    before = tree_digest(image)
+    out = singpy.ok("exec", "--writable-tmpfs", str(image), "sh", "-c",
+                    "mkdir -p /opt/scratch && echo data > /opt/scratch/f && cat /opt/scratch/f")
+    assert out == "data\n"
+    assert tree_digest(image) == before
+    second = singpy.run("exec", str(image), "ls", "/opt/scratch")
+    assert second.returncode != 0
+
+
+def test_runs_never_write_the_image(singpy: Singpy, image: Path, workdir: Path) -> None:
+    before = tree_digest(image)
+    target = workdir / "bind-target"
+    target.mkdir(exist_ok=True)
+    singpy.ok("exec", "-B", f"{target}:/new/mount/point", "--hostname", "h", str(image), "true")
+    singpy.ok("exec", "--contain", "--pid", str(image), "true")
+    assert tree_digest(image) == before
+
+
+@pytest.mark.parametrize("spec_suffix, writable", [("", True), (":rw", True), (":ro", False)],
+                         ids=["default", "rw", "ro"])
+def test_bind_modes(singpy: Singpy, image: Path, workdir: Path, spec_suffix: str, writable: bool) -> None:
+    source = workdir / f"bind-{singpy.profile}-{writable}-{spec_suffix.strip(':') or 'default'}"
+    source.mkdir(exist_ok=True)
+    source.chmod(0o777)
+    (source / "hello").write_text("from host\n")
+    result = singpy.run("exec", "--bind", f"{source}:/data{spec_suffix}", str(image), "sh", "-c",
+                        "cat /data/hello; touch /data/new")
+    assert result.stdout == "from host\n"
+    assert (source / "new").exists() == writable
+    assert (result.returncode == 0) == writable
+
+
+def test_bind_comma_list_and_env_variable(singpy: Singpy, image: Path, workdir: Path) -> None:
+    first, second, third = (workdir / f"multi-{n}" for n in ("a", "b", "c"))
+    for path in (first, second, third):
+        path.mkdir(exist_ok=True)
+        (path / "name").write_text(path.name)
+    env = singpy.env(SINGULARITY_BIND=f"{third}:/c")
+    out = singpy.ok("exec", "-B", f"{first}:/a,{second}:/b:ro", str(image), "cat", "/a/name", "/b/name", "/c/name",
+                    env=env)
+    assert out == "multi-amulti-bmulti-c"
+
+
+def test_bind_a_single_file(singpy: Singpy, image: Path, workdir: Path) -> None:
+    source = workdir / "single-file"
+    source.write_text("one file\n")
+    assert singpy.ok("exec", "-B", f"{source}:/etc/motd", str(image), "cat", "/etc/motd") == "one file\n"
+
+
+def test_bind_destination_through_image_symlink(singpy: Singpy, workdir: Path) -> None:
+    from tests.support.images import build_busybox_rootfs
+
+    root = workdir / f"linked-{singpy.profile}"
+    if not root.exists():
+        build_busybox_rootfs(root)
+        (root / "data-link").symlink_to("/opt")
+    source = workdir / "link-source"
+    source.mkdir(exist_ok=True)
+    (source / "x").write_text("via link\n")
+    assert singpy.ok("exec", "-B", f"{source}:/data-link", str(root), "cat", "/opt/x") == "via link\n"
+
+
+def test_contain_gives_minimal_dev_and_empty_tmp_and_home(singpy: Singpy, image: Path) -> None:
+    out = singpy.ok("exec", "--contain", str(image), "sh", "-c",
+                    "ls /dev; echo ---; ls -A /tmp; echo ---; ls -A $HOME; echo ---; pwd")
+    dev, tmp, home, cwd = (part.split() for part in out.split("---"))
+    assert {"null", "zero", "random", "urandom", "tty", "pts", "shm", "ptmx", "fd"} <= set(dev)
+    assert "vda" not in dev and "loop0" not in dev
+    assert tmp == [] and home == []
+    assert cwd == [singpy.home]
+
+
+def test_contain_tmp_is_writable(singpy: Singpy, image: Path) -> None:
+    assert singpy.ok("exec", "-c", str(image), "sh", "-c", "echo x > /tmp/f && cat /tmp/f") == "x\n"
+
+
+def test_no_home(singpy: Singpy, image: Path) -> None:
+    if singpy.uid == 0:
+        pytest.skip("/root exists in the image, so --no-home is not observable for root")
+    result = singpy.run("exec", "--no-home", str(image), "ls", singpy.home)
+    assert result.returncode != 0
+
+
+def test_custom_home(singpy: Singpy, image: Path, workdir: Path) -> None:
+    custom = workdir / f"home-{singpy.profile}"
+    custom.mkdir(exist_ok=True)
+    custom.chmod(0o777)
+    (custom / "marker").write_text("custom home\n")
+    out = singpy.ok("exec", "-H", f"{custom}:/home/elsewhere", str(image), "sh", "-c",
+                    "echo $HOME; cat $HOME/marker; grep elsewhere /etc/passwd | cut -d: -f6")
+    assert out.split("\n")[:3] == ["/home/elsewhere", "custom home", "/home/elsewhere"]
+
+
+def test_pwd(singpy: Singpy, image: Path) -> None:
+    assert singpy.ok("exec", "--pwd", "/etc", str(image), "pwd") == "/etc\n"
+
+
+def test_fresh_proc_with_pid_namespace(singpy: Singpy, image: Path) -> None:
+    out = singpy.ok("exec", "--pid", str(image), "ls", "/proc")
+    pids = [name for name in out.split() if name.isdigit()]
+    assert len(pids) <= 4

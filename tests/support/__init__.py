@@ -1,0 +1,1 @@
+"""Helpers shared by the tests and `make demo`: real images, real users."""
