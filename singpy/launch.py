@@ -22,6 +22,7 @@ import sys
 from singpy import console, process, rootfs
 from singpy.config.sysconf import SysConfig
 from singpy.errors import ImageError
+from singpy.gpu import GpuContribution
 from singpy.host import HostInfo
 from singpy.image.detect import detect
 from singpy.kernel import syscalls as k
@@ -39,16 +40,44 @@ def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: b
     image = detect(request.image)
     if image.kind != "sandbox":
         raise ImageError(f"{request.image}: {image.kind} images are not supported yet")
-    planned = build_plan(request, config, host, image)
-    for warning in planned.warnings:
+    gpu = _gpus(request, config, host, image.rootfs)
+    planned = build_plan(request, config, host, image, gpu_mounts=gpu.mounts, keep_host_env=gpu.keep_host_env)
+    for warning in (*gpu.warnings, *planned.warnings):
         console.warning(warning)
+    for note in gpu.notes:
+        console.verbose(note)
     if dry_run:
-        import json
-
-        json.dump(planned.plan.to_json_data(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        _print_dry_run(planned.plan, gpu, planned.warnings)
         return 0
     return launch(planned.plan)
+
+
+def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, rootfs: str | None) -> GpuContribution:
+    """GPU discovery, only when --nv / --rocm (or the conf's `always use`) asks for it."""
+    from singpy.gpu.request import discover_gpus, wanted
+
+    nv, rocm = wanted(nv=request.nv, rocm=request.rocm, config=config)
+    if not (nv or rocm):
+        return GpuContribution()
+    return discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
+                         rootfs=rootfs)
+
+
+def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution, warnings: tuple[str, ...]) -> None:
+    """The plan as JSON, with what GPU support adds spelled out: nothing is started."""
+    import json
+
+    gpu_summary = {
+        "devices": [spec.dest for spec in gpu.mounts if spec.dev],
+        "libraries": [spec.source for spec in gpu.mounts if spec.dest.startswith("/.singularity.d/libs/")],
+        "binaries": [spec.source for spec in gpu.mounts if spec.dest.startswith("/usr/bin/")],
+        "files": [spec.source for spec in gpu.mounts
+                  if spec.source and spec.source == spec.dest and not spec.dev],
+        "keep_host_env": list(gpu.keep_host_env),
+    }
+    document = {"plan": plan.to_json_data(), "gpu": gpu_summary, "warnings": [*gpu.warnings, *warnings]}
+    json.dump(document, sys.stdout, indent=2)
+    sys.stdout.write("\n")
 
 
 def launch(plan: LaunchPlan) -> int:

@@ -38,6 +38,8 @@ class LaunchRequest(Record):
     ipc: bool = False
     uts: bool = False
     shell: str | None = None
+    nv: bool = False  # --nv (or `always use nv`)
+    rocm: bool = False  # --rocm (or `always use rocm`)
     verbosity: int = 0
 
 

@@ -73,6 +73,8 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         ipc=containall or bool(values.get("ipc")),
         uts=bool(values.get("uts")),
         shell=values.get("shell"),
+        nv=bool(values.get("nv")),
+        rocm=bool(values.get("rocm")),
         verbosity=level,
     )
 

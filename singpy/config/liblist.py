@@ -15,14 +15,11 @@ the order of the binds.
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
 from singpy.errors import ConfigError
+from singpy.record import Record
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class LibList:
+class LibList(Record):
     """The three kinds of entries of a liblist file, in file order."""
 
     binaries: tuple[str, ...]  # names looked up on $PATH, bound at /usr/bin/<name>
@@ -52,10 +49,11 @@ def parse_liblist(text: str) -> LibList:
     )
 
 
-def load_liblist(path: str | Path) -> LibList:
+def load_liblist(path: str) -> LibList:
     """Read and parse a liblist file; an unreadable file is a `ConfigError`."""
     try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
     except OSError as exc:
         raise ConfigError(
             f"could not read {path}: {exc.strerror or exc}",

@@ -12,14 +12,13 @@ type its arguments even when no GPU flag is given.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 
 from singpy.plan import MountSpec
+from singpy.record import Record
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GpuContribution:
+class GpuContribution(Record):
     """What one GPU vendor adds to a launch; every mount is at Stage.GPU."""
 
     mounts: tuple[MountSpec, ...] = ()  # devices, libs tmpfs + binds, binaries, files; in order

@@ -13,27 +13,27 @@ against a newer glibc than the image's fails inside the container with
 
 from __future__ import annotations
 
-import dataclasses
 import mmap
+import os
 import re
 import struct
 import sys
-from pathlib import Path
+
+from singpy.record import Record
 
 _MAGIC = b"\x7fELF"
 _SHT_GNU_VERNEED = 0x6FFFFFFE
 _GLIBC_RE = re.compile(rb"GLIBC_(2\.[0-9]+)(?![0-9.])")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ElfIdentity:
+class ElfIdentity(Record, kw_only=False):
     """What must match between the host executable and a library."""
 
     elf_class: int  # EI_CLASS: 1 = 32-bit, 2 = 64-bit
     machine: int  # e_machine: 3 = i386, 62 = x86-64, 183 = AArch64, ...
 
 
-def elf_identity(path: str | Path) -> ElfIdentity | None:
+def elf_identity(path: str | os.PathLike[str]) -> ElfIdentity | None:
     """Class and machine from the first 20 bytes; None if not a readable ELF file."""
     try:
         with open(path, "rb") as handle:
@@ -58,7 +58,7 @@ def host_elf_identity(exe: str = "/proc/self/exe") -> ElfIdentity:
     return ElfIdentity(elf_class=2, machine=62)
 
 
-def required_glibc(path: str | Path) -> tuple[int, int] | None:
+def required_glibc(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """Newest GLIBC_2.x version the file needs, or None if it needs none.
 
     Walks the section headers to `.gnu.version_r` (Elf*_Verneed / Elf*_Vernaux

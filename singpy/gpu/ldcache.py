@@ -20,7 +20,6 @@ into `MountSpec`s.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -30,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from singpy.errors import GpuError
 from singpy.gpu.elf import ElfIdentity, elf_identity, host_elf_identity, required_glibc
 from singpy.plan import MountOp, MountSpec, Stage
+from singpy.record import Record
 
 LIBS_DIR = "/.singularity.d/libs"  # where Apptainer puts host libraries in the container
 LdCache = Mapping[str, tuple[str, ...]]  # library name -> host paths, in `ldconfig -p` order
@@ -89,8 +89,7 @@ def so_links(path: str) -> tuple[str, ...]:
     )
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class HostFiles:
+class HostFiles(Record):
     """Host files found for one GPU vendor, before they become mounts."""
 
     libraries: tuple[tuple[str, str], ...] = ()  # (file name in /.singularity.d/libs, host path)
@@ -190,9 +189,7 @@ def drop_newer_glibc(files: HostFiles, image_glibc: str | None) -> HostFiles:
         )
         return False
 
-    return dataclasses.replace(
-        files,
-        libraries=tuple(item for item in files.libraries if keep(item[1])),
+    return files.replace(libraries=tuple(item for item in files.libraries if keep(item[1])),
         binaries=tuple(item for item in files.binaries if keep(item[1])),
         warnings=files.warnings + tuple(warnings),
     )

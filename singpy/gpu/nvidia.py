@@ -14,7 +14,6 @@ host without GPUs still runs (Apptainer behaves the same).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -33,6 +32,7 @@ from singpy.gpu.ldcache import (
     so_links,
 )
 from singpy.plan import Missing, MountOp, MountSpec, Stage
+from singpy.record import Record
 
 SELECT_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")  # kept through --cleanenv
 _GPU_NODE = re.compile(r"nvidia(\d+)$")
@@ -89,9 +89,9 @@ def discover(
         cli=nvidia_container_cli, image_glibc=image_glibc, inherited_libs_dir=inherited_libs_dir,
     )
     if os.path.exists(persistenced_socket):
-        files = dataclasses.replace(files, files=(*files.files, persistenced_socket))
+        files = files.replace(files=(*files.files, persistenced_socket))
     else:
-        files = dataclasses.replace(files, notes=(*files.notes, f"persistenced socket {persistenced_socket} not found"))
+        files = files.replace(notes=(*files.notes, f"persistenced socket {persistenced_socket} not found"))
     cuda_warning = check_cuda_version(proc_driver_version, image_env or {}, host_env)
     return GpuContribution(
         mounts=devices.mounts + files.mounts(),
@@ -105,8 +105,7 @@ def discover(
 # --- devices -------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Devices:
+class _Devices(Record, kw_only=False):
     mounts: tuple[MountSpec, ...]
     warnings: tuple[str, ...]
     notes: tuple[str, ...]
@@ -225,7 +224,7 @@ def _host_files(
         ldconfig=ldconfig, ld_cache_file=ld_cache_file, path_env=path_env, image_glibc=image_glibc,
         inherited_libs_dir=inherited_libs_dir,
     )
-    return dataclasses.replace(files, warnings=fallback_warning + files.warnings)
+    return files.replace(warnings=fallback_warning + files.warnings)
 
 
 def _why(exc: OSError | subprocess.SubprocessError) -> str:

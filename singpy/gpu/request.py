@@ -1,0 +1,88 @@
+"""From --nv / --rocm and singpy.conf to one GpuContribution.
+
+The launcher calls `discover_gpus` before planning; the vendor modules stay
+leaves that take every host path as an argument. What the image needs (its
+CUDA version, its glibc) is read here from the image root when it is a
+directory already; for other images those checks are skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Mapping
+
+from singpy.config.sysconf import SysConfig, confdir
+from singpy.gpu import GpuContribution, merge
+
+_ENV_LINE = re.compile(r"^\s*(?:export\s+)?(CUDA_VERSION|NVIDIA_REQUIRE_CUDA)=[\"']?([^\"'\n]*)", re.MULTILINE)
+_GLIBC_RELEASE = re.compile(rb"release version (2\.[0-9]+)")
+_LIBC_PATHS = ("lib/x86_64-linux-gnu/libc.so.6", "lib/aarch64-linux-gnu/libc.so.6", "lib64/libc.so.6",
+               "lib/powerpc64le-linux-gnu/libc.so.6", "usr/lib64/libc.so.6", "lib/libc.so.6")
+
+
+def wanted(*, nv: bool, rocm: bool, config: SysConfig) -> tuple[bool, bool]:
+    """--nv / --rocm, or the admin's `always use nv` / `always use rocm`."""
+    return nv or config.flag("always use nv"), rocm or config.flag("always use rocm")
+
+
+def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, host_env: Mapping[str, str],
+                  rootfs: str | None) -> GpuContribution:
+    """Devices, libraries, binaries and warnings for the requested vendors."""
+    path_env = host_env.get("PATH", os.defpath)
+    ldconfig = config.text("ldconfig path")
+    image_env = image_env_hints(rootfs) if rootfs else None
+    glibc = image_glibc(rootfs) if rootfs else None
+    parts = []
+    if nv:
+        from singpy.gpu import nvidia
+
+        parts.append(nvidia.discover(
+            liblist_path=os.path.join(confdir(config), "nvliblist.conf"), ldconfig=ldconfig, path_env=path_env,
+            nvidia_container_cli=_container_cli(config, path_env), contain=contain, host_env=host_env,
+            image_env=image_env, image_glibc=glibc))
+    if rocm:
+        from singpy.gpu import rocm as amd
+
+        parts.append(amd.discover(
+            liblist_path=os.path.join(confdir(config), "rocmliblist.conf"), ldconfig=ldconfig, path_env=path_env,
+            contain=contain, host_env=host_env, image_glibc=glibc))
+    return merge(*parts)
+
+
+def _container_cli(config: SysConfig, path_env: str) -> str | None:
+    """nvidia-container-cli, when `use nvidia-container-cli = yes` (its path from the conf, else PATH)."""
+    if not config.flag("use nvidia-container-cli"):
+        return None
+    return config.text("nvidia-container-cli path") or shutil.which("nvidia-container-cli", path=path_env)
+
+
+def image_env_hints(rootfs: str) -> dict[str, str]:
+    """CUDA_VERSION / NVIDIA_REQUIRE_CUDA as the image's env scripts set them (a text scan, no shell)."""
+    found: dict[str, str] = {}
+    env_dir = os.path.join(rootfs, ".singularity.d", "env")
+    try:
+        names = sorted(os.listdir(env_dir))
+    except OSError:
+        return found
+    for name in names:
+        try:
+            with open(os.path.join(env_dir, name), errors="replace") as handle:
+                found.update(_ENV_LINE.findall(handle.read()))
+        except OSError:
+            continue
+    return found
+
+
+def image_glibc(rootfs: str) -> str | None:
+    """The image's glibc release ("2.36"), read from its libc.so.6; None when it has none (busybox)."""
+    for relative in _LIBC_PATHS:
+        try:
+            with open(os.path.join(rootfs, relative), "rb") as handle:
+                match = _GLIBC_RELEASE.search(handle.read())
+        except OSError:
+            continue
+        if match:
+            return match.group(1).decode()
+    return None

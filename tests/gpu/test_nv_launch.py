@@ -1,0 +1,283 @@
+"""`--nv` and `--rocm` end to end, on a simulated GPU host, as root and as a user.
+
+The host is simulated with real things (tests/gpu/simhost.py: mknod device
+nodes, gcc-built ELF libraries in a real ld.so.cache, stub tools), put in
+place of the real one in a private mount namespace by tests/gpu/simrun.py.
+A real C program inside an image without CUDA dlopen()s libcuda.so.1 and
+calls into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SINGPY, Singpy
+from tests.gpu import simhost
+from tests.support.images import build_busybox_rootfs
+
+REPO = Path(__file__).resolve().parent.parent.parent
+CUDA_CHECK_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+int main(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) { printf("dlopen failed: %s\n", dlerror()); return 1; }
+    int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
+    int (*version)(int *) = (int (*)(int *))dlsym(lib, "cuDriverGetVersion");
+    int v = 0;
+    int rc = init(0);
+    version(&v);
+    printf("cuInit=%d driver=%d\n", rc, v);
+    return rc;
+}
+"""
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
+
+
+class SimHostRun:
+    """singpy on a simulated GPU host, as one profile's user."""
+
+    def __init__(self, runner: Singpy, host: simhost.SimHost, confdir: Path) -> None:
+        self.runner, self.host, self.confdir = runner, host, confdir
+
+    def run(self, *args: str, conf: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+        conf_file = self.confdir / f"singpy-{abs(hash(conf))}.conf"
+        conf_file.write_text(conf)
+        command = [sys.executable, "-m", "tests.gpu.simrun", str(self.host.root), str(self.runner.uid),
+                   str(self.runner.gid), "--", SINGPY, "--config", str(conf_file), *args]
+        environment = self.runner.env(PATH=f"{self.host.bin_dir}:/usr/bin:/bin", PYTHONPATH=str(REPO), **env)
+        return subprocess.run(command, env=environment, cwd=self.runner.workdir, capture_output=True, text=True,
+                              timeout=60)
+
+    def ok(self, *args: str, conf: str = "", **env: str) -> str:
+        result = self.run(*args, conf=conf, **env)
+        assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+        return result.stdout
+
+
+def _confdir(base: Path, liblist: Path, name: str) -> Path:
+    confdir = base / name
+    confdir.mkdir(exist_ok=True)
+    shutil.copy(liblist, confdir / name)
+    return confdir
+
+
+@pytest.fixture(scope="session")
+def nv_host(workdir: Path) -> simhost.SimHost:
+    root = workdir / "sim-nvidia"
+    root.mkdir()
+    host = simhost.build_nvidia_host(root)
+    _make_readable(root)
+    return host
+
+
+@pytest.fixture(scope="session")
+def bare_host(workdir: Path) -> simhost.SimHost:
+    """A host with the driver's libraries but neither GPU nodes nor UVM."""
+    root = workdir / "sim-nodevices"
+    root.mkdir()
+    host = simhost.build_nvidia_host(root, devices=False)
+    _make_readable(root)
+    return host
+
+
+@pytest.fixture(scope="session")
+def no_uvm_host(workdir: Path) -> simhost.SimHost:
+    """GPUs and nvidiactl, but the nvidia_uvm module is not loaded."""
+    root = workdir / "sim-nouvm"
+    root.mkdir()
+    host = simhost.build_nvidia_host(root, uvm=False)
+    _make_readable(root)
+    return host
+
+
+@pytest.fixture(scope="session")
+def rocm_host(workdir: Path) -> simhost.SimHost:
+    root = workdir / "sim-rocm"
+    root.mkdir()
+    host = simhost.build_rocm_host(root)
+    _make_readable(root)
+    return host
+
+
+def _make_readable(root: Path) -> None:
+    for path in [root, *root.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(0o755)
+
+
+@pytest.fixture(scope="session")
+def cuda_image(workdir: Path) -> Path:
+    """A busybox image plus the host's glibc and a program that dlopen()s libcuda.so.1: no CUDA inside."""
+    root = build_busybox_rootfs(workdir / "cuda-check-image")
+    program = root / "usr" / "bin" / "cuda-check"
+    subprocess.run(["gcc", "-O2", "-o", str(program), "-x", "c", "-", "-ldl"], input=CUDA_CHECK_C, text=True,
+                   check=True)
+    needed = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=True).stdout
+    for line in needed.splitlines():
+        path = line.split("=>")[-1].split("(")[0].strip()
+        if path.startswith("/"):
+            target = root / path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(path), target)
+    assert not list(root.rglob("libcuda*"))
+    return root
+
+
+def _sim(runner: Singpy, host: simhost.SimHost, workdir: Path, liblist_name: str) -> SimHostRun:
+    confdir = _confdir(workdir, host.liblist, liblist_name)
+    confdir.chmod(0o777)
+    (confdir / "singpy.conf").touch()
+    return SimHostRun(runner, host, confdir)
+
+
+@pytest.fixture
+def nv(singpy: Singpy, nv_host: simhost.SimHost, workdir: Path) -> SimHostRun:
+    return _sim(singpy, nv_host, workdir / f"conf-nv-{singpy.profile}", "nvliblist.conf")
+
+
+@pytest.fixture
+def rocm(singpy: Singpy, rocm_host: simhost.SimHost, workdir: Path) -> SimHostRun:
+    return _sim(singpy, rocm_host, workdir / f"conf-rocm-{singpy.profile}", "rocmliblist.conf")
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _conf_parents(workdir: Path) -> None:
+    for profile in ("root", "user"):
+        for vendor in ("nv", "rocm", "bare", "nouvm"):
+            _mkdir(workdir / f"conf-{vendor}-{profile}").chmod(0o777)
+
+
+NV_NODES = {"nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps"}
+
+
+@pytest.mark.parametrize("flags", [[], ["--contain"], ["--containall"]], ids=["default", "contain", "containall"])
+def test_nv_devices_inside(nv: SimHostRun, image: Path, flags: list[str]) -> None:
+    devices = set(nv.ok("exec", "--nv", *flags, str(image), "ls", "/dev").split())
+    assert devices >= NV_NODES
+
+
+def test_without_nv_contain_hides_gpu_nodes(nv: SimHostRun, image: Path) -> None:
+    devices = set(nv.ok("exec", "--contain", str(image), "ls", "/dev").split())
+    assert not NV_NODES & devices
+
+
+def test_nv_libraries_bound_read_only_64_bit_only(nv: SimHostRun, image: Path) -> None:
+    out = nv.ok("exec", "--nv", str(image), "sh", "-c",
+                "ls /.singularity.d/libs; echo ---; head -c 5 /.singularity.d/libs/libcuda.so.1 | od -An -tx1;"
+                " echo ---; echo $LD_LIBRARY_PATH; touch /.singularity.d/libs/libcuda.so.1 2>&1 || true")
+    names, elf_head, rest = out.split("---")
+    assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= set(names.split())
+    assert elf_head.split() == ["7f", "45", "4c", "46", "02"]  # ELFCLASS64: the i386 copy was skipped
+    assert "/.singularity.d/libs" in rest
+    assert "Read-only file system" in rest
+
+
+def test_program_without_cuda_calls_into_host_libcuda(nv: SimHostRun, cuda_image: Path) -> None:
+    assert nv.ok("exec", "--nv", str(cuda_image), "cuda-check") == "cuInit=0 driver=12040\n"
+    without = nv.run("exec", str(cuda_image), "cuda-check")
+    assert without.returncode == 1 and "dlopen failed" in without.stdout
+
+
+def test_nvidia_smi_runs_inside(nv: SimHostRun, image: Path) -> None:
+    out = nv.ok("exec", "--nv", str(image), "nvidia-smi")
+    assert "Driver Version: 550.54.14" in out
+    assert nv.ok("exec", "--nv", str(image), "which", "nvidia-smi") == "/usr/bin/nvidia-smi\n"
+
+
+def test_cuda_visible_devices_rules(nv: SimHostRun, image: Path) -> None:
+    show = ["sh", "-c", "echo cvd=$CUDA_VISIBLE_DEVICES"]
+    assert nv.ok("exec", "--nv", str(image), *show, SINGULARITYENV_CUDA_VISIBLE_DEVICES="1") == "cvd=1\n"
+    assert nv.ok("exec", "--nv", str(image), *show, APPTAINERENV_CUDA_VISIBLE_DEVICES="0") == "cvd=0\n"
+    # A batch system's allocation survives --cleanenv/--containall when --nv is given...
+    assert nv.ok("exec", "--nv", "--cleanenv", str(image), *show, CUDA_VISIBLE_DEVICES="1") == "cvd=1\n"
+    assert nv.ok("exec", "--nv", "--containall", str(image), *show, CUDA_VISIBLE_DEVICES="1") == "cvd=1\n"
+    # ...and is cleaned as any variable without --nv.
+    assert nv.ok("exec", "--cleanenv", str(image), *show, CUDA_VISIBLE_DEVICES="1") == "cvd=\n"
+
+
+@pytest.mark.parametrize("selection, expected", [("1", {"nvidia1"}), ("0,1", {"nvidia0", "nvidia1"}),
+                                                 ("none", set()), ("all", {"nvidia0", "nvidia1"})])
+def test_nvidia_visible_devices_selects_nodes_with_contain(nv: SimHostRun, image: Path, selection: str,
+                                                           expected: set[str]) -> None:
+    devices = set(nv.ok("exec", "--nv", "--contain", str(image), "ls", "/dev",
+                        NVIDIA_VISIBLE_DEVICES=selection).split())
+    assert {name for name in devices if name[6:].isdigit() and name.startswith("nvidia")} == expected
+    assert "nvidiactl" in devices
+
+
+def test_nvidia_visible_devices_by_uuid(nv: SimHostRun, nv_host: simhost.SimHost, image: Path) -> None:
+    devices = nv.ok("exec", "--nv", "--contain", str(image), "ls", "/dev", NVIDIA_VISIBLE_DEVICES=nv_host.uuids[1])
+    assert "nvidia1" in devices.split() and "nvidia0" not in devices.split()
+
+
+def test_no_devices_warns_and_still_runs(singpy: Singpy, bare_host: simhost.SimHost, workdir: Path,
+                                         image: Path) -> None:
+    bare = _sim(singpy, bare_host, workdir / f"conf-bare-{singpy.profile}", "nvliblist.conf")
+    result = bare.run("exec", "--nv", str(image), "echo", "payload ran")
+    assert result.returncode == 0 and result.stdout == "payload ran\n"
+    assert "WARNING: no NVIDIA GPU devices found" in result.stderr
+
+
+def test_missing_uvm_warns_with_hint(singpy: Singpy, no_uvm_host: simhost.SimHost, workdir: Path,
+                                     image: Path) -> None:
+    sim = _sim(singpy, no_uvm_host, workdir / f"conf-nouvm-{singpy.profile}", "nvliblist.conf")
+    result = sim.run("exec", "--nv", str(image), "true")
+    assert result.returncode == 0
+    assert "nvidia-uvm is missing" in result.stderr and "modprobe nvidia_uvm" in result.stderr
+
+
+def test_nvidia_container_cli_lists_the_libraries(nv: SimHostRun, image: Path) -> None:
+    out = nv.ok("-v", "exec", "--nv", str(image), "ls", "/.singularity.d/libs",
+                conf="use nvidia-container-cli = yes\n")
+    assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= set(out.split())
+
+
+def test_always_use_nv(nv: SimHostRun, image: Path) -> None:
+    devices = nv.ok("exec", "--contain", str(image), "ls", "/dev", conf="always use nv = yes\n")
+    assert "nvidia0" in devices.split()
+
+
+def test_dry_run_reports_without_starting(nv: SimHostRun, image: Path) -> None:
+    report = json.loads(nv.ok("exec", "--nv", "--dry-run", str(image), "touch", "/tmp/never"))
+    assert "/dev/nvidia0" in report["gpu"]["devices"]
+    assert any(path.endswith("libcuda.so.550.54.14") or path.endswith("libcuda.so.1")
+               for path in report["gpu"]["libraries"])
+    assert any(path.endswith("/nvidia-smi") for path in report["gpu"]["binaries"])
+    assert not Path("/tmp/never").exists()
+
+
+def test_verbose_names_each_bind(nv: SimHostRun, image: Path) -> None:
+    result = nv.run("-v", "exec", "--nv", str(image), "true")
+    assert "binding" in result.stderr and "/.singularity.d/libs/libcuda.so.1" in result.stderr
+
+
+@pytest.mark.parametrize("flags", [[], ["--contain"]], ids=["default", "contain"])
+def test_rocm_devices_and_libraries(rocm: SimHostRun, image: Path, flags: list[str]) -> None:
+    out = rocm.ok("exec", "--rocm", *flags, str(image), "sh", "-c",
+                  "ls /dev; ls /dev/dri; echo ---; ls /.singularity.d/libs; which rocminfo")
+    devices, libs = out.split("---")
+    assert {"kfd", "dri", "card0", "renderD128"} <= set(devices.split())
+    assert {"libamdocl64.so", "/usr/bin/rocminfo"} <= set(libs.split())
+
+
+def test_opencl_vendors_through_bind(nv: SimHostRun, image: Path, workdir: Path) -> None:
+    vendors = workdir / "OpenCL" / "vendors"
+    vendors.mkdir(parents=True, exist_ok=True)
+    (vendors / "nvidia.icd").write_text("libnvidia-opencl.so.1\n")
+    out = nv.ok("exec", "--nv", "--bind", f"{workdir / 'OpenCL'}:/etc/OpenCL", str(image), "cat",
+                "/etc/OpenCL/vendors/nvidia.icd")
+    assert out == "libnvidia-opencl.so.1\n"
