@@ -43,7 +43,7 @@ demo: setup
 	$(BIN)/singpy run build/demo-sandbox
 
 lint: setup
-	$(BIN)/ruff check singpy tests benchmarks
+	$(BIN)/ruff check singpy tests $(wildcard benchmarks)
 	$(BIN)/mypy singpy
 
 test: lint

@@ -129,8 +129,13 @@ def shell_env(plan: EnvPlan) -> dict[str, str]:
     return env
 
 
-# Run as: /bin/sh -c ACTION_SCRIPT singpy PAYLOAD [ARGS...], with shell_env().
+# Run as: /bin/sh -c ACTION_SCRIPT singpy PAYLOAD [ARGS...], with shell_env(). Host names are
+# unset first so that what the shell sets for itself (busybox's HOSTNAME, PS4) does not
+# count as "set by the image" when the host values are restored at the end.
 ACTION_SCRIPT = r"""
+for __n in $__SINGPY_HOST; do
+    unset $__n 2>/dev/null
+done
 for __f in /.singularity.d/env/*.sh; do
     [ -f "$__f" ] && . "$__f"
 done
@@ -184,8 +189,8 @@ def parse_env_option(values: Iterable[str]) -> dict[str, str]:
     from singpy.errors import UsageError
 
     result: dict[str, str] = {}
-    last = None
     for value in values:
+        last = None  # a comma continues a value only within one --env
         for item in value.split(","):
             name, sep, text = item.partition("=")
             if sep and is_valid_name(name):

@@ -73,7 +73,7 @@ def _home(request: LaunchRequest, host: HostInfo) -> tuple[str, str]:
     if request.home is None:
         return host.home, host.home
     source, _, dest = request.home.partition(":")
-    source = os.path.abspath(source)
+    source = os.path.normpath(os.path.join(host.cwd, source))
     if dest and not os.path.isabs(dest):
         raise BindSpecError(f"bad --home {request.home!r}: destination must be an absolute path")
     return source, os.path.normpath(dest or source)
@@ -83,7 +83,7 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
             home_source: str, home_dest: str) -> list[MountSpec]:
     dev = "minimal" if request.contain and config.text("mount dev") == "yes" else config.text("mount dev")
     mounts = system.kernel_mounts(new_pid=namespaces.pid, proc=config.flag("mount proc"),
-                                  sys=config.flag("mount sys"), dev=dev)
+                                  sys=config.flag("mount sys"), dev=dev, devpts=config.flag("mount devpts"))
     mounts += system.identity_files(
         passwd_entry=system.passwd_line(user=host.user, uid=host.uid, gid=host.gid, gecos=host.gecos,
                                         home=home_dest, shell=host.shell) if config.flag("config passwd") else None,

@@ -28,16 +28,26 @@ class Record:
     __fields__: tuple[str, ...] = ()
     __defaults__: dict[str, object] = {}
 
-    def __init_subclass__(cls, *, kw_only: bool = True) -> None:
+    __kw_only__: bool = True
+
+    def __init_subclass__(cls, *, kw_only: bool | None = None) -> None:
+        if kw_only is not None:  # otherwise inherited, as a dataclass subclass keeps its base's fields
+            cls.__kw_only__ = kw_only
         names = [name for name in cls.__dict__.get("__annotations__", {}) if not name.startswith("__")]
         cls.__fields__ = tuple(dict.fromkeys([*cls.__fields__, *names]))
         cls.__defaults__ = {**cls.__defaults__,
                             **{name: cls.__dict__[name] for name in names if name in cls.__dict__}}
 
     def __init__(self, *positional: Any, **values: Any) -> None:
-        if len(positional) > len(self.__fields__):
-            raise TypeError(f"{type(self).__name__} takes at most {len(self.__fields__)} arguments")
-        values.update(zip(self.__fields__, positional, strict=False))
+        if positional:
+            if self.__kw_only__:
+                raise TypeError(f"{type(self).__name__} takes keyword arguments only")
+            if len(positional) > len(self.__fields__):
+                raise TypeError(f"{type(self).__name__} takes at most {len(self.__fields__)} arguments")
+            given_twice = set(self.__fields__[:len(positional)]) & set(values)
+            if given_twice:
+                raise TypeError(f"{type(self).__name__} got {sorted(given_twice)[0]!r} twice")
+            values.update(zip(self.__fields__, positional, strict=False))
         unknown = set(values) - set(self.__fields__)
         if unknown:
             raise TypeError(f"{type(self).__name__} has no field {sorted(unknown)[0]!r}")
@@ -48,6 +58,9 @@ class Record:
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is frozen")
+
+    def __delattr__(self, name: str) -> None:
         raise AttributeError(f"{type(self).__name__} is frozen")
 
     def _values(self) -> tuple[object, ...]:

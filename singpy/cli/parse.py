@@ -42,7 +42,7 @@ def split_global(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     values: dict[str, Any] = {}
     rest = list(argv)
     while rest and rest[0].startswith("-") and rest[0] != "--":
-        _take(rest, _GLOBAL_INDEX, values, "singpy")
+        _take(rest, _GLOBAL_INDEX, values, "")
     return values, rest
 
 
@@ -67,9 +67,11 @@ def _take(rest: list[str], index: dict[str, Option], values: dict[str, Any], com
     name, eq, inline = word.partition("=") if word.startswith("--") else (word, "", "")
     if not word.startswith("--") and len(word) > 2:
         name, inline = word[:2], word[2:]
+        if inline.startswith("=") and index.get(name) is not None and index[name].value:
+            inline = inline[1:]  # -B=/data means /data, as with Apptainer's flag parser
     option = index.get(name)
     if option is None:
-        raise UsageError(f"unknown flag: {name}", hint=f"Run 'singpy {command} --help' for usage.")
+        raise UsageError(f"unknown flag: {name}", hint=f"Run '{_command_line(command)} --help' for usage.")
     if not option.value:
         if eq:
             raise UsageError(f"flag {name} takes no value")
@@ -82,8 +84,13 @@ def _take(rest: list[str], index: dict[str, Option], values: dict[str, Any], com
     elif rest:
         value = rest.pop(0)
     else:
-        raise UsageError(f"flag needs an argument: {name}", hint=f"Run 'singpy {command} --help' for usage.")
+        raise UsageError(f"flag needs an argument: {name}",
+                         hint=f"Run '{_command_line(command)} --help' for usage.")
     _store(values, option, value)
+
+
+def _command_line(command: str) -> str:
+    return f"singpy {command}" if command else "singpy"
 
 
 def _store(values: dict[str, Any], option: Option, value: str) -> None:

@@ -46,7 +46,7 @@ def parse_bind(text: str, cwd: str) -> BindSpec:
     if option not in _OPTIONS:
         raise BindSpecError(f"bad bind specification {text!r}: unknown option {option!r} (expected ro or rw)")
     if not os.path.isabs(dest):
-        if len(parts) > 1:
+        if len(parts) > 1 and parts[1]:
             raise BindSpecError(f"bad bind specification {text!r}: destination {dest!r} is not absolute")
         dest = os.path.normpath(os.path.join(cwd, dest))
     source = os.path.normpath(os.path.join(cwd, source))

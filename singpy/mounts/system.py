@@ -19,7 +19,7 @@ SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", 
                "/usr", "/var")
 
 
-def kernel_mounts(*, new_pid: bool, proc: bool, sys: bool, dev: str) -> list[MountSpec]:
+def kernel_mounts(*, new_pid: bool, proc: bool, sys: bool, dev: str, devpts: bool = True) -> list[MountSpec]:
     """/proc, /sys and /dev. `dev` is "yes" (host /dev), "minimal" or "no"."""
     specs = []
     if proc:
@@ -32,19 +32,20 @@ def kernel_mounts(*, new_pid: bool, proc: bool, sys: bool, dev: str) -> list[Mou
     if dev == "yes":
         specs.append(MountSpec(op=MountOp.BIND, source="/dev", dest="/dev", dev=True, stage=Stage.KERNEL))
     elif dev == "minimal":
-        specs += minimal_dev()
+        specs += minimal_dev(devpts=devpts)
     return specs
 
 
-def minimal_dev() -> list[MountSpec]:
-    """A tmpfs /dev with the usual nodes, a private devpts and /dev/shm."""
+def minimal_dev(*, devpts: bool = True) -> list[MountSpec]:
+    """A tmpfs /dev with the usual nodes, a private devpts (`mount devpts`) and /dev/shm."""
     specs = [MountSpec(op=MountOp.TMPFS, dest="/dev", stage=Stage.KERNEL)]
     specs += [MountSpec(op=MountOp.BIND, source=f"/dev/{name}", dest=f"/dev/{name}", dev=True,
                         missing=Missing.SKIP, stage=Stage.KERNEL) for name in MINIMAL_DEV_NODES]
-    specs.append(MountSpec(op=MountOp.DEVPTS, dest="/dev/pts", stage=Stage.KERNEL))
+    if devpts:
+        specs.append(MountSpec(op=MountOp.DEVPTS, dest="/dev/pts", stage=Stage.KERNEL))
     specs.append(MountSpec(op=MountOp.TMPFS, dest="/dev/shm", stage=Stage.KERNEL))
     specs += [MountSpec(op=MountOp.SYMLINK, source=target, dest=f"/dev/{name}", stage=Stage.KERNEL)
-              for name, target in DEV_LINKS]
+              for name, target in DEV_LINKS if devpts or name != "ptmx"]
     return specs
 
 

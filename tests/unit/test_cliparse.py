@@ -1,0 +1,261 @@
+"""singpy.cli.parse: the fast parser of `run`, `exec` and `shell` (Apptainer's flags and environment variables)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, GLOBAL_OPTIONS
+from singpy.cli.parse import action_help, parse_action, split_global
+from singpy.errors import ExitCode, UsageError
+
+
+@pytest.mark.parametrize(
+    ("argv", "values", "rest"),
+    [
+        ([], {}, []),
+        (["img"], {}, ["img"]),
+        (["--contain", "img", "ls"], {"contain": True}, ["img", "ls"]),
+        (["-c", "img"], {"contain": True}, ["img"]),
+        (["-ce", "img"], {"contain": True, "cleanenv": True}, ["img"]),
+        (["-cep", "img"], {"contain": True, "cleanenv": True, "pid": True}, ["img"]),
+        (["-C", "img"], {"containall": True}, ["img"]),
+        (["--bind", "/a", "img"], {"bind": ["/a"]}, ["img"]),
+        (["--bind=/a:/b", "img"], {"bind": ["/a:/b"]}, ["img"]),
+        (["-B", "/a", "img"], {"bind": ["/a"]}, ["img"]),
+        (["-B/a:/b:ro", "img"], {"bind": ["/a:/b:ro"]}, ["img"]),
+        (["-B", "/a", "--bind", "/b,/c", "-B/d", "--bind=/e", "img"], {"bind": ["/a", "/b,/c", "/d", "/e"]},
+         ["img"]),
+        (["-cB/a", "img"], {"contain": True, "bind": ["/a"]}, ["img"]),
+        (["-cB", "/a", "img"], {"contain": True, "bind": ["/a"]}, ["img"]),
+        (["--bind=", "img"], {"bind": [""]}, ["img"]),
+        (["--bind", "--contain", "img"], {"bind": ["--contain"]}, ["img"]),
+        (["--bind=a=b", "img"], {"bind": ["a=b"]}, ["img"]),
+        (["--env", "A=1", "--env=B=2,C=3", "img"], {"env": ["A=1", "B=2,C=3"]}, ["img"]),
+        (["--env-file", "f1", "--env-file=f2", "img"], {"env_file": ["f1", "f2"]}, ["img"]),
+        (["-H", "/h:/home/u", "img"], {"home": "/h:/home/u"}, ["img"]),
+        (["--home", "/a", "--home", "/b", "img"], {"home": "/b"}, ["img"]),
+        (["--hostname", "box", "--pwd=/w", "img"], {"hostname": "box", "pwd": "/w"}, ["img"]),
+        (["-s", "/bin/bash", "img"], {"shell": "/bin/bash"}, ["img"]),
+        (["--no-home", "--writable-tmpfs", "--uts", "--ipc", "-i", "img"],
+         {"no_home": True, "writable_tmpfs": True, "uts": True, "ipc": True}, ["img"]),
+        (["--nv", "--rocm", "--dry-run", "-q", "-v", "-d", "img"],
+         {"nv": True, "rocm": True, "dry_run": True, "quiet": True, "verbose": True, "debug": True}, ["img"]),
+        (["-c", "img", "ls", "-la", "--bind", "/x", "-c", "--"], {"contain": True},
+         ["img", "ls", "-la", "--bind", "/x", "-c", "--"]),
+        (["img", "--contain"], {}, ["img", "--contain"]),
+        (["-c", "--", "-image-with-dash", "-x"], {"contain": True}, ["-image-with-dash", "-x"]),
+        (["--", "--contain"], {}, ["--contain"]),
+        (["-c", "-", "x"], {"contain": True}, ["-", "x"]),
+    ],
+    ids=["empty", "image-only", "long-flag", "short-flag", "bundled", "bundled-three", "containall", "long-value",
+         "long-equals", "short-value", "short-inline", "repeatable", "bundle-then-value", "bundle-then-separate",
+         "empty-inline-value", "value-looks-like-flag", "equals-in-value", "env-repeat", "env-file-repeat",
+         "home-short", "single-value-last-wins", "hostname-pwd", "shell", "isolation-flags", "gpu-output-flags",
+         "payload-flags-untouched", "options-stop-at-image", "double-dash-ends-options", "double-dash-first",
+         "single-dash-is-positional"],
+)
+def test_parse_action(argv: list[str], values: dict[str, Any], rest: list[str]) -> None:
+    assert parse_action("exec", argv, {}) == (values, rest)
+
+
+def test_parse_action_does_not_modify_argv() -> None:
+    argv = ["-ce", "--bind", "/a", "img", "ls"]
+    parse_action("run", argv, {})
+    assert argv == ["-ce", "--bind", "/a", "img", "ls"]
+
+
+@pytest.mark.parametrize(
+    ("action", "argv", "message", "hint"),
+    [
+        ("exec", ["--bogus", "img"], "unknown flag: --bogus", "Run 'singpy exec --help' for usage."),
+        ("run", ["--bogus=1", "img"], "unknown flag: --bogus", "Run 'singpy run --help' for usage."),
+        ("shell", ["-x", "img"], "unknown flag: -x", "Run 'singpy shell --help' for usage."),
+        ("exec", ["-cx", "img"], "unknown flag: -x", "Run 'singpy exec --help' for usage."),
+        ("exec", ["--config", "f", "img"], "unknown flag: --config", "Run 'singpy exec --help' for usage."),
+        ("exec", ["-bind", "/a", "img"], "unknown flag: -b", "Run 'singpy exec --help' for usage."),
+        ("exec", ["--bind"], "flag needs an argument: --bind", "Run 'singpy exec --help' for usage."),
+        ("run", ["-c", "-B"], "flag needs an argument: -B", "Run 'singpy run --help' for usage."),
+        ("exec", ["-cB"], "flag needs an argument: -B", "Run 'singpy exec --help' for usage."),
+        ("exec", ["--contain=yes", "img"], "flag --contain takes no value", None),
+    ],
+    ids=["unknown-long", "unknown-long-equals", "unknown-short", "unknown-in-bundle", "global-only-flag",
+         "single-dash-long", "missing-value-long", "missing-value-short", "missing-value-bundle",
+         "boolean-with-value"],
+)
+def test_parse_action_errors(action: str, argv: list[str], message: str, hint: str | None) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse_action(action, argv, {})
+    assert caught.value.message == message
+    assert caught.value.hint == hint
+    assert caught.value.exit_code == ExitCode.USAGE == 1
+
+
+def test_short_option_with_equals() -> None:
+    assert parse_action("exec", ["-B=/data", "img"], {}) == ({"bind": ["/data"]}, ["img"])
+
+
+# --- options from the environment ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "values"),
+    [
+        ([], {"SINGULARITY_BIND": "/a,/b"}, {"bind": ["/a,/b"]}),
+        ([], {"APPTAINER_BIND": "/a"}, {"bind": ["/a"]}),
+        ([], {"SINGPY_BIND": "/a"}, {"bind": ["/a"]}),
+        ([], {"SINGULARITY_BIND": "/s", "APPTAINER_BIND": "/a"}, {"bind": ["/a"]}),
+        ([], {"SINGULARITY_BIND": "/s", "APPTAINER_BIND": "/a", "SINGPY_BIND": "/p"}, {"bind": ["/p"]}),
+        ([], {"SINGPY_BIND": "", "SINGULARITY_BIND": "/s"}, {"bind": ["/s"]}),
+        (["--bind", "/cli"], {"SINGULARITY_BIND": "/s", "SINGPY_BIND": "/p"}, {"bind": ["/cli", "/p"]}),
+        (["-B", "/c1", "-B/c2"], {"APPTAINER_BIND": "/a,/b"}, {"bind": ["/c1", "/c2", "/a,/b"]}),
+        (["--env-file", "/cli"], {"APPTAINER_ENV_FILE": "/env"}, {"env_file": ["/cli"]}),
+        ([], {"APPTAINER_CONTAIN": "1"}, {"contain": True}),
+        ([], {"APPTAINER_CONTAIN": "true"}, {"contain": True}),
+        ([], {"SINGULARITY_CONTAIN": "YES"}, {"contain": True}),
+        ([], {"SINGPY_CONTAIN": "on"}, {"contain": True}),
+        ([], {"APPTAINER_CONTAIN": "0"}, {}),
+        ([], {"APPTAINER_CONTAIN": "false"}, {}),
+        ([], {"APPTAINER_CONTAIN": ""}, {}),
+        ([], {"SINGPY_CONTAIN": "0", "APPTAINER_CONTAIN": "1"}, {}),
+        ([], {"SINGPY_CONTAIN": "", "APPTAINER_CONTAIN": "1"}, {"contain": True}),
+        (["-c"], {"SINGPY_CONTAIN": "0"}, {"contain": True}),
+        ([], {"SINGULARITY_CLEANENV": "1", "APPTAINER_CONTAINALL": "1", "SINGPY_NV": "1", "SINGULARITY_ROCM": "1",
+              "APPTAINER_PID": "1", "APPTAINER_IPC": "1", "APPTAINER_UTS": "1", "APPTAINER_NO_HOME": "1",
+              "APPTAINER_WRITABLE_TMPFS": "1"},
+         {"cleanenv": True, "containall": True, "nv": True, "rocm": True, "pid": True, "ipc": True, "uts": True,
+          "no_home": True, "writable_tmpfs": True}),
+        ([], {"SINGULARITY_HOME": "/h", "APPTAINER_PWD": "/w", "SINGPY_HOSTNAME": "box", "APPTAINER_SHELL": "/bin/sh",
+              "APPTAINER_ENV_FILE": "/f"},
+         {"home": "/h", "pwd": "/w", "hostname": "box", "shell": "/bin/sh", "env_file": ["/f"]}),
+        (["--home", "/cli"], {"APPTAINER_HOME": "/env"}, {"home": "/cli"}),
+        ([], {"SINGULARITY_ENV": "A=1", "APPTAINER_DRY_RUN": "1", "APPTAINER_DEBUG": "1", "SINGPY_QUIET": "1",
+              "APPTAINER_VERBOSE": "1", "SINGULARITY_HELP": "1"}, {}),
+        ([], {"BIND": "/a", "CONTAIN": "1", "SINGULARITYENV_CONTAIN": "1"}, {}),
+    ],
+    ids=["singularity-bind", "apptainer-bind", "singpy-bind", "apptainer-beats-singularity", "singpy-beats-all",
+         "empty-falls-through", "env-bind-adds-to-command-line", "env-bind-after-all-cli-binds",
+         "command-line-beats-env", "apptainer-contain", "true", "yes-any-case", "on",
+         "zero-is-false", "false", "empty-is-unset", "singpy-false-decides", "empty-singpy-falls-through",
+         "flag-beats-env-false", "boolean-flags", "value-options", "cli-value-beats-env", "no-env-for-these",
+         "unprefixed-ignored"],
+)
+def test_options_from_environment(argv: list[str], env: dict[str, str], values: dict[str, Any]) -> None:
+    assert parse_action("exec", [*argv, "img"], env) == (values, ["img"])
+
+
+def test_help_skips_the_environment() -> None:
+    assert parse_action("run", ["--help", "img"], {"SINGULARITY_CONTAIN": "1"}) == ({"help": True}, ["img"])
+    assert parse_action("run", ["-h"], {"SINGULARITY_BIND": "/a"}) == ({"help": True}, [])
+
+
+def test_every_option_with_env_is_read_from_every_prefix() -> None:
+    for option in ACTION_OPTIONS:
+        if not option.env:
+            continue
+        for prefix in ENV_PREFIXES:
+            values, _ = parse_action("exec", ["img"], {prefix + option.env: "1"})
+            expected: object = (["1"] if option.repeat else "1") if option.value else True
+            assert values == {option.dest: expected}, (prefix, option.env)
+
+
+def test_command_line_beats_env_unless_the_option_appends() -> None:
+    for option in ACTION_OPTIONS:
+        if not option.env or not option.value:
+            continue
+        values, _ = parse_action("exec", [f"{option.long}=cli", "img"], {f"SINGPY_{option.env}": "env"})
+        if option.env_appends:
+            assert values == {option.dest: ["cli", "env"]}, option.long
+        else:
+            assert values == {option.dest: ["cli"] if option.repeat else "cli"}, option.long
+
+
+# --- split_global -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "values", "rest"),
+    [
+        ([], {}, []),
+        (["exec", "img"], {}, ["exec", "img"]),
+        (["-v", "exec", "-c", "img"], {"verbose": True}, ["exec", "-c", "img"]),
+        (["-q", "-d", "run", "img"], {"quiet": True, "debug": True}, ["run", "img"]),
+        (["-qd", "run"], {"quiet": True, "debug": True}, ["run"]),
+        (["--config", "/x.conf", "exec"], {"config": "/x.conf"}, ["exec"]),
+        (["--config=/x.conf", "--verbose", "shell", "img"], {"config": "/x.conf", "verbose": True},
+         ["shell", "img"]),
+        (["--version"], {"version": True}, []),
+        (["--help"], {"help": True}, []),
+        (["-h", "exec"], {"help": True}, ["exec"]),
+        (["--", "exec"], {}, ["--", "exec"]),
+    ],
+    ids=["empty", "command-first", "verbose", "two-short", "bundled", "config", "config-equals", "version",
+         "help", "short-help", "double-dash-kept"],
+)
+def test_split_global(argv: list[str], values: dict[str, Any], rest: list[str]) -> None:
+    assert split_global(argv) == (values, rest)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--bind", "/a", "exec"], "unknown flag: --bind"),
+        (["-c", "exec"], "unknown flag: -c"),
+        (["--config"], "flag needs an argument: --config"),
+        (["--version=2"], "flag --version takes no value"),
+    ],
+    ids=["action-flag-before-command", "short-action-flag", "config-missing-value", "boolean-with-value"],
+)
+def test_split_global_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        split_global(argv)
+    assert caught.value.message == message
+    assert caught.value.exit_code == 1
+
+
+def test_split_global_hint() -> None:
+    with pytest.raises(UsageError) as caught:
+        split_global(["--bogus", "exec"])
+    assert caught.value.hint == "Run 'singpy --help' for usage."
+
+
+# --- action_help --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", list(ACTIONS))
+def test_action_help_lists_every_option(action: str) -> None:
+    text = action_help(action)
+    usage, summary = ACTIONS[action]
+    lines = text.splitlines()
+    assert lines[0] == f"Usage: singpy {action} [options] {usage}"
+    assert summary.capitalize() + "." in lines
+    assert text.endswith("\n")
+    for option in ACTION_OPTIONS:
+        matching = [line for line in lines if option.help in line]
+        assert len(matching) == 1, option.long
+        line = matching[0]
+        assert f"{option.long}" in line
+        if option.short:
+            assert f"{option.short}, {option.long}" in line
+        if option.value:
+            assert f"{option.long} {option.value}" in line
+        if option.env:
+            assert f"[$APPTAINER_{option.env}]" in line
+        else:
+            assert "[$" not in line
+        assert f"{option.group}:" in lines
+
+
+def test_action_help_groups_in_table_order() -> None:
+    lines = action_help("exec").splitlines()
+    groups = list(dict.fromkeys(option.group for option in ACTION_OPTIONS))
+    headings = [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")]
+    assert headings == groups
+
+
+def test_option_tables_have_unique_names() -> None:
+    for table in (ACTION_OPTIONS, GLOBAL_OPTIONS):
+        names = [name for option in table for name in (option.long, option.short) if name]
+        assert len(names) == len(set(names))
+        assert len({option.dest for option in table}) == len(table)

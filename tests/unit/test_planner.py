@@ -1,0 +1,479 @@
+"""singpy.planner.build_plan: real configuration, host facts and a sandbox image in, a LaunchPlan out."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from singpy import host as host_module
+from singpy.config import sysconf
+from singpy.environ import DEFAULT_PATH
+from singpy.errors import BindSpecError, SingpyError
+from singpy.host import HostInfo
+from singpy.mounts.parse import parse_bind_list
+from singpy.mounts.system import DEV_LINKS, MINIMAL_DEV_NODES
+from singpy.plan import ImageSpec, LaunchPlan, Missing, MountOp, MountSpec, Namespaces, Stage
+from singpy.planner import LaunchRequest, Planned, build_plan
+
+CWD = "/srv/project"  # not under /tmp or the home, not a system directory: bound by default
+HOST_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin", "LD_LIBRARY_PATH": "/opt/host/lib", "TERM": "xterm-256color",
+    "LANG": "en_US.UTF-8", "http_proxy": "http://proxy:3128", "MYVAR": "mine", "SINGULARITY_BIND": "/x",
+    "APPTAINER_CONTAIN": "1", "SINGPY_CONFIG": "/c.conf",
+}
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> str:
+    path = tmp_path / "home" / "alice"
+    path.mkdir(parents=True)
+    return str(path)
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> ImageSpec:
+    rootfs = tmp_path / "images" / "busybox.sandbox"
+    (rootfs / "bin").mkdir(parents=True)
+    return ImageSpec(kind="sandbox", path=str(rootfs), rootfs=str(rootfs))
+
+
+@pytest.fixture
+def host(home: str) -> HostInfo:
+    captured = host_module.capture({**HOST_ENV, "HOME": home})
+    return captured.replace(uid=1000, gid=1000, user="alice", group="users", gecos="Alice Liddell",
+                            shell="/bin/bash", home=home, cwd=CWD)
+
+
+def config(text: str = "") -> sysconf.SysConfig:
+    return sysconf.parse(text, "test.conf")
+
+
+def request(**fields: object) -> LaunchRequest:
+    values: dict[str, object] = {"action": "exec", "image": "busybox.sandbox", "args": ("true",)}
+    return LaunchRequest(**{**values, **fields})  # type: ignore[arg-type]
+
+
+def plan(host: HostInfo, image: ImageSpec, conf: str = "", **fields: object) -> LaunchPlan:
+    return build_plan(request(**fields), config(conf), host, image).plan
+
+
+def summary(mounts: tuple[MountSpec, ...]) -> list[tuple[str, str, str | None]]:
+    return [(spec.op.value, spec.dest, spec.source) for spec in mounts]
+
+
+def dests(mounts: tuple[MountSpec, ...], op: MountOp | None = None) -> list[str]:
+    return [spec.dest for spec in mounts if op is None or spec.op is op]
+
+
+def by_dest(mounts: tuple[MountSpec, ...], dest: str) -> MountSpec:
+    found = [spec for spec in mounts if spec.dest == dest]
+    assert len(found) == 1, (dest, found)
+    return found[0]
+
+
+MINIMAL_DEV = [("tmpfs", "/dev", None), *[("bind", f"/dev/{n}", f"/dev/{n}") for n in MINIMAL_DEV_NODES],
+               ("devpts", "/dev/pts", None), ("tmpfs", "/dev/shm", None),
+               *[("symlink", f"/dev/{name}", target) for name, target in DEV_LINKS]]
+
+
+# --- mounts -------------------------------------------------------------------------------------------------------
+
+
+def test_default_mounts(host: HostInfo, image: ImageSpec, home: str) -> None:
+    mounts = plan(host, image).mounts
+    assert summary(mounts) == [
+        ("bind", "/proc", "/proc"), ("bind", "/sys", "/sys"), ("bind", "/dev", "/dev"),
+        ("file", "/etc/passwd", None), ("file", "/etc/group", None), ("bind", "/etc/resolv.conf", "/etc/resolv.conf"),
+        ("bind", "/tmp", "/tmp"), ("bind", "/var/tmp", "/var/tmp"), ("bind", home, home), ("bind", CWD, CWD),
+    ]
+    assert [spec.stage for spec in mounts] == [Stage.KERNEL] * 3 + [Stage.SYSTEM_FILES] * 3 + [Stage.HOME_TMP] * 4
+    assert by_dest(mounts, "/dev").dev is True
+    assert by_dest(mounts, home).missing is Missing.REQUIRED
+    assert by_dest(mounts, CWD).missing is Missing.SKIP
+    assert by_dest(mounts, "/tmp").missing is Missing.SKIP
+    assert by_dest(mounts, "/etc/resolv.conf").missing is Missing.SKIP
+    assert not any(spec.readonly for spec in mounts if spec.op is MountOp.BIND)
+
+
+def test_mounts_sorted_by_stage(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    gpu = (MountSpec(op=MountOp.BIND, source="/dev/nvidia0", dest="/dev/nvidia0", dev=True, stage=Stage.GPU),
+           MountSpec(op=MountOp.BIND, source="/usr/bin/nvidia-smi", dest="/usr/bin/nvidia-smi", stage=Stage.GPU))
+    binds = parse_bind_list([f"{tmp_path}:/tmp"], CWD)
+    mounts = build_plan(request(binds=binds, pid=True), config("bind path = /etc/hosts"), host, image,
+                        gpu_mounts=gpu).plan.mounts
+    stages = [spec.stage for spec in mounts]
+    assert stages == sorted(stages)
+    assert mounts[-3:-1] == gpu
+    assert summary(mounts[-1:]) == [("bind", "/tmp", str(tmp_path))]  # after the default /tmp bind: it wins
+    assert mounts[-1].stage is Stage.USER
+
+
+def test_proc_is_bound_without_pid_and_fresh_with_pid(host: HostInfo, image: ImageSpec) -> None:
+    assert summary((by_dest(plan(host, image).mounts, "/proc"),)) == [("bind", "/proc", "/proc")]
+    fresh = by_dest(plan(host, image, pid=True).mounts, "/proc")
+    assert (fresh.op, fresh.source, fresh.stage) == (MountOp.PROC, None, Stage.KERNEL)
+
+
+@pytest.mark.parametrize(
+    ("conf", "contain", "expected"),
+    [
+        ("", False, [("bind", "/dev", "/dev")]),
+        ("", True, MINIMAL_DEV),
+        ("mount dev = minimal", False, MINIMAL_DEV),
+        ("mount dev = minimal", True, MINIMAL_DEV),
+        ("mount dev = no", False, []),
+        ("mount dev = no", True, []),
+    ],
+    ids=["host-dev", "contain-minimal", "conf-minimal", "conf-minimal-contain", "conf-no", "conf-no-contain"],
+)
+def test_dev(host: HostInfo, image: ImageSpec, conf: str, contain: bool,
+             expected: list[tuple[str, str, str | None]]) -> None:
+    mounts = plan(host, image, conf, contain=contain).mounts
+    assert [item for item in summary(mounts) if item[1] == "/dev" or item[1].startswith("/dev/")] == expected
+
+
+def test_minimal_dev_nodes_keep_devices_and_skip_absent(host: HostInfo, image: ImageSpec) -> None:
+    mounts = plan(host, image, contain=True).mounts
+    for name in MINIMAL_DEV_NODES:
+        node = by_dest(mounts, f"/dev/{name}")
+        assert (node.dev, node.missing, node.stage) == (True, Missing.SKIP, Stage.KERNEL)
+
+
+def test_mount_devpts_no(host: HostInfo, image: ImageSpec) -> None:
+    assert "/dev/pts" not in dests(plan(host, image, "mount devpts = no", contain=True).mounts)
+
+
+@pytest.mark.parametrize(
+    ("conf", "present", "absent"),
+    [
+        ("mount proc = no", ["/sys", "/dev"], ["/proc"]),
+        ("mount sys = no", ["/proc", "/dev"], ["/sys"]),
+        ("config passwd = no", ["/etc/group"], ["/etc/passwd"]),
+        ("config group = no", ["/etc/passwd"], ["/etc/group"]),
+        ("config resolv_conf = no", ["/etc/passwd"], ["/etc/resolv.conf"]),
+        ("mount tmp = no", ["/proc"], ["/tmp", "/var/tmp"]),
+    ],
+    ids=["no-proc", "no-sys", "no-passwd", "no-group", "no-resolv-conf", "no-tmp"],
+)
+def test_config_switches(host: HostInfo, image: ImageSpec, conf: str, present: list[str],
+                         absent: list[str]) -> None:
+    mounted = dests(plan(host, image, conf).mounts)
+    assert all(dest in mounted for dest in present)
+    assert not any(dest in mounted for dest in absent)
+
+
+def test_mount_home_no(host: HostInfo, image: ImageSpec, home: str) -> None:
+    built = plan(host, image, "mount home = no")
+    assert home not in dests(built.mounts)
+    assert dict(built.process.env.base)["HOME"] == home  # still the user's home, just not mounted
+
+
+def test_no_home_option(host: HostInfo, image: ImageSpec, home: str) -> None:
+    assert home not in dests(plan(host, image, no_home=True).mounts)
+    assert home not in dests(plan(host, image, no_home=True, contain=True).mounts)
+
+
+def test_contain_mounts(host: HostInfo, image: ImageSpec, home: str) -> None:
+    mounts = plan(host, image, contain=True).mounts
+    home_tmp = [spec for spec in mounts if spec.stage is Stage.HOME_TMP]
+    assert summary(tuple(home_tmp)) == [("tmpfs", "/tmp", None), ("tmpfs", "/var/tmp", None), ("tmpfs", home, None)]
+    assert CWD not in dests(mounts)
+
+
+def test_contain_does_not_need_the_home_directory(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-home")
+    mounts = plan(host.replace(home=missing), image, contain=True).mounts
+    assert summary((by_dest(mounts, missing),)) == [("tmpfs", missing, None)]
+
+
+def test_missing_home_directory(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-home")
+    with pytest.raises(BindSpecError, match=f"home directory {missing} does not exist"):
+        plan(host.replace(home=missing), image)
+    assert missing not in dests(plan(host.replace(home=missing), image, no_home=True).mounts)
+
+
+@pytest.mark.parametrize(
+    ("cwd", "bound"),
+    [
+        ("/srv/project", True),
+        ("/scratch/run 1", True),
+        ("/", False),
+        ("/usr", False),
+        ("/etc", False),
+        ("/var", False),
+        ("/root", False),
+        ("/tmp", False),
+        ("/tmp/work", False),
+        ("/var/tmp/x", False),
+        ("/proc/self", False),
+        ("/tmpfoo", True),
+    ],
+    ids=["project", "spaces", "root", "usr", "etc", "var", "root-home", "tmp", "under-tmp", "under-var-tmp",
+         "under-proc", "tmp-prefix"],
+)
+def test_cwd_mount(host: HostInfo, image: ImageSpec, home: str, cwd: str, bound: bool) -> None:
+    mounts = plan(host.replace(cwd=cwd), image).mounts
+    home_tmp = summary(tuple(spec for spec in mounts if spec.stage is Stage.HOME_TMP))
+    expected = [("bind", "/tmp", "/tmp"), ("bind", "/var/tmp", "/var/tmp"), ("bind", home, home)]
+    assert home_tmp == expected + ([("bind", cwd, cwd)] if bound else [])
+    assert plan(host.replace(cwd=cwd), image).process.cwd == cwd
+
+
+def test_cwd_under_home_is_not_bound_again(host: HostInfo, image: ImageSpec, home: str) -> None:
+    for cwd in (home, f"{home}/work/deep"):
+        mounts = plan(host.replace(cwd=cwd), image).mounts
+        assert [spec.dest for spec in mounts if spec.stage is Stage.HOME_TMP] == ["/tmp", "/var/tmp", home]
+
+
+def test_cwd_under_tmp_bound_when_tmp_is_not(host: HostInfo, image: ImageSpec) -> None:
+    mounts = plan(host.replace(cwd="/tmp/work"), image, "mount tmp = no").mounts
+    assert summary(tuple(spec for spec in mounts if spec.stage is Stage.HOME_TMP))[-1] == (
+        "bind", "/tmp/work", "/tmp/work")
+
+
+def test_contain_does_not_bind_cwd(host: HostInfo, image: ImageSpec, home: str) -> None:
+    built = plan(host, image, contain=True)
+    assert CWD not in dests(built.mounts)
+    assert built.process.cwd == home
+
+
+def test_bind_path_entries(host: HostInfo, image: ImageSpec) -> None:
+    mounts = plan(host, image, "bind path = /etc/localtime\nbind path = /opt/site:/site\n").mounts
+    system_files = [spec for spec in mounts if spec.stage is Stage.SYSTEM_FILES]
+    assert summary(tuple(system_files)) == [
+        ("file", "/etc/passwd", None), ("file", "/etc/group", None), ("bind", "/etc/localtime", "/etc/localtime"),
+        ("bind", "/site", "/opt/site"), ("bind", "/etc/resolv.conf", "/etc/resolv.conf")]
+    assert all(spec.missing is Missing.SKIP for spec in system_files if spec.op is MountOp.BIND)
+
+
+def test_passwd_and_group_content(host: HostInfo, image: ImageSpec, home: str) -> None:
+    mounts = plan(host, image).mounts
+    passwd, group = by_dest(mounts, "/etc/passwd"), by_dest(mounts, "/etc/group")
+    assert passwd.content == f"alice:x:1000:1000:Alice Liddell:{home}:/bin/bash"
+    assert group.content == "users:x:1000:alice"
+    for spec in (passwd, group):
+        assert (spec.op, spec.readonly, spec.stage, spec.source) == (MountOp.FILE, True, Stage.SYSTEM_FILES, None)
+
+
+def test_passwd_home_follows_home_option(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    source = tmp_path / "other-home"
+    source.mkdir()
+    mounts = plan(host, image, home=f"{source}:/home/guest").mounts
+    assert by_dest(mounts, "/etc/passwd").content == "alice:x:1000:1000:Alice Liddell:/home/guest:/bin/bash"
+
+
+# --- user binds ---------------------------------------------------------------------------------------------------
+
+
+def test_user_binds_last_in_order(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "file.txt").write_text("x")
+    binds = parse_bind_list([f"{tmp_path}/data:/data:ro,{tmp_path}/file.txt", f"{tmp_path}/data:/home"], CWD)
+    mounts = plan(host, image, binds=binds).mounts
+    users = mounts[-3:]
+    assert users == (
+        MountSpec(op=MountOp.BIND, source=f"{tmp_path}/data", dest="/data", readonly=True, missing=Missing.REQUIRED,
+                  stage=Stage.USER),
+        MountSpec(op=MountOp.BIND, source=f"{tmp_path}/file.txt", dest=f"{tmp_path}/file.txt", readonly=False,
+                  missing=Missing.REQUIRED, stage=Stage.USER),
+        MountSpec(op=MountOp.BIND, source=f"{tmp_path}/data", dest="/home", readonly=False, missing=Missing.REQUIRED,
+                  stage=Stage.USER),
+    )
+    assert all(spec.stage < Stage.USER for spec in mounts[:-3])
+
+
+def test_missing_bind_source(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    missing = f"{tmp_path}/nope"
+    with pytest.raises(BindSpecError, match=f"bind source {missing} does not exist"):
+        plan(host, image, binds=parse_bind_list([f"{tmp_path}:/ok,{missing}:/data"], CWD))
+
+
+def test_user_bind_control_no(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    binds = parse_bind_list([str(tmp_path)], CWD)
+    with pytest.raises(BindSpecError, match="user bind control = no"):
+        plan(host, image, "user bind control = no", binds=binds)
+    assert plan(host, image, "user bind control = no").mounts == plan(host, image).mounts
+
+
+def test_allow_pid_ns_no(host: HostInfo, image: ImageSpec) -> None:
+    with pytest.raises(SingpyError, match="allow pid ns = no") as caught:
+        plan(host, image, "allow pid ns = no", pid=True)
+    assert caught.value.exit_code == 255
+    assert plan(host, image, "allow pid ns = no").namespaces.pid is False
+
+
+# --- --home -------------------------------------------------------------------------------------------------------
+
+
+def test_home_option_source_and_dest(host: HostInfo, image: ImageSpec, tmp_path: Path, home: str) -> None:
+    source = tmp_path / "alt"
+    source.mkdir()
+    built = plan(host, image, home=f"{source}:/home/guest")
+    assert summary((by_dest(built.mounts, "/home/guest"),)) == [("bind", "/home/guest", str(source))]
+    assert home not in dests(built.mounts)
+    assert dict(built.process.env.base)["HOME"] == "/home/guest"
+    assert plan(host, image, home=f"{source}:/home/guest", contain=True).process.cwd == "/home/guest"
+
+
+@pytest.mark.parametrize("suffix", ["", ":"], ids=["source-only", "empty-dest"])
+def test_home_option_source_only(host: HostInfo, image: ImageSpec, tmp_path: Path, suffix: str) -> None:
+    source = tmp_path / "alt"
+    source.mkdir()
+    built = plan(host, image, home=f"{source}{suffix}")
+    assert summary((by_dest(built.mounts, str(source)),)) == [("bind", str(source), str(source))]
+    assert dict(built.process.env.base)["HOME"] == str(source)
+
+
+def test_home_option_relative_dest(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    with pytest.raises(BindSpecError, match="destination must be an absolute path"):
+        plan(host, image, home=f"{tmp_path}:relative")
+
+
+def test_home_option_missing_source(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    with pytest.raises(BindSpecError, match="does not exist"):
+        plan(host, image, home=f"{tmp_path}/nope:/home/x")
+
+
+def test_home_option_relative_source_uses_host_cwd(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    (tmp_path / "relative-home-7f3a").mkdir()
+    built = plan(host.replace(cwd=str(tmp_path)), image, home="relative-home-7f3a:/home/guest")
+    assert by_dest(built.mounts, "/home/guest").source == str(tmp_path / "relative-home-7f3a")
+
+
+# --- namespaces, process ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("uid", "fields", "expected"),
+    [
+        (1000, {}, Namespaces(user=True)),
+        (0, {}, Namespaces(user=False)),
+        (1000, {"pid": True, "ipc": True}, Namespaces(user=True, pid=True, ipc=True)),
+        (1000, {"uts": True}, Namespaces(user=True, uts=True)),
+        (0, {"hostname": "box"}, Namespaces(user=False, uts=True)),
+    ],
+    ids=["user", "root-no-userns", "pid-ipc", "uts", "hostname-implies-uts"],
+)
+def test_namespaces(host: HostInfo, image: ImageSpec, uid: int, fields: dict[str, object],
+                    expected: Namespaces) -> None:
+    built = plan(host.replace(uid=uid), image, **fields)
+    assert built.namespaces == expected
+    assert built.uid == uid
+    assert built.gid == 1000
+
+
+def test_hostname_and_plan_fields(host: HostInfo, image: ImageSpec) -> None:
+    built = plan(host, image, hostname="box", writable_tmpfs=True, verbosity=2)
+    assert (built.hostname, built.writable_tmpfs, built.verbosity, built.image) == ("box", True, 2, image)
+    assert plan(host, image).hostname is None
+
+
+def test_process(host: HostInfo, image: ImageSpec) -> None:
+    built = plan(host, image, action="shell", args=(), shell="/bin/ash", pwd="/work")
+    assert (built.process.action, built.process.args, built.process.shell, built.process.cwd) == (
+        "shell", (), "/bin/ash", "/work")
+    assert plan(host, image, args=("ls", "-l")).process.args == ("ls", "-l")
+    assert plan(host, image, contain=True, pwd="/opt").process.cwd == "/opt"
+
+
+# --- environment --------------------------------------------------------------------------------------------------
+
+
+def test_env_base(host: HostInfo, image: ImageSpec, home: str) -> None:
+    env = build_plan(request(action="run"), config(), host, image).plan.process.env
+    base = dict(env.base)
+    assert base == {
+        "HOME": home, "PATH": DEFAULT_PATH, "PS1": "Singpy> ",
+        "SINGULARITY_CONTAINER": image.path, "SINGULARITY_NAME": "busybox.sandbox", "SINGULARITY_COMMAND": "run",
+        "APPTAINER_CONTAINER": image.path, "APPTAINER_NAME": "busybox.sandbox", "APPTAINER_COMMAND": "run",
+    }
+    assert "LANG" not in base
+    # PATH, LD_LIBRARY_PATH and the launcher's own variables never pass; HOME passes but the base wins.
+    assert dict(env.host) == {"TERM": "xterm-256color", "LANG": "en_US.UTF-8", "http_proxy": "http://proxy:3128",
+                              "MYVAR": "mine", "HOME": home}
+    assert (env.injected, env.prepend_path, env.append_path, env.path) == ((), "", "", "")
+
+
+def test_env_cleanenv(host: HostInfo, image: ImageSpec) -> None:
+    env = plan(host, image, cleanenv=True).process.env
+    assert dict(env.base)["LANG"] == "C"
+    assert dict(env.host) == {"TERM": "xterm-256color", "http_proxy": "http://proxy:3128"}
+
+
+def test_env_keep_host_env_survives_cleanenv(host: HostInfo, image: ImageSpec) -> None:
+    env = build_plan(request(cleanenv=True), config(), host, image, keep_host_env=("MYVAR", "ABSENT")).plan.process.env
+    assert dict(env.host) == {"TERM": "xterm-256color", "http_proxy": "http://proxy:3128", "MYVAR": "mine"}
+
+
+def test_env_home_is_the_home_destination(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    built = plan(host.replace(env={**host.env, "SINGULARITYENV_HOME": "/evil"}), image, home=f"{tmp_path}:/h")
+    assert dict(built.process.env.base)["HOME"] == "/h"
+    assert "HOME" not in dict(built.process.env.injected)
+
+
+def test_env_precedence(host: HostInfo, image: ImageSpec) -> None:
+    host_env = {**host.env, "SINGULARITYENV_A": "s", "APPTAINERENV_A": "a", "SINGULARITYENV_B": "s",
+                "SINGULARITYENV_C": "s", "APPTAINERENV_C": "a", "SINGPYENV_C": "p", "SINGULARITYENV_D": "s"}
+    env = plan(host.replace(env=host_env), image, env_file=(("A", "file"), ("B", "file"), ("E", "file")),
+               env=(("A", "cli"), ("F", "cli"))).process.env
+    assert dict(env.injected) == {"A": "cli", "B": "file", "C": "p", "D": "s", "E": "file", "F": "cli"}
+
+
+def test_env_path_rules_split_out(host: HostInfo, image: ImageSpec) -> None:
+    host_env = {**host.env, "SINGULARITYENV_PREPEND_PATH": "/pre", "APPTAINERENV_APPEND_PATH": "/app",
+                "SINGULARITYENV_PATH": "/host-path", "SINGULARITYENV_X": "1"}
+    env = plan(host.replace(env=host_env), image, env=(("PATH", "/cli-path"),)).process.env
+    assert (env.prepend_path, env.append_path, env.path) == ("/pre", "/app", "/cli-path")
+    assert dict(env.injected) == {"X": "1"}
+    assert dict(env.base)["PATH"] == DEFAULT_PATH
+
+
+def test_env_home_cannot_be_overridden(host: HostInfo, image: ImageSpec, home: str) -> None:
+    host_env = {**host.env, "SINGULARITYENV_HOME": "/a"}
+    planned = build_plan(request(env=(("HOME", "/c"),), env_file=(("HOME", "/f"),)), config(),
+                         host.replace(env=host_env), image)
+    env = planned.plan.process.env
+    assert dict(env.base)["HOME"] == home
+    assert "HOME" not in dict(env.injected)
+    assert len(planned.warnings) == 3
+    assert all("HOME" in warning and "not permitted" in warning for warning in planned.warnings)
+
+
+def test_no_warnings_by_default(host: HostInfo, image: ImageSpec) -> None:
+    planned = build_plan(request(), config(), host, image)
+    assert isinstance(planned, Planned)
+    assert planned.warnings == ()
+
+
+# --- JSON ---------------------------------------------------------------------------------------------------------
+
+
+def test_to_json_data(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
+    host_env = {**host.env, "SINGULARITYENV_PREPEND_PATH": "/pre", "SINGULARITYENV_X": "x y"}
+    built = plan(host.replace(env=host_env), image, pid=True, contain=True, hostname="box",
+                 binds=parse_bind_list([f"{tmp_path}:/data:ro"], CWD))
+    data = built.to_json_data()
+    text = json.dumps(data)
+    assert json.loads(text) == data
+    assert data["namespaces"] == {"user": True, "pid": True, "ipc": False, "uts": True, "net": False}
+    assert data["image"] == image.as_dict()
+    assert data["image"]["kind"] == "sandbox" and data["image"]["rootfs"] == image.rootfs
+    assert data["process"]["env"]["prepend_path"] == "/pre"
+    assert ["X", "x y"] in data["process"]["env"]["injected"]
+    assert len(data["mounts"]) == len(built.mounts)
+    for entry, spec in zip(data["mounts"], built.mounts, strict=True):
+        assert isinstance(entry["op"], str) and isinstance(entry["missing"], str)
+        assert type(entry["stage"]) is int
+        rebuilt = MountSpec(**{**entry, "op": MountOp(entry["op"]), "missing": Missing(entry["missing"]),
+                               "stage": Stage(entry["stage"])})
+        assert rebuilt == spec
+    assert {entry["op"] for entry in data["mounts"]} >= {"proc", "tmpfs", "devpts", "symlink", "file", "bind"}
+
+
+def test_plan_is_deterministic(host: HostInfo, image: ImageSpec) -> None:
+    assert plan(host, image) == plan(host, image)
+    assert os.path.isdir(image.path)  # planning touched nothing

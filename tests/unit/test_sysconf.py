@@ -1,0 +1,212 @@
+"""singpy.config.sysconf: singpy.conf directives, defaults, errors with file:line, and where it is read from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from singpy.config import sysconf
+from singpy.config.sysconf import BOOL, CHOICE, DIRECTIVES, INT, LIST, STRING, Directive, SysConfig
+from singpy.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = REPO / "etc" / "singpy.conf"
+
+EXPECTED_DEFAULTS = {
+    "bind path": (),
+    "mount proc": True,
+    "mount sys": True,
+    "mount dev": "yes",
+    "mount devpts": True,
+    "mount home": True,
+    "mount tmp": True,
+    "mount hostfs": False,
+    "user bind control": True,
+    "allow pid ns": True,
+    "config passwd": True,
+    "config group": True,
+    "config resolv_conf": True,
+    "always use nv": False,
+    "always use rocm": False,
+    "use nvidia-container-cli": False,
+    "nvidia-container-cli path": "",
+    "ldconfig path": "/sbin/ldconfig",
+    "root default capabilities": "full",
+    "allow net users": (),
+    "allow net networks": (),
+    "unsquash": False,
+}
+
+
+@pytest.mark.parametrize(("name", "value"), list(EXPECTED_DEFAULTS.items()), ids=list(EXPECTED_DEFAULTS))
+def test_default(name: str, value: object) -> None:
+    config = sysconf.defaults()
+    assert config.get(name) == value
+    assert type(config.get(name)) is type(value)
+
+
+def test_defaults_cover_every_directive_and_nothing_else() -> None:
+    config = sysconf.defaults()
+    assert config.path == ""
+    assert dict(config.values) == EXPECTED_DEFAULTS
+    assert [d.name for d in DIRECTIVES] == list(EXPECTED_DEFAULTS)
+    assert sysconf.parse("", "empty.conf").values == config.values
+
+
+def test_directive_table_is_consistent() -> None:
+    for directive in DIRECTIVES:
+        assert directive.kind in (BOOL, CHOICE, STRING, LIST, INT), directive.name
+        assert directive.doc, directive.name
+        if directive.kind == CHOICE:
+            assert directive.default in directive.allowed, directive.name
+        if directive.kind == LIST:
+            assert directive.default == (), directive.name
+
+
+def test_accessors() -> None:
+    config = sysconf.parse("bind path = /a\nmount dev = minimal\nmount home = no\n", "test.conf")
+    assert config.items("bind path") == ("/a",)
+    assert config.text("mount dev") == "minimal"
+    assert config.flag("mount home") is False
+    assert config.flag("mount proc") is True
+
+
+def test_shipped_file_parses_and_equals_defaults_except_bind_path() -> None:
+    config = sysconf.load(str(SHIPPED))
+    assert config.path == str(SHIPPED)
+    assert config.items("bind path") == ("/etc/localtime", "/etc/hosts")
+    assert {**config.values, "bind path": ()} == EXPECTED_DEFAULTS
+
+
+def test_shipped_file_lists_every_directive_except_the_network_lists() -> None:
+    text = SHIPPED.read_text()
+    written = {line.partition("=")[0].strip() for line in text.splitlines() if line.strip() and
+               not line.lstrip().startswith("#")}
+    assert written == set(EXPECTED_DEFAULTS) - {"allow net users", "allow net networks"}
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "value"),
+    [
+        ("mount home = no", "mount home", False),
+        ("mount home = NO", "mount home", False),
+        ("mount home = false", "mount home", False),
+        ("mount home = 0", "mount home", False),
+        ("mount hostfs = yes", "mount hostfs", True),
+        ("mount hostfs = True", "mount hostfs", True),
+        ("mount hostfs = 1", "mount hostfs", True),
+        ("mount dev = minimal", "mount dev", "minimal"),
+        ("mount dev = no", "mount dev", "no"),
+        ("root default capabilities = file", "root default capabilities", "file"),
+        ("ldconfig path = /usr/sbin/ldconfig", "ldconfig path", "/usr/sbin/ldconfig"),
+        ("nvidia-container-cli path =", "nvidia-container-cli path", ""),
+        ("ldconfig path = /a b = c", "ldconfig path", "/a b = c"),
+        ("   mount    home   =   no   ", "mount home", False),
+        ("\tmount\thome\t=\tno", "mount home", False),
+        ("mount home = yes\nmount home = no", "mount home", False),
+        ("bind path = /a\nbind path = /b:/c\n# x\nbind path = /a", "bind path", ("/a", "/b:/c", "/a")),
+        ("allow net users = alice\nallow net users = bob", "allow net users", ("alice", "bob")),
+    ],
+    ids=["bool-no", "bool-case", "bool-false", "bool-0", "bool-yes", "bool-True", "bool-1", "choice-minimal",
+         "choice-no", "choice-caps", "string", "string-empty", "string-keeps-equals", "spaces", "tabs",
+         "last-wins", "bind-path-in-order", "list"],
+)
+def test_parse_values(text: str, name: str, value: object) -> None:
+    config = sysconf.parse(text, "test.conf")
+    assert config.get(name) == value
+    assert config.path == "test.conf"
+
+
+def test_comments_and_blank_lines_are_skipped() -> None:
+    text = "# comment\n\n   \n\t# indented comment\nmount sys = no\n"
+    assert dict(sysconf.parse(text, "t.conf").values) == {**EXPECTED_DEFAULTS, "mount sys": False}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("mount home = maybe", "site.conf:1: mount home must be yes or no, not 'maybe'"),
+        ("# c\n\nmount home =", "site.conf:3: mount home must be yes or no, not ''"),
+        ("mount dev = some", "site.conf:1: mount dev must be one of yes, no, minimal, not 'some'"),
+        ("\n\nmount dev = Minimal", "site.conf:3: mount dev must be one of yes, no, minimal, not 'Minimal'"),
+        ("root default capabilities = all",
+         "site.conf:1: root default capabilities must be one of full, file, no, not 'all'"),
+        ("bogus = 1", "site.conf:1: unknown directive 'bogus'"),
+        ("mount proc = yes\n  mount home\n", "site.conf:2: unknown directive 'mount home'"),
+        ("mount proc = yes\n\n\n\nmounthome = yes", "site.conf:5: unknown directive 'mounthome'"),
+        ("= yes", "site.conf:1: unknown directive ''"),
+        ("Mount Home = yes", "site.conf:1: unknown directive 'Mount Home'"),
+    ],
+    ids=["bool", "bool-empty-line-3", "choice", "choice-case-line-3", "choice-caps",
+         "unknown", "no-equals", "unknown-line-5", "empty-key", "key-case"],
+)
+def test_parse_errors_carry_file_and_line(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        sysconf.parse(text, "site.conf")
+    assert caught.value.message == message
+    assert caught.value.exit_code == 255
+
+
+def test_int_values_and_errors_carry_file_and_line() -> None:
+    # No shipped directive is an INT yet; the converter is checked on a directive of that kind.
+    directive = Directive("max things", INT, 0, "a number")
+    assert sysconf._convert(directive, "42", "x.conf:7") == 42
+    assert sysconf._convert(directive, "-3", "x.conf:7") == -3
+    with pytest.raises(ConfigError) as caught:
+        sysconf._convert(directive, "many", "x.conf:7")
+    assert caught.value.message == "x.conf:7: max things must be a number, not 'many'"
+
+
+def test_load_reads_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "singpy.conf"
+    path.write_text("mount tmp = no\nbind path = /x\n")
+    config = sysconf.load(str(path))
+    assert config == SysConfig(str(path), {**EXPECTED_DEFAULTS, "mount tmp": False, "bind path": ("/x",)})
+
+
+def test_load_error_names_the_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "singpy.conf"
+    path.write_text("mount tmp = no\nmount sys = sometimes\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:2: mount sys must be yes or no"):
+        sysconf.load(str(path))
+
+
+def test_load_missing_file_is_an_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.conf"
+    with pytest.raises(ConfigError) as caught:
+        sysconf.load(str(missing))
+    assert caught.value.message == f"can't read configuration {missing}: No such file or directory"
+
+
+def test_default_path_prefers_singpy_config(tmp_path: Path) -> None:
+    chosen = str(tmp_path / "not-even-there.conf")
+    assert sysconf.default_path({"SINGPY_CONFIG": chosen}) == chosen
+
+
+def test_default_path_system_file_when_present(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    system = tmp_path / "etc-singpy" / "singpy.conf"
+    system.parent.mkdir()
+    system.write_text("")
+    # Stand-in for /etc/singpy/singpy.conf, which tests must not create on the host.
+    monkeypatch.setattr(sysconf, "SYSTEM_PATH", str(system))
+    assert sysconf.default_path({}) == str(system)
+    assert sysconf.default_path({"SINGPY_CONFIG": ""}) == str(system)
+    assert sysconf.default_path({"SINGPY_CONFIG": "/x.conf"}) == "/x.conf"
+
+
+def test_default_path_shipped_file_otherwise(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sysconf, "SYSTEM_PATH", str(tmp_path / "absent.conf"))
+    assert sysconf.default_path({}) == str(SHIPPED)
+    assert sysconf.default_path({"SINGPY_CONFIG": ""}) == str(SHIPPED)
+
+
+def test_real_system_path_constant() -> None:
+    assert sysconf.SYSTEM_PATH == "/etc/singpy/singpy.conf"
+    expected = sysconf.SYSTEM_PATH if Path(sysconf.SYSTEM_PATH).exists() else str(SHIPPED)
+    assert sysconf.default_path({}) == expected
+
+
+def test_confdir(tmp_path: Path) -> None:
+    assert sysconf.confdir(sysconf.defaults()) == str(REPO / "etc")
+    assert sysconf.confdir(sysconf.parse("", str(tmp_path / "site.conf"))) == str(tmp_path)
