@@ -111,4 +111,4 @@ def host_state() -> tuple[str, frozenset[str], frozenset[str]]:
     mounts = Path("/proc/self/mountinfo").read_text()
     tmp = frozenset(os.listdir("/tmp"))
     procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    return mounts, tmp, frozenset(line for line in procs if "singpy" in line and "pytest" not in line)
+    return mounts, tmp, frozenset(line for line in procs if SINGPY in line)
