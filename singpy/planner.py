@@ -38,6 +38,7 @@ class LaunchRequest(Record):
     ipc: bool = False
     uts: bool = False
     shell: str | None = None
+    unsquash: bool = False  # --unsquash: extract a SIF/squashfs image instead of mounting it
     nv: bool = False  # --nv (or `always use nv`)
     rocm: bool = False  # --rocm (or `always use rocm`)
     verbosity: int = 0
@@ -90,6 +91,8 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
         group_entry=system.group_line(group=host.group, gid=host.gid, user=host.user)
         if config.flag("config group") else None)
     mounts += system.host_files(config.items("bind path"), resolv_conf=config.flag("config resolv_conf"))
+    if config.flag("mount hostfs"):
+        mounts += system.hostfs_mounts(_read("/proc/self/mountinfo"))
     mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp"))
     home_enabled = config.flag("mount home") and not request.no_home
     if home_enabled and not request.contain and not os.path.isdir(home_source):
@@ -99,6 +102,11 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
     if not request.contain:
         mounts += system.cwd_mount(host.cwd, home + mounts)
     return mounts
+
+
+def _read(path: str) -> str:
+    with open(path) as handle:
+        return handle.read()
 
 
 def _user_binds(request: LaunchRequest, config: SysConfig) -> list[MountSpec]:

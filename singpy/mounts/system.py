@@ -93,6 +93,33 @@ def tmp_mounts(*, contain: bool, enabled: bool) -> list[MountSpec]:
             for path in ("/tmp", "/var/tmp")]
 
 
+# Pseudo and memory filesystems are never "host filesystems" for `mount hostfs`.
+_PSEUDO_FS = frozenset(("proc", "sysfs", "devtmpfs", "devpts", "tmpfs", "cgroup", "cgroup2", "mqueue", "debugfs",
+                        "tracefs", "securityfs", "pstore", "bpf", "autofs", "hugetlbfs", "configfs", "fusectl",
+                        "binfmt_misc", "efivarfs", "rpc_pipefs", "nsfs", "ramfs"))
+_HOSTFS_SKIPPED_UNDER = ("/proc", "/sys", "/dev", "/run", "/boot", "/var/lib/docker")
+
+
+def hostfs_mounts(mountinfo: str) -> list[MountSpec]:
+    """`mount hostfs = yes`: every host mount point of a real filesystem, at the same path.
+
+    Read from /proc/self/mountinfo lines ("id parent maj:min root mountpoint opts ... - fstype ...").
+    The root and system directories stay the container's own, as Apptainer does.
+    """
+    specs = []
+    for line in mountinfo.splitlines():
+        fields, _, tail = line.partition(" - ")
+        parts, fstype = fields.split(), tail.split(" ", 1)[0]
+        if len(parts) < 5 or fstype in _PSEUDO_FS:
+            continue
+        point = parts[4].replace("\\040", " ")
+        if point in SYSTEM_DIRS or point.startswith(tuple(p + "/" for p in _HOSTFS_SKIPPED_UNDER)):
+            continue
+        specs.append(MountSpec(op=MountOp.BIND, source=point, dest=point, missing=Missing.SKIP,
+                               stage=Stage.SYSTEM_FILES))
+    return list({spec.dest: spec for spec in specs}.values())
+
+
 def cwd_mount(cwd: str, covered: list[MountSpec]) -> list[MountSpec]:
     """The working directory, unless it is a system directory or already bound."""
     if cwd in SYSTEM_DIRS or any(_covers(spec, cwd) for spec in covered):
