@@ -109,6 +109,6 @@ def as_user(workdir: Path) -> Singpy:
 def host_state() -> tuple[str, frozenset[str], frozenset[str]]:
     """What a failed run must leave unchanged: mounts, /tmp entries, singpy processes."""
     mounts = Path("/proc/self/mountinfo").read_text()
-    tmp = frozenset(os.listdir("/tmp"))
+    tmp = frozenset(name for name in os.listdir("/tmp") if not name.startswith("cc"))  # not gcc's temp files
     procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
     return mounts, tmp, frozenset(line for line in procs if SINGPY in line)

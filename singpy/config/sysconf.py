@@ -45,7 +45,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("config resolv_conf", BOOL, True, "bind the host /etc/resolv.conf"),
     Directive("always use nv", BOOL, False, "act as if --nv were given on every run"),
     Directive("always use rocm", BOOL, False, "act as if --rocm were given on every run"),
-    Directive("use nvidia-container-cli", BOOL, False, "find NVIDIA libraries with nvidia-container-cli"),
+    Directive("use nvidia-container-cli", BOOL, True,
+              "find NVIDIA libraries with nvidia-container-cli when it is present (no: nvliblist.conf only)"),
     Directive("nvidia-container-cli path", STRING, "", "path of nvidia-container-cli (empty: search PATH)"),
     Directive("ldconfig path", STRING, "/sbin/ldconfig", "ldconfig used to read the host library cache"),
     Directive("root default capabilities", CHOICE, "full", "capabilities root keeps in the container",
@@ -53,6 +54,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("allow net users", LIST, (), "users allowed to use --net with a named network; may repeat"),
     Directive("allow net networks", LIST, (), "networks those users may use; may repeat"),
     Directive("unsquash", BOOL, False, "always extract SIF/squashfs images instead of mounting them"),
+    Directive("allow kernel squashfs", BOOL, True, "let root mount SIF/squashfs images with the kernel's "
+              "squashfs on a loop device (no: squashfuse or extraction)"),
 )
 
 _BY_NAME = {directive.name: directive for directive in DIRECTIVES}

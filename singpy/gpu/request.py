@@ -52,7 +52,7 @@ def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, hos
 
 
 def _container_cli(config: SysConfig, path_env: str) -> str | None:
-    """nvidia-container-cli, when `use nvidia-container-cli = yes` (its path from the conf, else PATH)."""
+    """nvidia-container-cli: the conf's path, else the one on PATH; none with `use nvidia-container-cli = no`."""
     if not config.flag("use nvidia-container-cli"):
         return None
     return config.text("nvidia-container-cli path") or shutil.which("nvidia-container-cli", path=path_env)

@@ -29,13 +29,14 @@ EXPECTED_DEFAULTS = {
     "config resolv_conf": True,
     "always use nv": False,
     "always use rocm": False,
-    "use nvidia-container-cli": False,
+    "use nvidia-container-cli": True,
     "nvidia-container-cli path": "",
     "ldconfig path": "/sbin/ldconfig",
     "root default capabilities": "full",
     "allow net users": (),
     "allow net networks": (),
     "unsquash": False,
+    "allow kernel squashfs": True,
 }
 
 
