@@ -240,10 +240,14 @@ def test_missing_uvm_warns_with_hint(singpy: Singpy, no_uvm_host: simhost.SimHos
     assert "nvidia-uvm is missing" in result.stderr and "modprobe nvidia_uvm" in result.stderr
 
 
-def test_nvidia_container_cli_lists_the_libraries(nv: SimHostRun, image: Path) -> None:
-    out = nv.ok("-v", "exec", "--nv", str(image), "ls", "/.singularity.d/libs",
-                conf="use nvidia-container-cli = yes\n")
-    assert {"libcuda.so.1", "libnvidia-ml.so.1"} <= set(out.split())
+def test_nvidia_container_cli_or_liblist(nv: SimHostRun, nv_host: simhost.SimHost, image: Path) -> None:
+    icd = str(nv_host.files[0])  # listed in nvliblist.conf only: nvidia-container-cli lists no plain files
+    show = ["sh", "-c", f"ls /.singularity.d/libs; ls {icd} 2>/dev/null || echo no-icd"]
+    # --contain: the simulated host lives under /tmp, which would otherwise be visible as a whole.
+    with_cli = nv.ok("exec", "--nv", "--contain", str(image), *show).split()  # the stub is on PATH: used
+    assert {"libcuda.so.1", "libnvidia-ml.so.1", "no-icd"} <= set(with_cli)
+    liblist = nv.ok("exec", "--nv", "--contain", str(image), *show, conf="use nvidia-container-cli = no\n").split()
+    assert {"libcuda.so.1", "libnvidia-ml.so.1", icd} <= set(liblist)
 
 
 def test_always_use_nv(nv: SimHostRun, image: Path) -> None:
