@@ -11,24 +11,47 @@ Process model (the open point of docs/architecture.md, settled here):
 * With --pid, it forks the namespace's PID 1 (`process.init`), which builds
   the container (a fresh /proc needs to be mounted from inside) and forks
   the payload; the launcher waits outside, forwarding signals.
+* --net makes a network namespace in the same unshare, loopback up. As root
+  with --network bridge|ptp, the launcher first wires one from the host side
+  (singpy.kernel.netns), forks the container into it and stays outside as
+  its supervisor, to remove the host's veth (and bridge) however it ends.
+* --fakeroot with subordinate ranges: a helper forked before the unshare
+  runs newuidmap/newgidmap on the launcher from outside (singpy.fakeroot).
 * Mounts live only in the private mount namespace and scratch files only in
   its tmpfs, so whatever way the container ends, nothing is left on the host.
+
+Images (singpy.image.squashfs has the three strategies for SIF/squashfs):
+
+* A sandbox directory, or a squashfs unpacked into the user's cache
+  (`extract`, done on the host before any namespace), is bound from /oldroot.
+* Otherwise the squashfs is mounted inside the new mount namespace, in the
+  staging root (after the first pivot, before the image becomes the root),
+  on /image. `loop` (root): the kernel mount alone holds the autoclear loop
+  device, so both vanish with the namespace and the launcher still execs
+  the payload in place. `fuse`: squashfuse serves the mount for the whole
+  life of the container, so the launcher stays as a supervisor: it starts
+  squashfuse (chrooted to /oldroot, in its own session, dying with the
+  launcher), unshares the PID namespace only then (so squashfuse is not its
+  PID 1), forks the container, waits, forwarding signals, and kills
+  squashfuse when the container is gone. Done in the staging root, the
+  mount needs no host directory, so a killed launcher leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from singpy import console, process, rootfs
 from singpy.config.sysconf import SysConfig
-from singpy.errors import ImageError
 from singpy.gpu import GpuContribution
 from singpy.host import HostInfo
 from singpy.image.detect import detect
+from singpy.kernel import caps
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_id_maps
 from singpy.mounts.apply import apply_mounts, missing_mount_points
-from singpy.plan import LaunchPlan
+from singpy.plan import ImageSpec, LaunchPlan
 from singpy.planner import LaunchRequest, build_plan
 
 TYPE_CHECKING = False  # see singpy.record
@@ -37,9 +60,7 @@ if TYPE_CHECKING:
 
 
 def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: bool = False) -> int:
-    image = detect(request.image)
-    if image.kind != "sandbox":
-        raise ImageError(f"{request.image}: {image.kind} images are not supported yet")
+    image = prepare_image(request, config, host, dry_run=dry_run)
     gpu = _gpus(request, config, host, image.rootfs)
     planned = build_plan(request, config, host, image, gpu_mounts=gpu.mounts, keep_host_env=gpu.keep_host_env)
     for warning in (*gpu.warnings, *planned.warnings):
@@ -80,42 +101,133 @@ def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution, warnings: tuple[str, 
     sys.stdout.write("\n")
 
 
-def launch(plan: LaunchPlan) -> int:
-    """Run the phases; returns only with --pid (the payload's status), else execs."""
-    enter_namespaces(plan)
+def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: bool) -> ImageSpec:
+    """Detect the image and choose how to get its root; for `extract`, unpack it now.
+
+    Called on the host, before any namespace: an extraction goes to the
+    user's cache, which outlives the container (singpy.image.squashfs).
+    """
+    image = detect(request.image)
+    if image.kind == "sandbox":
+        return image
+    from singpy.image import cache, squashfs
+
+    image = squashfs.choose(image, uid=host.uid, unsquash=request.unsquash or config.flag("unsquash"),
+                            allow_kernel=config.flag("allow kernel squashfs"), env=host.env,
+                            cache=cache.cache_dir(host.env, host.home))
+    return image if dry_run else squashfs.prepare(image, root=host.uid == 0)
+
+
+def launch(plan: LaunchPlan, net_fd: int | None = None) -> int:
+    """Run the phases; returns only under a supervisor (--pid, squashfuse, a host network), else execs.
+
+    `net_fd` is the network namespace `attach_network` wired, in its child.
+    """
+    if net_fd is None and plan.network is not None and plan.network.type != "none":
+        return attach_network(plan)
+    if plan.image.strategy in ("loop", "fuse"):
+        # Imported now: after the first pivot the package is out of reach (attach_image).
+        from singpy.image import squashfs  # noqa: F401
+    enter_namespaces(plan, net_fd)
+    rootfs.enter_staging()
+    image_root, helpers = attach_image(plan)
     if plan.namespaces.pid:
-        return process.supervise(lambda: _pid1(plan))
-    build_container(plan)
+        k.unshare(k.CLONE_NEWPID)  # only now: a helper must not become the new namespace's PID 1
+        return process.supervise(lambda: _pid1(plan, image_root), helpers)
+    if helpers:
+        return process.supervise(lambda: _container(plan, image_root), helpers)
+    build_container(plan, image_root)
     process.exec_process(plan.process)
 
 
-def _pid1(plan: LaunchPlan) -> NoReturn:
-    build_container(plan)
+def _pid1(plan: LaunchPlan, image_root: str) -> NoReturn:
+    build_container(plan, image_root)
     process.init(lambda: process.exec_process(plan.process))
 
 
-def enter_namespaces(plan: LaunchPlan) -> None:
-    """Called first, in the launcher's only thread (the kernel refuses CLONE_NEWUSER otherwise)."""
+def _container(plan: LaunchPlan, image_root: str) -> NoReturn:
+    build_container(plan, image_root)
+    process.exec_process(plan.process)
+
+
+def attach_image(plan: LaunchPlan) -> tuple[str, tuple[int, ...]]:
+    """Called in the staging root: the image root's path there, and the helper processes serving it."""
+    if plan.image.strategy in ("loop", "fuse"):
+        from singpy.image import squashfs
+
+        # The FUSE mount serves ids as seen in our user namespace: the user is 0 there with --fakeroot.
+        uid, gid = (0, 0) if plan.fakeroot is not None else (plan.uid, plan.gid)
+        return squashfs.attach(plan.image, uid, gid)
+    assert plan.image.rootfs is not None
+    return rootfs.host_path(plan.image.rootfs), ()
+
+
+def attach_network(plan: LaunchPlan) -> int:
+    """Root, --network bridge|ptp: wire a network namespace from the host side, run the container in it.
+
+    Called on the host before any namespace. The launcher stays outside as
+    the container's supervisor: the veth (and bridge) it made in the host's
+    network namespace must be removed whatever way the container ends, which
+    a launcher that became the payload could not do.
+    """
+    from singpy.kernel import netns
+
+    assert plan.network is not None
+    with netns.Attached(plan.network) as attachment:
+        console.verbose(f"network {plan.network.type}: container address {attachment.address}, "
+                        f"host end {attachment.host_link}")
+        return process.supervise(lambda: _attached_container(plan, attachment.netns_fd))
+
+
+def _attached_container(plan: LaunchPlan, net_fd: int) -> NoReturn:
+    os._exit(launch(plan, net_fd))
+
+
+def enter_namespaces(plan: LaunchPlan, net_fd: int | None = None) -> None:
+    """Called first, in the launcher's only thread (the kernel refuses CLONE_NEWUSER otherwise).
+
+    The PID namespace comes later (`launch`), once the image's helpers run.
+    `net_fd`, a network namespace wired from the host (attach_network), is
+    joined before a new user namespace exists: that one would have no
+    privilege over it. Otherwise --net gets a new one with the loopback up.
+    """
     ns = plan.namespaces
+    caps.preload(plan.process.privileges)  # python-prctl is out of reach once the container is the root
+    if net_fd is not None:
+        from singpy.kernel import netns
+
+        netns.join(net_fd)
+        os.close(net_fd)
     flags = k.CLONE_NEWNS
     flags |= k.CLONE_NEWUSER if ns.user else 0
-    flags |= k.CLONE_NEWPID if ns.pid else 0
     flags |= k.CLONE_NEWIPC if ns.ipc else 0
     flags |= k.CLONE_NEWUTS if ns.uts else 0
+    flags |= k.CLONE_NEWNET if ns.net and net_fd is None else 0
     console.debug(f"unshare namespaces {ns}")
-    k.unshare(flags)
-    if ns.user:
-        write_id_maps(plan.uid, plan.gid)
+    if plan.fakeroot is not None:
+        from singpy.fakeroot import enter_user_namespace
+
+        console.verbose(plan.fakeroot.note)
+        enter_user_namespace(plan.fakeroot, flags)
+    else:
+        k.unshare(flags)
+        if ns.user:
+            write_id_maps(plan.uid, plan.gid)
+    if ns.net and net_fd is None:
+        from singpy.kernel import netns
+
+        netns.loopback_up()
 
 
-def build_container(plan: LaunchPlan) -> None:
-    """Called in the new namespaces (inside the new PID namespace with --pid), before the payload starts."""
-    assert plan.image.rootfs is not None
-    rootfs.enter_staging()
-    mount_points = missing_mount_points(plan.mounts, rootfs.host_path(plan.image.rootfs))
+def build_container(plan: LaunchPlan, image_root: str) -> None:
+    """Called in the staging root, in the new namespaces (inside the new PID namespace with --pid).
+
+    `image_root` is the image's root as seen from the staging root (attach_image).
+    """
+    mount_points = missing_mount_points(plan.mounts, image_root)
     for path, _ in mount_points:
         console.debug(f"mount point /{path} is missing from the image: adding it in an overlay layer")
-    rootfs.mount_image(plan.image.rootfs, mount_points=mount_points, writable=plan.writable_tmpfs,
+    rootfs.mount_image(image_root, mount_points=mount_points, writable=plan.writable_tmpfs,
                        userns=plan.namespaces.user)
     apply_mounts(plan.mounts)
     rootfs.finish_root(writable=plan.writable_tmpfs)

@@ -53,6 +53,7 @@ class MountSpec(Record):
     missing: Missing = Missing.CREATE  # policy for an absent source or destination
     stage: Stage = Stage.USER  # ordering key; see Stage
     dev: bool = False  # keep device nodes usable (nodev is set otherwise on binds from /dev)
+    merge: bool = True  # FILE: keep the image's lines not keyed like ours (passwd); False: replace (--dns)
 
 
 class Namespaces(Record):
@@ -63,6 +64,31 @@ class Namespaces(Record):
     ipc: bool = False
     uts: bool = False
     net: bool = False
+
+
+class Privileges(Record):
+    """The payload's capabilities (singpy.kernel.caps applies them just before execve)."""
+
+    keep: tuple[str, ...] | None = None  # names of the capabilities kept ("CAP_NET_RAW"); None: all, no change
+    as_root: bool = False  # the payload runs as uid 0 (root, --fakeroot): every set is trimmed, not just bounding
+
+
+class NetworkSpec(Record):
+    """The container's network namespace (--net); see singpy.network."""
+
+    type: str  # "none" (loopback only), "bridge" or "ptp"
+    bridge: str = ""  # host bridge the container's veth joins (bridge)
+    subnet: str = ""  # IPv4 CIDR the container's address comes from; its first address is the gateway
+    address: str = ""  # address asked for with --network-args IP=, "" to take a free one
+
+
+class IdMap(Record):
+    """--fakeroot: how ids inside the user namespace map to host ids (singpy.fakeroot)."""
+
+    uids: tuple[tuple[int, int, int], ...]  # (first id inside, first id outside, count), as in uid_map
+    gids: tuple[tuple[int, int, int], ...]  # the same for groups
+    helper: bool  # written from outside by newuidmap/newgidmap (subordinate ranges), else by the launcher
+    note: str  # which mapping was chosen and why, printed at --verbose
 
 
 class ProcessSpec(Record):
@@ -77,6 +103,7 @@ class ProcessSpec(Record):
     env: EnvPlan  # the environment rules, applied in the container (singpy.environ)
     cwd: str  # working directory inside the container
     shell: str | None = None  # --shell, for the shell action
+    privileges: Privileges = Privileges()  # capabilities left to the payload (applied just before execve)
 
 
 class ImageSpec(Record):
@@ -88,6 +115,9 @@ class ImageSpec(Record):
     offset: int = 0  # byte offset of the squashfs partition inside the file
     size: int = 0  # size in bytes of that partition (0: to the end)
     arch: str = ""  # image architecture when the format records it
+    strategy: str = "directory"  # how the root is obtained: directory, loop, fuse or extract (image.squashfs)
+    tool: str = ""  # host path of the program the strategy runs (squashfuse, unsquashfs)
+    cache: str = ""  # the user's extraction cache directory (extract)
 
 
 class LaunchPlan(Record):
@@ -95,12 +125,14 @@ class LaunchPlan(Record):
 
     image: ImageSpec
     namespaces: Namespaces
-    uid: int  # the invoking user's id, mapped to itself inside
-    gid: int  # the invoking user's primary group id, mapped to itself inside
+    uid: int  # the invoking user's id, mapped to itself inside (to 0 with --fakeroot)
+    gid: int  # the invoking user's primary group id, mapped to itself inside (to 0 with --fakeroot)
     mounts: tuple[MountSpec, ...]  # applied in this order
     process: ProcessSpec
     hostname: str | None = None  # sethostname() in the new uts namespace
     writable_tmpfs: bool = False  # overlay a writable tmpfs on the image root
+    network: NetworkSpec | None = None  # the network namespace's set-up (with --net), None without
+    fakeroot: IdMap | None = None  # --fakeroot: uid 0 inside, mapped to `uid` (and ranges) outside
     verbosity: int = 0  # -1 quiet, 0 normal, 1 verbose, 2 debug
 
     def to_json_data(self) -> dict[str, object]:

@@ -8,13 +8,26 @@ from __future__ import annotations
 
 import os
 
-from singpy.config.sysconf import SysConfig
+from singpy import network as net
+from singpy.config.sysconf import SysConfig, confdir
 from singpy.environ import EnvPlan, host_passthrough, injected_from_host, split_path_rules
 from singpy.errors import BindSpecError, SingpyError
 from singpy.host import HostInfo
+from singpy.kernel import caps
 from singpy.mounts import system
 from singpy.mounts.parse import BindSpec
-from singpy.plan import ImageSpec, LaunchPlan, Missing, MountOp, MountSpec, Namespaces, ProcessSpec, Stage
+from singpy.plan import (
+    IdMap,
+    ImageSpec,
+    LaunchPlan,
+    Missing,
+    MountOp,
+    MountSpec,
+    Namespaces,
+    Privileges,
+    ProcessSpec,
+    Stage,
+)
 from singpy.record import Record
 
 
@@ -41,6 +54,15 @@ class LaunchRequest(Record):
     unsquash: bool = False  # --unsquash: extract a SIF/squashfs image instead of mounting it
     nv: bool = False  # --nv (or `always use nv`)
     rocm: bool = False  # --rocm (or `always use rocm`)
+    net: bool = False  # --net: a new network namespace
+    network: str | None = None  # --network TYPE (implies --net)
+    network_args: tuple[str, ...] = ()  # --network-args values, as given
+    dns: tuple[str, ...] = ()  # --dns values, as given (comma lists)
+    fakeroot: bool = False  # --fakeroot: uid 0 inside a user namespace
+    keep_privs: bool = False  # --keep-privs (root)
+    no_privs: bool = False  # --no-privs
+    add_caps: tuple[str, ...] = ()  # --add-caps values, as given
+    drop_caps: tuple[str, ...] = ()  # --drop-caps values, as given
     verbosity: int = 0
 
 
@@ -55,24 +77,47 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                gpu_mounts: tuple[MountSpec, ...] = (), keep_host_env: tuple[str, ...] = ()) -> Planned:
     if request.pid and not config.flag("allow pid ns"):
         raise SingpyError("--pid is not allowed by the system administrator (allow pid ns = no)")
+    network = net.plan_network(net=request.net, network=request.network, network_args=request.network_args,
+                               uid=host.uid, user=host.user, config=config)
+    fakeroot = _fakeroot(request, host)
+    privileges = _privileges(request, config, host)
     home_source, home_dest = _home(request, host)
-    namespaces = Namespaces(user=host.uid != 0, pid=request.pid, ipc=request.ipc,
-                            uts=request.uts or request.hostname is not None)
+    namespaces = Namespaces(user=host.uid != 0 or fakeroot is not None, pid=request.pid, ipc=request.ipc,
+                            uts=request.uts or request.hostname is not None, net=network is not None)
     mounts = _mounts(request, config, host, namespaces, home_source, home_dest) + list(gpu_mounts)
     mounts += _user_binds(request, config)
     env_plan, warnings = _env_plan(request, host, image, home_dest, keep_host_env)
     process = ProcessSpec(action=request.action, args=request.args, env=env_plan,
-                          cwd=_cwd(request, host, home_dest), shell=request.shell)
+                          cwd=_cwd(request, host, home_dest), shell=request.shell, privileges=privileges)
     plan = LaunchPlan(image=image, namespaces=namespaces, uid=host.uid, gid=host.gid,
                       mounts=tuple(sorted(mounts, key=lambda spec: spec.stage)), process=process,
                       hostname=request.hostname, writable_tmpfs=request.writable_tmpfs,
-                      verbosity=request.verbosity)
+                      network=network, fakeroot=fakeroot, verbosity=request.verbosity)
     return Planned(plan, tuple(warnings))
 
 
+def _fakeroot(request: LaunchRequest, host: HostInfo) -> IdMap | None:
+    if not request.fakeroot:
+        return None
+    from singpy.fakeroot import plan_id_map
+
+    return plan_id_map(uid=host.uid, gid=host.gid, user=host.user)
+
+
+def _privileges(request: LaunchRequest, config: SysConfig, host: HostInfo) -> Privileges:
+    default = config.text("root default capabilities")
+    file_caps: tuple[str, ...] = ()
+    if host.uid == 0 and default == "file" and not (request.fakeroot or request.keep_privs or request.no_privs):
+        file_caps = caps.read_capability_file(os.path.join(confdir(config), "capability.json"), "root")
+    return caps.plan_privileges(uid=host.uid, fakeroot=request.fakeroot, keep_privs=request.keep_privs,
+                                no_privs=request.no_privs, add=caps.parse_names(request.add_caps, "--add-caps"),
+                                drop=caps.parse_names(request.drop_caps, "--drop-caps"), root_default=default,
+                                file_caps=file_caps)
+
+
 def _home(request: LaunchRequest, host: HostInfo) -> tuple[str, str]:
-    if request.home is None:
-        return host.home, host.home
+    if request.home is None:  # --fakeroot: root's home is /root, Apptainer binds the user's home there
+        return host.home, "/root" if request.fakeroot else host.home
     source, _, dest = request.home.partition(":")
     source = os.path.normpath(os.path.join(host.cwd, source))
     if dest and not os.path.isabs(dest):
@@ -85,12 +130,17 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
     dev = "minimal" if request.contain and config.text("mount dev") == "yes" else config.text("mount dev")
     mounts = system.kernel_mounts(new_pid=namespaces.pid, proc=config.flag("mount proc"),
                                   sys=config.flag("mount sys"), dev=dev, devpts=config.flag("mount devpts"))
+    own_ids = not request.fakeroot  # with --fakeroot the user is the image's own root inside
     mounts += system.identity_files(
         passwd_entry=system.passwd_line(user=host.user, uid=host.uid, gid=host.gid, gecos=host.gecos,
-                                        home=home_dest, shell=host.shell) if config.flag("config passwd") else None,
+                                        home=home_dest, shell=host.shell)
+        if config.flag("config passwd") and own_ids else None,
         group_entry=system.group_line(group=host.group, gid=host.gid, user=host.user)
-        if config.flag("config group") else None)
-    mounts += system.host_files(config.items("bind path"), resolv_conf=config.flag("config resolv_conf"))
+        if config.flag("config group") and own_ids else None)
+    mounts += system.host_files(config.items("bind path"),
+                                resolv_conf=config.flag("config resolv_conf") and not request.dns)
+    if request.dns:
+        mounts.append(net.resolv_conf(net.parse_dns(request.dns)))
     if config.flag("mount hostfs"):
         mounts += system.hostfs_mounts(_read("/proc/self/mountinfo"))
     mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp"))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from singpy import console
 from singpy.environ import ACTION_SCRIPT, final_env, shell_env
 from singpy.errors import ExecError, SingpyError
+from singpy.kernel import caps
 from singpy.kernel import syscalls as k
 from singpy.plan import ProcessSpec
 
@@ -45,10 +46,16 @@ def payload_argv(process: ProcessSpec) -> list[str]:
 
 
 def exec_process(process: ProcessSpec) -> NoReturn:
-    """Called inside the container root, as the final step: chdir, no_new_privs, execve."""
+    """Called inside the container root, as the final step: chdir, no_new_privs, capabilities, execve.
+
+    No PR_SET_PDEATHSIG here: when this runs in the launcher's own process
+    (no --pid, no supervisor) there is no parent whose death matters, the
+    launcher *is* the payload; under a supervisor, `_run_child` set it.
+    """
     argv = payload_argv(process)
     _chdir(process.cwd, dict(process.env.base).get("HOME", "/"))
     k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
+    caps.apply(process.privileges)  # last: the steps before may still need what is dropped
     if _has_env_scripts() and os.access("/bin/sh", os.X_OK):
         console.debug("sourcing /.singularity.d/env/*.sh through /bin/sh")
         _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(process.env))
@@ -96,17 +103,74 @@ def _execve(path: str, argv: list[str], env: dict[str, str]) -> NoReturn:
         raise ExecError(f'can\'t execute "{argv[0]}": {error.strerror}') from None
 
 
-def supervise(child: Callable[[], NoReturn]) -> int:
+def supervise(child: Callable[[], NoReturn], helpers: tuple[int, ...] = ()) -> int:
     """Fork `child` and wait for it, forwarding signals; return its exit status.
 
     Used for --pid: the parent stays outside the new PID namespace; the child
-    is its PID 1 and runs `init`. PR_SET_PDEATHSIG makes a killed launcher take
-    the container down with it rather than leave it unsupervised.
+    is its PID 1 and runs `init`. Used too when `helpers` (squashfuse, see
+    `spawn_helper`) serve the container's root: they are killed once the
+    child is gone, whatever way it ended. PR_SET_PDEATHSIG makes a killed
+    launcher take the container and the helpers down with it rather than
+    leave them unsupervised.
     """
+    try:
+        pid = os.fork()
+        if pid == 0:
+            _run_child(child)
+        return _wait_forwarding(pid)
+    finally:
+        for helper in helpers:
+            _stop(helper)
+
+
+def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool) -> tuple[int, int]:
+    """Start a long-running helper program; return its pid and the read end of its stderr.
+
+    The child chroots to `root` (the host tree, where its dynamic loader and
+    libraries are), so `argv` holds host paths. It gets a session of its
+    own, so that a terminal's ^C or hangup, meant for the payload, does not
+    reach it (it must outlive the payload's signal handling), and it dies with
+    the launcher (PR_SET_PDEATHSIG). `keep_fd` stays open in it; its stderr
+    goes to a pipe we read only if it fails, or to ours at -d (`quiet` false).
+    """
+    errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _run_child(child)
-    return _wait_forwarding(pid)
+        try:
+            k.prctl(k.PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent:  # the launcher died before the prctl
+                os._exit(1)
+            os.setsid()
+            os.chroot(root)
+            os.chdir("/")
+            if quiet:
+                os.dup2(errors_write, 2)
+            os.set_inheritable(keep_fd, True)
+            os.execve(argv[0], argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+        except BaseException as error:  # never let a forked child unwind into the parent's code
+            os.write(errors_write, f"can't start {argv[0]}: {error}\n".encode())
+        os._exit(127)
+    os.close(errors_write)
+    return pid, errors_read
+
+
+def helper_failure(pid: int, errors: int) -> str:
+    """After a helper failed: its last line on stderr ("" if none); reaps it."""
+    with os.fdopen(errors, "rb") as pipe:
+        text = pipe.read().decode(errors="replace")
+    _stop(pid)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _stop(pid: int) -> None:
+    """Kill a helper and reap it. SIGKILL: it serves a read-only image, there is nothing to flush."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
+        return
 
 
 def init(payload: Callable[[], NoReturn]) -> NoReturn:

@@ -10,7 +10,9 @@ and the two pivots; [2] man 2 pivot_root, "pivot_root(".", ".")"):
    mount point of the container root (/newroot) and the launcher's scratch
    files (passwd, overlay layers): they live in memory in a namespace that
    dies with the container, so nothing is ever left behind on the host.
-3. The image is bound (read-only) or overlaid on /newroot, the mount plan is
+3. A squashfs image, if that is what we run, is mounted on /image (see
+   singpy.image.squashfs); a directory image stays where it is, under /oldroot.
+   The image is bound (read-only) or overlaid on /newroot, the mount plan is
    applied on top of it, and the second pivot makes /newroot the root; the
    staging root and the host tree beneath it are then detached.
 """
@@ -26,6 +28,7 @@ STAGE = "/tmp"  # where the staging tmpfs is mounted before the first pivot
 HOST = "/oldroot"  # the host's root, seen from the staging root
 NEWROOT = "/newroot"  # the container's root, seen from the staging root
 SCRATCH = "/scratch"  # launcher files and overlay layers
+IMAGE = "/image"  # mount point of a squashfs image (loop or FUSE), see singpy.image.squashfs
 
 
 def enter_staging() -> None:
@@ -43,8 +46,8 @@ def host_path(path: str) -> str:
     return resolve(HOST, path)
 
 
-def mount_image(rootfs: str, *, mount_points: list[tuple[str, bool]], writable: bool, userns: bool) -> None:
-    """Put the image's root filesystem on NEWROOT, never writing the image.
+def mount_image(lower: str, *, mount_points: list[tuple[str, bool]], writable: bool, userns: bool) -> None:
+    """Put the image's root filesystem (`lower`, a path in the staging root) on NEWROOT, never writing it.
 
     With nothing to add, the image is bound read-only. Otherwise it becomes
     the lower layer of an overlay whose top layer (in the staging tmpfs)
@@ -53,7 +56,6 @@ def mount_image(rootfs: str, *, mount_points: list[tuple[str, bool]], writable: 
     writable tmpfs upper layer. `userxattr` is what overlayfs needs inside a
     user namespace (kernel >= 5.11).
     """
-    lower = host_path(rootfs)
     if not mount_points and not writable:
         k.mount(lower, NEWROOT, None, k.MS_BIND | k.MS_REC)
         remount(NEWROOT, k.MS_RDONLY | k.MS_NOSUID)  # read-only before anything is mounted on it

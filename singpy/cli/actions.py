@@ -73,8 +73,18 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         ipc=containall or bool(values.get("ipc")),
         uts=bool(values.get("uts")),
         shell=values.get("shell"),
+        unsquash=bool(values.get("unsquash")),
         nv=bool(values.get("nv")),
         rocm=bool(values.get("rocm")),
+        net=bool(values.get("net")),
+        network=values.get("network"),
+        network_args=tuple(values.get("network_args", [])),
+        dns=(values["dns"],) if values.get("dns") else (),
+        fakeroot=bool(values.get("fakeroot")),
+        keep_privs=bool(values.get("keep_privs")),
+        no_privs=bool(values.get("no_privs")),
+        add_caps=tuple(values.get("add_caps", [])),
+        drop_caps=tuple(values.get("drop_caps", [])),
         verbosity=level,
     )
 

@@ -29,6 +29,10 @@ def _global(
     version: bool = typer.Option(False, "--version", help="print the version and exit"),
 ) -> None:
     """Run programs in Singularity/Apptainer container images, unprivileged."""
+    from singpy import console
+    from singpy.cli.actions import verbosity
+
+    console.set_level(verbosity({"quiet": quiet, "verbose": verbose, "debug": debug}))
 
 
 def _action_command(action: str) -> None:
@@ -47,6 +51,19 @@ for _action in ACTIONS:
     _action_command(_action)
 
 
+def _register_image_commands() -> None:
+    from singpy.cli.build import build_command
+    from singpy.cli.cache import cache_app
+    from singpy.cli.inspect import inspect_command
+
+    app.command(name="inspect")(inspect_command)
+    app.command(name="build")(build_command)
+    app.add_typer(cache_app)
+
+
+_register_image_commands()
+
+
 @app.command()
 def version() -> None:
     """Print the version."""
@@ -57,7 +74,9 @@ def run_app(args: list[str]) -> int:
     from singpy.errors import ExitCode
 
     try:
-        app(args=args, prog_name="singpy", standalone_mode=False)
+        status = app(args=args, prog_name="singpy", standalone_mode=False)
+        if isinstance(status, int):  # click returns a command's typer.Exit code when not standalone
+            return status
     except typer.Exit as done:
         return int(done.exit_code)
     except Exception as error:  # click's usage errors: one line, exit 1

@@ -112,7 +112,7 @@ def _merged_file(spec: MountSpec, number: int) -> None:
     key = spec.content.split(":", 1)[0] + ":"
     try:
         with open(dest) as handle:
-            lines = [line for line in handle.read().splitlines() if not line.startswith(key)]
+            lines = [line for line in handle.read().splitlines() if not line.startswith(key) and spec.merge]
     except OSError:
         lines = []
     staged = f"{SCRATCH}/file{number}"
@@ -120,7 +120,7 @@ def _merged_file(spec: MountSpec, number: int) -> None:
         handle.write("\n".join([*lines, spec.content]) + "\n")
     os.chmod(staged, 0o644)
     _ensure_mount_point(dest, spec.dest, directory=False)
-    console.verbose(f"writing {spec.dest} with an entry for {key[:-1]}")
+    console.verbose(f"writing {spec.dest} with an entry for {key[:-1]}" if spec.merge else f"writing {spec.dest}")
     k.mount(staged, dest, None, k.MS_BIND)
     remount(dest, k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV)
 

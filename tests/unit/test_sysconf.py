@@ -35,6 +35,9 @@ EXPECTED_DEFAULTS = {
     "root default capabilities": "full",
     "allow net users": (),
     "allow net networks": (),
+    "network bridge name": "singpy0",
+    "network bridge subnet": "10.22.0.0/16",
+    "network ptp subnet": "10.23.0.0/16",
     "unsquash": False,
     "allow kernel squashfs": True,
 }

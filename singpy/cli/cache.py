@@ -1,0 +1,102 @@
+"""`singpy cache list|clean`: the per-user cache of unpacked images (singpy.image.cache)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import typer
+
+from singpy.image import cache
+
+cache_app = typer.Typer(name="cache", help="Manage the cache of unpacked SIF/squashfs images.",
+                        no_args_is_help=True)
+
+
+def _location() -> str:
+    from singpy import host
+
+    info = host.capture()
+    return cache.cache_dir(info.env, info.home)
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("not reached")
+
+
+@cache_app.command("list")
+def list_command() -> None:
+    """List the unpacked images in your cache: digest, size, when, from which image."""
+    location = _location()
+    rows = []
+    total = 0
+    for digest in cache.entries(location):
+        info = cache.entry_info(location, digest)
+        size = int(str(info.get("size", 0)))
+        total += size
+        created = info.get("created")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(str(created)))) if created else "?"
+        rows.append((digest[:16], _human(size), when, str(info.get("source", "?"))))
+    if not rows:
+        print(f"no unpacked images in {location}")
+        return
+    rows.insert(0, ("DIGEST", "SIZE", "CREATED", "SOURCE"))
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[3])
+    print(f"{len(rows) - 1} unpacked image(s), {_human(total)}, in {location}")
+
+
+@cache_app.command("clean")
+def clean_command(
+    force: bool = typer.Option(False, "--force", "-f", help="do not ask for confirmation"),
+    days: int = typer.Option(0, "--days", help="only remove entries unpacked more than DAYS days ago"),
+    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="only show what would be removed"),
+) -> None:
+    """Remove unpacked images (and interrupted extractions) from your cache."""
+    from singpy import console
+
+    location = _location()
+    doomed = _selected(location, days)
+    if not doomed:
+        print(f"nothing to remove in {location}")
+        return
+    if dry_run:
+        for digest in doomed:
+            print(f"would remove {digest}")
+        return
+    if not force and not _confirm(f"Remove {len(doomed)} cache entries from {location}?"):
+        console.info("nothing removed")
+        raise typer.Exit(1)
+    removed = 0
+    for digest in doomed:
+        if cache.remove_entry(location, digest):
+            removed += 1
+        else:
+            console.warning(f"{digest[:16]} is being unpacked by another singpy: left alone")
+    print(f"removed {removed} cache entries from {location}")
+
+
+def _selected(location: str, days: int) -> list[str]:
+    """Digests to remove: all those with anything in the cache, or complete entries older than `days`."""
+    if days:
+        limit = time.time() - days * 86400
+        return [digest for digest in cache.entries(location)
+                if int(str(cache.entry_info(location, digest, size=False).get("created", 0))) < limit]
+    try:
+        names = os.listdir(f"{location}/{cache.ROOTFS}")
+    except FileNotFoundError:
+        return []
+    return sorted({name.lstrip(".")[:64] for name in names if len(name.lstrip(".")) >= 64})
+
+
+def _confirm(question: str) -> bool:
+    """Ask on the terminal; no answer (not a terminal, end of input) is no."""
+    try:
+        return typer.confirm(question)
+    except typer.Abort:
+        return False

@@ -1,0 +1,104 @@
+"""`singpy inspect IMAGE`: the image's metadata, as Apptainer's inspect shows it.
+
+Without a selection flag the labels are shown, as in Apptainer. `--list`
+adds the SIF's data objects (a table like `siftool list`); `--json` prints
+Apptainer's document (`{"data": {"attributes": ...}, "type": "container"}`)
+with, for a SIF, the header and descriptors under "sif".
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import typer
+
+from singpy.image import metadata
+
+# Apptainer's order when several sections are asked for.
+SECTIONS = ("labels", "deffile", "runscript", "startscript", "test", "helpfile", "environment")
+
+
+def inspect_command(
+    image: str = typer.Argument(..., help="a SIF, squashfs or sandbox image"),
+    labels: bool = typer.Option(False, "--labels", "-l", help="show the labels (the default)"),
+    deffile: bool = typer.Option(False, "--deffile", "-d", help="show the definition file"),
+    runscript: bool = typer.Option(False, "--runscript", "-r", help="show the runscript"),
+    startscript: bool = typer.Option(False, "--startscript", "-s", help="show the startscript"),
+    test: bool = typer.Option(False, "--test", "-t", help="show the test script"),
+    helpfile: bool = typer.Option(False, "--helpfile", "-H", help="show the help text"),
+    environment: bool = typer.Option(False, "--environment", "-e", help="show the environment scripts"),
+    all_: bool = typer.Option(False, "--all", help="show everything"),
+    list_: bool = typer.Option(False, "--list", help="list the SIF's data objects (descriptors)"),
+    as_json: bool = typer.Option(False, "--json", "-j", help="print JSON (with the SIF descriptors)"),
+) -> None:
+    """Show an image's labels, definition file, scripts and environment."""
+    import os
+
+    from singpy.image.detect import classify
+
+    spec = classify(image)
+    chosen = {"labels": labels, "deffile": deffile, "runscript": runscript, "startscript": startscript,
+              "test": test, "helpfile": helpfile, "environment": environment}
+    wanted = [name for name in SECTIONS if chosen[name] or all_]
+    if not wanted and not list_:
+        wanted = ["labels"]
+    attributes = metadata.read_metadata(spec, os.environ) if wanted else {}
+    selected = {name: attributes[name] for name in wanted if name in attributes}
+    if as_json:
+        document: dict[str, Any] = {"data": {"attributes": selected}, "type": "container"}
+        if spec.kind == "sif":
+            document["sif"] = sif_document(spec.path)
+        print(json.dumps(document, indent=2, sort_keys=True))
+        return
+    if list_:
+        print(descriptor_table(spec.path) if spec.kind == "sif" else f"{spec.path} is a {spec.kind} image: "
+              "it has no SIF data objects")
+    for name in wanted:
+        if name in selected:
+            print(render(name, selected[name]), end="")
+
+
+def render(name: str, value: Any) -> str:
+    """One section as Apptainer's inspect prints it."""
+    if name == "labels":
+        return "".join(f"{key}: {value[key]}\n" for key in sorted(value))
+    if name == "environment":
+        return "".join(f"=== {path} ===\n{text.rstrip()}\n\n" for path, text in value.items())
+    text = str(value)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def sif_document(path: str) -> dict[str, Any]:
+    from singpy.image import sif
+
+    image = sif.read_sif(path)
+    header = {"launch_script": image.launch_script, "version": image.version, "arch": image.arch,
+              "id": image.uuid, "created": image.created, "modified": image.modified,
+              "descriptors_free": image.descriptors_free, "descriptors_total": image.descriptors_total,
+              "data_offset": image.data_offset, "data_size": image.data_size}
+    return {"header": header, "descriptors": [descriptor(d) for d in image.descriptors]}
+
+
+def descriptor(desc: Any) -> dict[str, Any]:
+    entry = {"id": desc.id, "group": desc.group_id, "link": desc.link, "link_is_group": desc.link_is_group,
+             "offset": desc.offset, "size": desc.size, "type": desc.type_name, "name": desc.name}
+    if desc.is_partition:
+        entry["partition"] = {"fs": desc.fstype_name, "type": desc.parttype_name, "arch": desc.arch,
+                              "primary": desc.is_primary}
+    return entry
+
+
+def descriptor_table(path: str) -> str:
+    rows = [("ID", "GROUP", "LINK", "OFFSET", "SIZE", "TYPE", "NAME")]
+    for entry in sif_document(path)["descriptors"]:
+        link = "NONE" if not entry["link"] else f"{entry['link']}{' (G)' if entry['link_is_group'] else ''}"
+        kind = entry["type"]
+        if "partition" in entry:
+            part = entry["partition"]
+            kind += f" ({part['fs']}/{part['type']}/{part['arch']})"
+        rows.append((str(entry["id"]), str(entry["group"] or "NONE"), link, str(entry["offset"]),
+                     str(entry["size"]), kind, entry["name"]))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)

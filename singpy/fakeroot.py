@@ -1,0 +1,170 @@
+"""--fakeroot: root inside the container (uid 0, capabilities valid only in its user namespace), the user outside.
+
+Two mappings, chosen at plan time ([1] user_namespaces(7), "User and group ID
+mappings: uid_map and gid_map"; [2] newuidmap(1)):
+
+* The user has subordinate ranges in /etc/subuid and /etc/subgid: uid 0
+  inside is the user, 1..N are their subordinate ids, so tools that chown
+  (apt-get, dpkg, tar) work. Only the setuid helpers newuidmap/newgidmap may
+  write such a map, and a process cannot run them on itself once inside
+  (a setuid file owned by an unmapped root gives no privilege there). So the
+  launcher forks a helper *before* unsharing, unshares, tells the helper to
+  go; the helper runs newuidmap/newgidmap on the launcher's pid from outside,
+  reports, exits. The launcher stays the process that becomes the payload.
+* Otherwise a single mapping (uid 0 inside = the user), which a process may
+  write for itself once `setgroups` is denied; other ids do not exist inside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from singpy.errors import KernelError
+from singpy.kernel import syscalls as k
+from singpy.plan import IdMap
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from typing import NoReturn
+
+SUBUID, SUBGID = "/etc/subuid", "/etc/subgid"
+TOOL_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"  # where newuidmap/newgidmap live (never the user's $PATH)
+
+
+def read_ranges(text: str, user: str, uid: int) -> tuple[tuple[int, int], ...]:
+    """(first id, count) of every `user:first:count` (or `uid:first:count`) line, in file order."""
+    ranges = []
+    for line in text.splitlines():
+        fields = line.strip().split(":")
+        if len(fields) != 3 or fields[0] not in (user, str(uid)):
+            continue
+        if fields[1].isdigit() and fields[2].isdigit() and int(fields[2]) > 0:
+            ranges.append((int(fields[1]), int(fields[2])))
+    return tuple(ranges)
+
+
+def plan_id_map(*, uid: int, gid: int, user: str, subuid: str = SUBUID, subgid: str = SUBGID) -> IdMap:
+    """The mapping --fakeroot will use for `user`; the note says which and why."""
+    single = ((0, uid, 1),), ((0, gid, 1),)
+    uid_ranges, gid_ranges = read_ranges(_read(subuid), user, uid), read_ranges(_read(subgid), user, uid)
+    missing = subuid if not uid_ranges else subgid if not gid_ranges else ""
+    if missing:
+        return IdMap(uids=single[0], gids=single[1], helper=False,
+                     note=f"fakeroot: no range for {user} in {missing}: single mapping, uid 0 inside is uid "
+                          f"{uid} outside and no other id exists inside")
+    if not (find_tool("newuidmap") and find_tool("newgidmap")):
+        return IdMap(uids=single[0], gids=single[1], helper=False,
+                     note=f"fakeroot: newuidmap/newgidmap not found in {TOOL_PATH}: single mapping, uid 0 inside "
+                          f"is uid {uid} outside, although {user} has subordinate ranges")
+    uids, gids = single[0] + _stack(uid_ranges), single[1] + _stack(gid_ranges)
+    shown = ", ".join(f"{inside}-{inside + count - 1} to {outside}-{outside + count - 1}"
+                      for inside, outside, count in uids[1:])
+    return IdMap(uids=uids, gids=gids, helper=True,
+                 note=f"fakeroot: subordinate ranges ({subuid}, {subgid}) through newuidmap/newgidmap: uid 0 "
+                      f"inside is uid {uid} outside; ids {shown}")
+
+
+def _stack(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int, int], ...]:
+    """Ranges placed one after the other inside, from id 1."""
+    lines, inside = [], 1
+    for outside, count in ranges:
+        lines.append((inside, outside, count))
+        inside += count
+    return tuple(lines)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError:
+        return ""  # no file: no ranges, as for a user without an entry
+
+
+def find_tool(name: str) -> str | None:
+    for directory in TOOL_PATH.split(":"):
+        path = f"{directory}/{name}"
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
+def enter_user_namespace(idmap: IdMap, flags: int) -> None:
+    """unshare(flags) (CLONE_NEWUSER among them) and install `idmap`; in the launcher's only thread."""
+    if not idmap.helper:
+        k.unshare(flags)
+        _write("/proc/self/setgroups", "deny")  # required before an unprivileged gid_map write
+        _write("/proc/self/uid_map", _lines(idmap.uids))
+        _write("/proc/self/gid_map", _lines(idmap.gids))
+        return
+    target = os.getpid()
+    go_read, go_write = os.pipe2(os.O_CLOEXEC)
+    done_read, done_write = os.pipe2(os.O_CLOEXEC)
+    helper = os.fork()
+    if helper == 0:
+        os.close(go_write)
+        os.close(done_read)
+        _map_from_outside(target, idmap, go_read, done_write)
+    os.close(go_read)
+    os.close(done_write)
+    try:
+        try:
+            k.unshare(flags)
+            os.write(go_write, b"go")
+        finally:
+            os.close(go_write)  # on failure the helper reads end-of-file and leaves without mapping
+        report = _read_all(done_read)
+    finally:
+        os.close(done_read)
+        os.waitpid(helper, 0)
+    if report:
+        raise KernelError(report)
+
+
+def _map_from_outside(target: int, idmap: IdMap, go: int, done: int) -> NoReturn:
+    """The helper: wait for the launcher to unshare, run newuidmap and newgidmap on it, report errors."""
+    report = ""
+    try:
+        k.prctl(k.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == target and os.read(go, 2) == b"go":
+            report = _run_map_tool("newuidmap", target, idmap.uids) or _run_map_tool("newgidmap", target, idmap.gids)
+    except BaseException as error:  # never let a forked child unwind into the launcher's code
+        report = f"can't map ids for --fakeroot: {error}"
+    try:
+        os.write(done, report.encode())
+    finally:
+        os._exit(0)
+
+
+def _run_map_tool(name: str, target: int, lines: tuple[tuple[int, int, int], ...]) -> str:
+    import subprocess
+
+    tool = find_tool(name)
+    if tool is None:
+        return f"can't map ids for --fakeroot: {name} not found in {TOOL_PATH}"
+    argv = [tool, str(target), *(str(number) for line in lines for number in line)]
+    done = subprocess.run(argv, capture_output=True, text=True, env={"PATH": TOOL_PATH}, check=False)
+    if done.returncode == 0:
+        return ""
+    said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+    return f"can't map ids for --fakeroot with {name}: {said[-1] if said else f'exit status {done.returncode}'}"
+
+
+def _lines(lines: tuple[tuple[int, int, int], ...]) -> str:
+    return "".join(f"{inside} {outside} {count}\n" for inside, outside, count in lines)
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while chunk := os.read(fd, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as handle:
+            handle.write(text)
+    except OSError as error:
+        raise KernelError(f"can't write {path}: {error.strerror}") from None

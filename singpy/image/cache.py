@@ -1,0 +1,278 @@
+"""The per-user extraction cache: squashfs partitions unpacked once, reused by later runs.
+
+Layout, under `$SINGPY_CACHEDIR`, else `$XDG_CACHE_HOME/singpy`, else
+`~/.cache/singpy` (mode 0700)::
+
+    rootfs/<sha256>/              a complete tree: the partition with that digest, unpacked
+    rootfs/<sha256>.json          where it came from (for `singpy cache list`)
+    rootfs/.<sha256>.lock         flock()ed while that partition is extracted, deleted after
+    rootfs/.<sha256>.tmp-XXXXXX/  an extraction in progress (or killed midway)
+    index/<dev>-<ino>-<size>-<mtime_ns>-<offset>-<length> -> ../rootfs/<sha256>
+
+Entries are keyed by the partition's content, so two copies of an image
+share one tree. Hashing a partition of several GB takes seconds, so the
+index maps a file's identity (device, inode, size and mtime in ns: any
+rewrite of the file changes one of them, whatever its path) to the digest,
+and a repeat run costs two system calls and no hashing (`lookup`).
+
+Populating is atomic: the tree is unpacked into a hidden temporary
+directory and renamed into place only when complete, so no run ever sees a
+half-written tree. An exclusive `flock` on the entry's lock file makes
+concurrent first runs of one image extract once: the others wait, then find
+the entry. A killed extraction leaves only a hidden temporary directory and
+releases its lock with its file descriptor; the next extraction of that
+digest (holding the lock, so none is live) removes it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+
+from singpy import console
+from singpy.errors import ImageError
+
+ROOTFS, INDEX = "rootfs", "index"
+_HASH_CHUNK = 1 << 20
+
+
+def cache_dir(env: Mapping[str, str], home: str) -> str:
+    """The invoking user's cache directory (not created here)."""
+    if env.get("SINGPY_CACHEDIR"):
+        return os.path.abspath(env["SINGPY_CACHEDIR"])
+    if env.get("XDG_CACHE_HOME"):
+        return os.path.join(os.path.abspath(env["XDG_CACHE_HOME"]), "singpy")
+    return os.path.join(home, ".cache", "singpy")
+
+
+def _index_key(path: str, offset: int, length: int) -> str:
+    info = os.stat(path)
+    return f"{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}-{offset:x}-{length:x}"
+
+
+def lookup(cache: str, path: str, offset: int, length: int) -> str | None:
+    """The unpacked tree of this partition if this very file was unpacked before; no hashing."""
+    try:
+        target = os.readlink(f"{cache}/{INDEX}/{_index_key(path, offset, length)}")
+    except OSError:
+        return None
+    entry = f"{cache}/{ROOTFS}/{os.path.basename(target)}"
+    return entry if os.path.isdir(entry) else None
+
+
+def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str, root: bool) -> str:
+    """Unpack the partition into the cache unless an identical one is there; return the tree."""
+    for sub in ("", ROOTFS, INDEX):
+        _make_private_dirs(f"{cache}/{sub}")
+    console.verbose(f"computing the digest of {path} (offset {offset}, {length} bytes)")
+    digest = _digest(path, offset, length)
+    entry = f"{cache}/{ROOTFS}/{digest}"
+    if not os.path.isdir(entry):
+        lock_path = f"{cache}/{ROOTFS}/.{digest}.lock"
+        lock = _lock(lock_path, wait=f"another singpy to finish unpacking {path}")
+        assert lock is not None
+        try:
+            if not os.path.isdir(entry):  # the run we waited for may have made it
+                _extract(path, offset, digest, entry, unsquashfs=unsquashfs, root=root)
+        finally:
+            os.unlink(lock_path)  # while locked, so that it is safe (see _lock): no lock file stays behind
+            os.close(lock)
+    _write_index(cache, _index_key(path, offset, length), digest)
+    return entry
+
+
+def _lock(path: str, *, wait: str | None) -> int | None:
+    """An open descriptor holding an exclusive flock on `path`; None if busy and `wait` is None.
+
+    A lock file is deleted only by a process holding its lock, so a lock
+    taken on a file that is no longer at `path` is stale: try again.
+    """
+    import fcntl
+
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if wait is None:
+                os.close(fd)
+                return None
+            console.info(f"waiting for {wait}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _make_private_dirs(path: str) -> None:
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as error:
+        raise ImageError(f"can't create the cache directory {path}: {error.strerror}",
+                         hint="set SINGPY_CACHEDIR to a writable directory") from None
+
+
+def _digest(path: str, offset: int, length: int) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            remaining = length
+            while remaining > 0:
+                chunk = handle.read(min(_HASH_CHUNK, remaining))
+                if not chunk:
+                    raise ImageError(f"can't read image {path}: the partition is truncated")
+                digest.update(chunk)
+                remaining -= len(chunk)
+    except OSError as error:
+        raise ImageError(f"can't read image {path}: {error.strerror}") from None
+    return digest.hexdigest()
+
+
+def _extract(path: str, offset: int, digest: str, entry: str, *, unsquashfs: str, root: bool) -> None:
+    """Called holding the entry's lock: unpack into a temporary directory, then rename it into place."""
+    import tempfile
+
+    from singpy.image import tools
+
+    parent = os.path.dirname(entry)
+    for name in os.listdir(parent):
+        if name.startswith(f".{digest}.tmp-"):  # left by a killed run: no live run holds our lock
+            console.verbose(f"removing an interrupted extraction: {parent}/{name}")
+            remove_tree(f"{parent}/{name}")
+    tmp = tempfile.mkdtemp(prefix=f".{digest}.tmp-", dir=parent)
+    try:
+        tree = f"{tmp}/root"
+        console.verbose(f"unpacking {path} into the cache ({entry})")
+        tools.run_tool([unsquashfs, *unpack_options(offset, tree, root=root), path, *unpack_filter(root)],
+                       label=f"Unpacking {os.path.basename(path)}", failure=f"can't unpack {path}")
+        if not root:
+            os.makedirs(f"{tree}/dev", mode=0o755, exist_ok=True)
+        _write_info(f"{entry}.json", path, offset)
+        os.rename(tree, entry)
+    finally:
+        remove_tree(tmp)
+
+
+def unpack_options(offset: int, dest: str, *, root: bool) -> list[str]:
+    """unsquashfs options for unpacking a partition at `offset` into the new directory `dest`.
+
+    As in Apptainer's unprivileged extraction, a user skips the xattrs it
+    could not set and /dev (device nodes need privilege; the container gets
+    its /dev from the host or a tmpfs anyway): see `unpack_filter`.
+    """
+    return ["-o", str(offset), "-d", dest, *([] if root else ["-no-xattrs", "-excludes"])]
+
+
+def unpack_filter(root: bool) -> list[str]:
+    return [] if root else ["dev"]
+
+
+def _write_info(path: str, source: str, offset: int) -> None:
+    import json
+    import time
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as handle:
+        json.dump({"source": os.path.realpath(source), "offset": offset, "created": int(time.time())}, handle)
+    os.replace(tmp, path)
+
+
+def _write_index(cache: str, key: str, digest: str) -> None:
+    link = f"{cache}/{INDEX}/{key}"
+    tmp = f"{link}.tmp{os.getpid()}"
+    try:
+        os.symlink(f"../{ROOTFS}/{digest}", tmp)
+        os.replace(tmp, link)
+    except OSError as error:  # the entry is usable anyway; the next run hashes again
+        console.debug(f"can't write the cache index {link}: {error.strerror}")
+
+
+def remove_tree(path: str) -> None:
+    """rm -rf that also gets through the read-only directories an image may carry."""
+    import shutil
+
+    if not os.path.lexists(path):
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)
+        for parent, dirs, _ in os.walk(path):  # top-down: each directory is opened after its chmod
+            for name in dirs:
+                child = os.path.join(parent, name)
+                if not os.path.islink(child):
+                    os.chmod(child, 0o700)
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
+
+
+def entries(cache: str) -> Iterator[str]:
+    """Digests of the complete entries in the cache."""
+    try:
+        names = sorted(os.listdir(f"{cache}/{ROOTFS}"))
+    except FileNotFoundError:
+        return
+    for name in names:
+        if len(name) == 64 and not name.startswith(".") and os.path.isdir(f"{cache}/{ROOTFS}/{name}"):
+            yield name
+
+
+def entry_info(cache: str, digest: str, *, size: bool = True) -> dict[str, object]:
+    """What `_write_info` recorded about an entry, plus (`size`) its size on disk in bytes."""
+    import json
+
+    try:
+        with open(f"{cache}/{ROOTFS}/{digest}.json") as handle:
+            info: dict[str, object] = json.load(handle)
+    except (OSError, ValueError):
+        info = {}
+    if size:
+        info["size"] = sum(_blocks(parent, names) for parent, _, names in os.walk(f"{cache}/{ROOTFS}/{digest}"))
+    return info
+
+
+def _blocks(parent: str, names: list[str]) -> int:
+    total = 0
+    for name in names:
+        try:
+            total += os.lstat(os.path.join(parent, name)).st_blocks * 512
+        except OSError:
+            continue
+    return total
+
+
+def remove_entry(cache: str, digest: str) -> bool:
+    """Delete one entry and its index links; False if an extraction of it is under way."""
+    base = f"{cache}/{ROOTFS}"
+    lock = _lock(f"{base}/.{digest}.lock", wait=None)
+    if lock is None:
+        return False
+    try:
+        # Out of sight first (a rename is atomic), so no run picks up a tree being deleted.
+        if os.path.isdir(f"{base}/{digest}"):
+            os.rename(f"{base}/{digest}", f"{base}/.{digest}.tmp-removing")
+        for name in os.listdir(base):
+            if name.startswith(f".{digest}.tmp-") or name == f"{digest}.json":
+                remove_tree(f"{base}/{name}")
+        os.unlink(f"{base}/.{digest}.lock")  # while locked: see _lock
+    finally:
+        os.close(lock)
+    _prune_index(cache)
+    return True
+
+
+def _prune_index(cache: str) -> None:
+    """Drop index links whose entry is gone."""
+    try:
+        names = os.listdir(f"{cache}/{INDEX}")
+    except FileNotFoundError:
+        return
+    for name in names:
+        link = f"{cache}/{INDEX}/{name}"
+        if not os.path.exists(link):
+            os.unlink(link)

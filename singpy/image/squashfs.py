@@ -1,0 +1,155 @@
+"""Getting a root filesystem out of a squashfs (a SIF partition or a bare file).
+
+Three strategies, tried in this order and chosen by `choose` before
+anything is started ([1] sif.md section 13, after Apptainer and SingularityCE):
+
+1. ``loop`` (root only): the kernel's squashfs driver on a loop device whose
+   offset and size limit select the partition (`singpy.kernel.loop`),
+   mounted inside the container's private mount namespace. Nothing runs
+   beside the container, and the mount and the device go away with the
+   namespace. An admin may turn it off (`allow kernel squashfs = no`, as in
+   SingularityCE).
+2. ``fuse`` (needs `squashfuse_ll` or `squashfuse`, and /dev/fuse readable and
+   writable by the user): the launcher, holding CAP_SYS_ADMIN in its new
+   user namespace, opens /dev/fuse and mounts a FUSE filesystem on it
+   itself; squashfuse then serves that descriptor (mount point
+   `/dev/fd/N`, libfuse >= 3.3), so it needs no privilege and no setuid
+   fusermount, as Apptainer's starter does. squashfuse must stay alive as
+   long as the container, so the launcher stays as its supervisor
+   (`singpy.process.supervise`).
+3. ``extract``: `unsquashfs` into the per-user cache (`singpy.image.cache`),
+   reused by later runs; the tree is then used like a sandbox directory.
+   Chosen with `--unsquash` or `unsquash = yes`, and whenever neither of
+   the above is possible.
+
+`attach` is called in the staging root (singpy.rootfs), where the host is
+at /oldroot, and returns the image root as seen from there.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from singpy import console, process, rootfs
+from singpy.errors import ImageError, KernelError
+from singpy.kernel import loop
+from singpy.kernel import syscalls as k
+from singpy.plan import ImageSpec
+
+FUSE_DEVICE = "/dev/fuse"
+FUSE_TOOLS = ("squashfuse_ll", "squashfuse")  # the low-level one is faster (Apptainer prefers it too)
+_MOUNT_FLAGS = k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV
+
+
+def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, env: Mapping[str, str],
+           cache: str) -> ImageSpec:
+    """Pick how to get the root of a SIF or squashfs image; reported at --verbose."""
+    from singpy.image.tools import find_tool
+
+    where = f"partition at offset {image.offset}, {image.size} bytes" if image.kind == "sif" else "whole file"
+    console.verbose(f"image {image.path}: {image.kind} ({where}{', ' + image.arch if image.arch else ''})")
+    if unsquash:
+        console.verbose("extracting the image, as asked (--unsquash or `unsquash = yes`)")
+        return _extract(image, env, cache)
+    if uid == 0 and allow_kernel and os.path.exists("/dev/loop-control"):
+        console.verbose("mounting it with the kernel's squashfs on a loop device (running as root)")
+        return image.replace(strategy="loop")
+    tool = next((path for name in FUSE_TOOLS if (path := find_tool(name, env))), None)
+    usable = os.access(FUSE_DEVICE, os.R_OK | os.W_OK)
+    if tool is not None and usable:
+        console.verbose(f"mounting it with {os.path.basename(tool)} (FUSE)")
+        return image.replace(strategy="fuse", tool=tool)
+    why = "squashfuse is not installed" if tool is None else f"{FUSE_DEVICE} is not readable and writable by you"
+    console.verbose(f"can't use FUSE ({why}): extracting the image into the cache instead")
+    return _extract(image, env, cache)
+
+
+def _extract(image: ImageSpec, env: Mapping[str, str], cache: str) -> ImageSpec:
+    from singpy.image.tools import find_tool
+
+    tool = find_tool("unsquashfs", env)
+    if tool is None:
+        raise ImageError(f"can't run {image.path}: no way to open a squashfs image here (squashfuse and "
+                         "unsquashfs are not installed, or FUSE is not usable)",
+                         hint="install squashfs-tools (unsquashfs) or squashfuse")
+    return image.replace(strategy="extract", tool=tool, cache=cache)
+
+
+def prepare(image: ImageSpec, *, root: bool) -> ImageSpec:
+    """Called on the host, before any namespace: unpack into the cache (once) for `extract`."""
+    if image.strategy != "extract":
+        return image
+    from singpy.image import cache
+
+    tree = cache.lookup(image.cache, image.path, image.offset, image.size)
+    if tree is None:
+        tree = cache.populate(image.cache, image.path, image.offset, image.size, unsquashfs=image.tool, root=root)
+    else:
+        console.verbose(f"using the unpacked image from the cache: {tree}")
+    return image.replace(rootfs=tree)
+
+
+def attach(image: ImageSpec, uid: int, gid: int) -> tuple[str, tuple[int, ...]]:
+    """Mount a `loop` or `fuse` image on IMAGE: (its path, pids of the helpers serving it).
+
+    Called in the staging root, holding CAP_SYS_ADMIN over the mount
+    namespace; everything it needs is imported already (the package is out
+    of reach there).
+    """
+    os.mkdir(rootfs.IMAGE)
+    if image.strategy == "loop":
+        _mount_loop(image)
+        return rootfs.IMAGE, ()
+    return rootfs.IMAGE, (_mount_fuse(image, uid, gid),)
+
+
+def _mount_loop(image: ImageSpec) -> None:
+    fd, device = loop.attach(rootfs.host_path(image.path), image.offset, image.size,
+                             dev=rootfs.host_path("/dev"))
+    try:
+        console.verbose(f"mounting {device} (offset {image.offset}) as squashfs")
+        try:
+            k.mount(device, rootfs.IMAGE, "squashfs", _MOUNT_FLAGS)
+        except KernelError as error:
+            raise ImageError(f"can't mount the squashfs of {image.path}: {_reason(error)}",
+                             hint="the image may be corrupt: check it with `singpy inspect --list`") from None
+    finally:
+        os.close(fd)  # with autoclear, the mount now holds the device alone
+
+
+def _mount_fuse(image: ImageSpec, uid: int, gid: int) -> int:
+    """Mount FUSE on IMAGE and start squashfuse serving it; return squashfuse's pid."""
+    try:
+        fd = os.open(rootfs.host_path(FUSE_DEVICE), os.O_RDWR | os.O_CLOEXEC)
+    except OSError as error:
+        raise ImageError(f"can't open {FUSE_DEVICE}: {error.strerror}") from None
+    try:
+        # rootmode is the mode of the root inode's type (a directory); user_id/group_id
+        # are who may use the mount without allow_other ([1] linux/fs/fuse/inode.c).
+        try:
+            k.mount("squashfuse", rootfs.IMAGE, f"fuse.{os.path.basename(image.tool)}", _MOUNT_FLAGS,
+                    f"fd={fd},rootmode=40000,user_id={uid},group_id={gid}")
+        except KernelError as error:
+            raise ImageError(f"can't mount FUSE for {image.path}: {_reason(error)}",
+                             hint="run with --unsquash to extract the image instead") from None
+        argv = [image.tool, "-f", "-o", f"offset={image.offset}", image.path, f"/dev/fd/{fd}"]
+        pid, errors = process.spawn_helper(argv, root=rootfs.HOST, keep_fd=fd, quiet=console.level() < console.DEBUG)
+    finally:
+        # Ours must go before we touch the mount: if squashfuse fails, the kernel then aborts
+        # the connection (ENOTCONN) instead of leaving our first access waiting forever.
+        os.close(fd)
+    try:
+        os.stat(rootfs.IMAGE)
+    except OSError as error:
+        reason = process.helper_failure(pid, errors) or error.strerror
+        raise ImageError(f"can't mount the squashfs of {image.path} with {os.path.basename(image.tool)}: "
+                         f"{reason}") from None
+    # `errors` stays open, unread, for the supervisor's lifetime: closed, a later message
+    # from squashfuse would kill it with SIGPIPE.
+    return pid
+
+
+def _reason(error: KernelError) -> str:
+    """The strerror part of "can't VERB OBJECT: strerror"."""
+    return error.message.rsplit(": ", 1)[-1]

@@ -1,0 +1,115 @@
+"""singpy.image.detect: the start-up SIF scan agrees with the full reader (singpy.image.sif) on everything."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from singpy.errors import ImageError, SifError
+from singpy.image import detect, sif
+from singpy.kernel import loop
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "sif-golden"
+SIFS = sorted(str(p.relative_to(DATA)) for p in DATA.glob("**/*.sif"))
+
+
+def full_reader(path: Path) -> tuple[int, int, int, str] | None:
+    """What singpy.image.sif says: the primary partition, or None when it refuses the file or has none."""
+    try:
+        primary = sif.read_sif(path).primary_partition()
+    except SifError:
+        return None
+    return primary.offset, primary.size, primary.fstype, primary.arch
+
+
+@pytest.mark.parametrize("name", SIFS)
+def test_scan_agrees_with_the_reader(name: str) -> None:
+    assert detect._scan(str(DATA / name)) == full_reader(DATA / name)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(flips=st.lists(st.tuples(st.integers(0, 40959), st.integers(0, 255)), max_size=6),
+       cut=st.one_of(st.none(), st.integers(0, 40960)))
+def test_scan_agrees_on_mutated_images(tmp_path: Path, flips: list[tuple[int, int]], cut: int | None) -> None:
+    data = bytearray((DATA / "one-group.sif").read_bytes())
+    for offset, value in flips:
+        data[offset] = value
+    path = tmp_path / "mutated.sif"
+    path.write_bytes(bytes(data[:cut]))
+    assert detect._scan(str(path)) == full_reader(path)
+
+
+def test_errors_come_from_the_reader(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.sif"
+    good = (DATA / "one-group.sif").read_bytes()
+    bad.write_bytes(good[:42] + b"02\0" + good[45:])
+    with pytest.raises(SifError, match=f'unsupported SIF version "02": {bad}'):
+        detect.detect(str(bad))
+    with pytest.raises(SifError, match="no primary system partition"):
+        detect.detect(str(DATA / "one-object-generic-json.sif"))
+
+
+def test_partition_checks() -> None:
+    # one-group.sif: a 4 KiB squashfs primary partition built for 386.
+    with pytest.raises(ImageError, match=f"image is 386, this host is {detect.host_arch()}$"):
+        detect.detect(str(DATA / "one-group.sif"))
+    spec = detect.sif_partition(str(DATA / "one-group.sif"), check_arch=False)
+    assert (spec.kind, spec.offset, spec.size, spec.arch) == ("sif", 36864, 4096, "386")
+
+
+def test_kind_comes_from_content(tmp_path: Path) -> None:
+    named_sif = tmp_path / "image.sif"
+    named_sif.write_bytes(b"hsqs" + bytes(100))
+    assert detect.classify(str(named_sif)).kind == "squashfs"
+    disguised = tmp_path / "image.squashfs"
+    disguised.write_bytes((DATA / "one-group.sif").read_bytes())
+    assert detect.classify(str(disguised)).kind == "sif"
+    text = tmp_path / "notes.sif"
+    text.write_text("hello")
+    with pytest.raises(ImageError, match="is not a container image"):
+        detect.classify(str(text))
+
+
+def test_arch_tables_match_the_reader() -> None:
+    assert detect.ARCHES == sif._ARCHES
+    for code, name in enumerate(detect.ARCHES):
+        assert detect._arch_name(b"%02d\0" % code) == sif.arch_name(b"%02d\0" % code) == name
+    for machine, name in detect._MACHINES.items():
+        assert sif._MACHINE_ARCH[machine] == name
+    assert detect.host_arch() == sif.host_arch()
+    assert detect._arch_name(b"99\0") == detect._arch_name(b"ab\0") == "unknown"
+
+
+def test_loop_structures_have_the_kernel_sizes() -> None:
+    assert loop._STATUS.size == 232  # sizeof(struct loop_info64)
+    assert loop._CONFIG.size == 304  # sizeof(struct loop_config)
+    packed = loop._CONFIG.pack(7, 0, *loop._info("/x.sif", 4096, 8192), *([0] * 8))
+    assert struct.unpack_from("=I", packed)[0] == 7
+    assert struct.unpack_from("=QQ", packed, 8 + 24) == (4096, 8192)  # lo_offset, lo_sizelimit
+    assert struct.unpack_from("=I", packed, 8 + 40 + 12)[0] == loop.LO_FLAGS_READ_ONLY | loop.LO_FLAGS_AUTOCLEAR
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root")
+def test_loop_device_detaches_by_itself() -> None:
+    fd, device = loop.attach(str(DATA / "real" / "busybox_arm64.sif"), 45056, 794624)
+    name = os.path.basename(device)
+    try:
+        with open(f"/sys/block/{name}/loop/offset") as handle:
+            assert int(handle.read()) == 45056
+        with open(f"/sys/block/{name}/loop/sizelimit") as handle:
+            assert int(handle.read()) == 794624
+        with open(f"/sys/block/{name}/loop/autoclear") as handle:
+            assert handle.read().strip() == "1"
+    finally:
+        os.close(fd)
+    import time
+
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/sys/block/{name}/loop") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/sys/block/{name}/loop/backing_file")

@@ -1,0 +1,99 @@
+"""What `singpy exec` imports: a guard against start-up regressions (issue 3), not a timing test.
+
+`singpy exec` ends in execve, so its modules cannot be inspected in-process:
+each case runs the real command on a real busybox sandbox under `python -X
+importtime` and reads the imported module names from stderr. The container
+must really have run (the payload's output is checked), so the whole launch
+path was imported.
+
+A plain launch imports no CLI framework (typer, click, rich: singpy.cli.parse
+explains why), no pyroute2 or prctl (needed only by --net and capability
+handling), no SIF writer, and none of the stdlib modules the code avoids on
+purpose (`dataclasses`, `typing`, `pathlib`, `json`: see singpy.record and
+benchmarks/README.md). GPU and image flags may pull in more of the stdlib, but
+never those third-party packages nor the SIF writer.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.images import build_busybox_rootfs
+
+NEVER = ("typer", "click", "rich", "pyroute2", "prctl", "singpy.image.sifwrite")
+NOT_ON_PLAIN_PATH = (*NEVER, "dataclasses", "typing", "pathlib", "json")
+# Runs the console script's code (singpy.cli.main:main) with the given arguments.
+ENTRY = "import sys; from singpy.cli.main import main; sys.argv[0] = 'singpy'; sys.exit(main())"
+MARK = "hot-path-ok"
+
+
+def imported_modules(*args: str, cwd: Path) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", ENTRY, *args], capture_output=True, text=True,
+                          timeout=60, cwd=cwd, check=False)
+    modules = []
+    for line in done.stderr.splitlines():
+        parts = line.removeprefix("import time:").split("|")
+        if line.startswith("import time:") and len(parts) == 3 and parts[0].strip().isdigit():
+            modules.append(parts[2].strip())
+    return modules, done
+
+
+def offenders(modules: list[str], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(name for name in modules for bad in forbidden if name == bad or name.startswith(bad + "."))
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_busybox_rootfs(tmp_path_factory.mktemp("hot-path") / "sandbox")
+
+
+@pytest.mark.parametrize("flags", [[], ["--contain"], ["--containall"], ["--writable-tmpfs"], ["--cleanenv"]],
+                         ids=lambda flags: " ".join(flags) or "plain")
+def test_exec_imports_nothing_heavy(sandbox: Path, flags: list[str]) -> None:
+    modules, done = imported_modules("exec", *flags, str(sandbox), "echo", MARK, cwd=sandbox.parent)
+    assert done.returncode == 0 and MARK in done.stdout, f"singpy exec failed:\n{done.stderr[-2000:]}"
+    assert "singpy.launch" in modules  # the profile covers the launch path
+    assert offenders(modules, NOT_ON_PLAIN_PATH) == []
+
+
+def test_run_and_shell_share_the_fast_path(sandbox: Path) -> None:
+    modules, done = imported_modules("run", str(sandbox), cwd=sandbox.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert offenders(modules, NOT_ON_PLAIN_PATH) == []
+
+
+def test_nv_without_gpus_imports_no_framework(sandbox: Path) -> None:
+    """--nv on a host without NVIDIA devices warns and runs (Apptainer does the same)."""
+    modules, done = imported_modules("exec", "--nv", str(sandbox), "echo", MARK, cwd=sandbox.parent)
+    assert done.returncode == 0 and MARK in done.stdout, f"singpy exec --nv failed:\n{done.stderr[-2000:]}"
+    assert offenders(modules, NEVER) == []
+
+
+def test_sif_imports_no_writer(sandbox: Path, tmp_path: Path) -> None:
+    mksquashfs = shutil.which("mksquashfs", path="/usr/sbin:/usr/bin:/sbin:/bin")
+    if mksquashfs is None:
+        pytest.skip("mksquashfs not installed")
+    from singpy.image.sif import host_arch
+    from singpy.image.sifwrite import build_sif_from_squashfs
+
+    squash, image = tmp_path / "rootfs.squashfs", tmp_path / "busybox.sif"
+    subprocess.run([mksquashfs, str(sandbox), str(squash), "-noappend", "-all-root", "-no-progress"], check=True,
+                   capture_output=True)
+    build_sif_from_squashfs(image, squash, arch=host_arch())
+    modules, done = imported_modules("exec", str(image), "echo", MARK, cwd=tmp_path)
+    if done.returncode != 0 and "images are not supported yet" in done.stderr:
+        pytest.skip("SIF images are not launched yet (issue 4)")
+    assert done.returncode == 0 and MARK in done.stdout, f"singpy exec SIF failed:\n{done.stderr[-2000:]}"
+    assert offenders(modules, NEVER) == []
+
+
+def test_the_check_sees_a_heavy_import(sandbox: Path) -> None:
+    """The typer path imports typer: proof that the parsing above would catch it."""
+    modules, done = imported_modules("version", cwd=sandbox.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "typer" in offenders(modules, NEVER)
