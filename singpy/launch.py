@@ -74,12 +74,17 @@ def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: b
 
 
 def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, rootfs: str | None) -> GpuContribution:
-    """GPU discovery, only when --nv / --rocm (or the conf's `always use`) asks for it."""
-    from singpy.gpu.request import discover_gpus, wanted
+    """GPU discovery, only when --nv / --rocm (or the conf's `always use`) asks for it.
 
-    nv, rocm = wanted(nv=request.nv, rocm=request.rocm, config=config)
+    The flags are checked before the GPU modules are imported: they pull in
+    `re` and `shutil`, several milliseconds that a plain exec must not pay.
+    """
+    nv = request.nv or config.flag("always use nv")
+    rocm = request.rocm or config.flag("always use rocm")
     if not (nv or rocm):
         return GpuContribution()
+    from singpy.gpu.request import discover_gpus
+
     return discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
                          rootfs=rootfs)
 

@@ -1,8 +1,9 @@
 """The fast command-line parser for `run`, `exec` and `shell`.
 
 These commands are started thousands of times per job array, and importing
-typer costs about 75 ms here (benchmarks/README: every typer release from
-0.9 to 0.29 measured), several times Python's own start-up. So this parser,
+typer costs 45-60 ms here, 110-120 ms for the releases that load rich eagerly
+(benchmarks/README.md measures every release from 0.9 to 0.29), several times
+Python's own start-up. So this parser,
 generated from the declarative table in `singpy.cli.options`, handles them
 with nothing but the standard library; typer serves the other commands.
 

@@ -22,11 +22,6 @@ _LIBC_PATHS = ("lib/x86_64-linux-gnu/libc.so.6", "lib/aarch64-linux-gnu/libc.so.
                "lib/powerpc64le-linux-gnu/libc.so.6", "usr/lib64/libc.so.6", "lib/libc.so.6")
 
 
-def wanted(*, nv: bool, rocm: bool, config: SysConfig) -> tuple[bool, bool]:
-    """--nv / --rocm, or the admin's `always use nv` / `always use rocm`."""
-    return nv or config.flag("always use nv"), rocm or config.flag("always use rocm")
-
-
 def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, host_env: Mapping[str, str],
                   rootfs: str | None) -> GpuContribution:
     """Devices, libraries, binaries and warnings for the requested vendors."""
