@@ -130,8 +130,10 @@ def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool) -> tu
     libraries are), so `argv` holds host paths. It gets a session of its
     own, so that a terminal's ^C or hangup, meant for the payload, does not
     reach it (it must outlive the payload's signal handling), and it dies with
-    the launcher (PR_SET_PDEATHSIG). `keep_fd` stays open in it; its stderr
-    goes to a pipe we read only if it fails, or to ours at -d (`quiet` false).
+    the launcher (PR_SET_PDEATHSIG). `keep_fd` stays open in it; stdin and
+    stdout are /dev/null (a pipe held open by it would delay the reader's end
+    of file); its stderr goes to a pipe we read only if it fails, or to ours
+    at -d (`quiet` false).
     """
     errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
     parent = os.getpid()
@@ -144,8 +146,10 @@ def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool) -> tu
             os.setsid()
             os.chroot(root)
             os.chdir("/")
-            if quiet:
-                os.dup2(errors_write, 2)
+            null = os.open("/dev/null", os.O_RDWR)
+            os.dup2(null, 0)  # the payload's stdin and stdout are not the helper's business
+            os.dup2(null, 1)
+            os.dup2(errors_write if quiet else 2, 2)
             os.set_inheritable(keep_fd, True)
             os.execve(argv[0], argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         except BaseException as error:  # never let a forked child unwind into the parent's code

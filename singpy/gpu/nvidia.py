@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 from collections.abc import Mapping
 
 from singpy.config.liblist import load_liblist
@@ -30,6 +28,7 @@ from singpy.gpu.ldcache import (
     drop_newer_glibc,
     find_host_files,
     so_links,
+    which,
 )
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
@@ -183,10 +182,12 @@ def gpu_uuids(path_env: str, warnings: list[str]) -> dict[str, int]:
     The index is taken as the /dev/nvidiaN minor, which holds on hosts where
     nvidia-smi enumerates in device-minor order (the default PCI bus order).
     """
-    smi = shutil.which("nvidia-smi", path=path_env) if path_env else None
+    smi = which("nvidia-smi", path_env) if path_env else None
     if smi is None:
         warnings.append("NVIDIA_VISIBLE_DEVICES lists GPU UUIDs but nvidia-smi is not on PATH to resolve them")
         return {}
+    import subprocess  # only here and for nvidia-container-cli: not on every --nv run
+
     argv = [smi, "--query-gpu=index,uuid", "--format=csv,noheader"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
@@ -211,6 +212,8 @@ def _host_files(
     """From nvidia-container-cli when configured and it works, else from the liblist."""
     fallback_warning: tuple[str, ...] = ()
     if cli is not None and os.path.isfile(cli) and os.access(cli, os.X_OK):
+        import subprocess
+
         try:
             return drop_newer_glibc(files_from_container_cli(cli), image_glibc)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -227,7 +230,7 @@ def _host_files(
     return files.replace(warnings=fallback_warning + files.warnings)
 
 
-def _why(exc: OSError | subprocess.SubprocessError) -> str:
+def _why(exc: Exception) -> str:
     """The tool's own last stderr line when it has one ("nvml error: driver not loaded")."""
     stderr = getattr(exc, "stderr", None)
     lines = stderr.strip().splitlines() if isinstance(stderr, str) else []
@@ -241,6 +244,8 @@ def files_from_container_cli(cli: str) -> HostFiles:
     is also bound under the name of every symlink beside it that resolves to
     it (libcuda.so.1 -> libcuda.so.550.54.14), since programs open the soname.
     """
+    import subprocess
+
     argv = [cli, "list", "--binaries", "--libraries"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
     host = host_elf_identity()

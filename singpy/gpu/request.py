@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Mapping
 
 from singpy.config.sysconf import SysConfig, confdir
 from singpy.gpu import GpuContribution, merge
+from singpy.gpu.ldcache import which
 
 _ENV_LINE = re.compile(r"^\s*(?:export\s+)?(CUDA_VERSION|NVIDIA_REQUIRE_CUDA)=[\"']?([^\"'\n]*)", re.MULTILINE)
 _GLIBC_RELEASE = re.compile(rb"release version (2\.[0-9]+)")
@@ -50,7 +50,7 @@ def _container_cli(config: SysConfig, path_env: str) -> str | None:
     """nvidia-container-cli: the conf's path, else the one on PATH; none with `use nvidia-container-cli = no`."""
     if not config.flag("use nvidia-container-cli"):
         return None
-    return config.text("nvidia-container-cli path") or shutil.which("nvidia-container-cli", path=path_env)
+    return config.text("nvidia-container-cli path") or which("nvidia-container-cli", path_env)
 
 
 def image_env_hints(rootfs: str) -> dict[str, str]:

@@ -22,6 +22,7 @@ from singpy.errors import ImageError, SifError
 from singpy.plan import ImageSpec
 
 SQUASHFS_MAGIC = b"hsqs"
+_SUPERBLOCK_SIZE = 96  # a squashfs is at least its superblock
 SIF_MAGIC = b"SIF_MAGIC"
 _SIF_MAGIC_AT = 32  # after the 32-byte launch script
 _HEADER = struct.Struct("<32s10s3s3s16s8q")  # as singpy.image.sif.HEADER
@@ -90,7 +91,7 @@ def sif_partition(path: str, *, check_arch: bool = True) -> ImageSpec:
     if fstype != 1:
         kind = _FS_NAMES.get(fstype, f"type {fstype}")
         raise ImageError(f"{path}: the primary partition is {kind}; singpy runs only squashfs partitions")
-    if _read_at(path, offset, 4) != SQUASHFS_MAGIC:
+    if size < _SUPERBLOCK_SIZE or _read_at(path, offset, 4) != SQUASHFS_MAGIC:
         raise ImageError(f"{path}: the primary partition is not a squashfs filesystem (bad superblock)")
     host = host_arch()
     if check_arch and arch not in ("unknown", host):

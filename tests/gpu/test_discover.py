@@ -303,8 +303,10 @@ def test_unreadable_liblist_is_a_warning(nv_host: SimHost) -> None:
     assert dev_dests(contrib)  # devices are still bound
 
 
-def test_broken_ldconfig_is_a_warning(nv_host: SimHost) -> None:
-    contrib = discover_nv(nv_host, ldconfig=str(nv_host.root / "no-ldconfig"))
+def test_broken_ldconfig_is_a_warning(nv_host: SimHost, tmp_path: Path) -> None:
+    unknown_format = tmp_path / "ld.so.cache"
+    unknown_format.write_bytes(b"ld.so-1.7.0")  # not read directly: ldconfig -p must print it, and is missing
+    contrib = discover_nv(nv_host, ldconfig=str(nv_host.root / "no-ldconfig"), ld_cache_file=str(unknown_format))
     assert any(w.startswith("while finding nv bind points: could not retrieve ld cache") for w in contrib.warnings)
     assert "could not find any nv libraries on this host" in contrib.warnings
 

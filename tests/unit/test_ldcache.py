@@ -19,10 +19,12 @@ from singpy.gpu.elf import ElfIdentity, elf_identity, host_elf_identity, require
 from singpy.gpu.ldcache import (
     HostFiles,
     drop_newer_glibc,
+    parse_ld_so_cache,
     parse_ldconfig_output,
     read_ld_cache,
     resolve_binaries,
     resolve_libraries,
+    run_ldconfig,
     so_links,
 )
 from tests.gpu.simhost import GLCORE_C, build_elf_library, build_ld_cache, write_file
@@ -191,12 +193,37 @@ def test_read_ld_cache_from_a_built_cache(libs: dict[str, Path], tmp_path: Path)
         pytest.param(None, "/nonexistent/cache", id="no-cache"),
     ],
 )
-def test_read_ld_cache_failure_is_a_gpu_error(ldconfig: str | None, cache_file: str | None) -> None:
+def test_ldconfig_failure_is_a_gpu_error(ldconfig: str | None, cache_file: str | None) -> None:
     real = shutil.which("ldconfig", path="/sbin:/usr/sbin:/usr/bin:/bin")
     if ldconfig is None and real is None:
         pytest.skip("no ldconfig")
     with pytest.raises(GpuError, match="could not retrieve ld cache"):
-        read_ld_cache(ldconfig or str(real), cache_file)
+        run_ldconfig(ldconfig or str(real), cache_file)
+
+
+LDCONFIG = shutil.which("ldconfig", path="/sbin:/usr/sbin:/usr/bin:/bin")
+
+
+@pytest.mark.skipif(LDCONFIG is None, reason="no ldconfig")
+def test_direct_read_equals_ldconfig_p_on_this_host() -> None:
+    direct = parse_ld_so_cache("/etc/ld.so.cache")
+    assert direct is not None and direct == run_ldconfig(str(LDCONFIG), None)
+
+
+@needs_gcc
+def test_direct_read_equals_ldconfig_p_on_a_built_cache(libs: dict[str, Path], tmp_path: Path) -> None:
+    _, cache_file, ldconfig = build_ld_cache(tmp_path / "root", [libs["64"].parent])
+    assert parse_ld_so_cache(str(cache_file)) == run_ldconfig(ldconfig, str(cache_file))
+
+
+@pytest.mark.parametrize("content", [b"", b"ld.so-1.7.0\0\0\0\0", b"glibc-ld.so.cache1.1\xff\xff\xff\x7f" + bytes(40)],
+                         ids=["empty", "old-format", "truncated"])
+def test_unknown_or_broken_cache_falls_back_to_ldconfig(content: bytes, tmp_path: Path) -> None:
+    cache_file = tmp_path / "ld.so.cache"
+    cache_file.write_bytes(content)
+    assert parse_ld_so_cache(str(cache_file)) is None
+    with pytest.raises(GpuError, match="could not retrieve ld cache"):
+        read_ld_cache("/nonexistent/ldconfig", str(cache_file))  # the fallback ran: ldconfig -p
 
 
 # --- binaries ---------------------------------------------------------------------------------------
