@@ -22,6 +22,7 @@ import signal
 
 from singpy.errors import KernelError
 from singpy.kernel import syscalls as k
+from singpy.kernel.idmap import write_proc_file
 from singpy.plan import IdMap
 
 TYPE_CHECKING = False  # see singpy.record
@@ -94,9 +95,9 @@ def enter_user_namespace(idmap: IdMap, flags: int) -> None:
     """unshare(flags) (CLONE_NEWUSER among them) and install `idmap`; in the launcher's only thread."""
     if not idmap.helper:
         k.unshare(flags)
-        _write("/proc/self/setgroups", "deny")  # required before an unprivileged gid_map write
-        _write("/proc/self/uid_map", _lines(idmap.uids))
-        _write("/proc/self/gid_map", _lines(idmap.gids))
+        write_proc_file("/proc/self/setgroups", "deny")  # required before an unprivileged gid_map write
+        write_proc_file("/proc/self/uid_map", _lines(idmap.uids))
+        write_proc_file("/proc/self/gid_map", _lines(idmap.gids))
         return
     target = os.getpid()
     go_read, go_write = os.pipe2(os.O_CLOEXEC)
@@ -161,10 +162,3 @@ def _read_all(fd: int) -> str:
         chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
 
-
-def _write(path: str, text: str) -> None:
-    try:
-        with open(path, "w") as handle:
-            handle.write(text)
-    except OSError as error:
-        raise KernelError(f"can't write {path}: {error.strerror}") from None

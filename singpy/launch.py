@@ -4,7 +4,8 @@ Process model (the open point of docs/architecture.md, settled here):
 
 * As an unprivileged user, the launcher unshares a user namespace (mapping
   the user to themselves) together with the mount namespace and any of
-  uts/ipc/pid, all in its own process; as root, no user namespace is made.
+  uts/ipc/net, all in its own process; as root, no user namespace is made.
+  The PID namespace is unshared later, once the image's helpers run.
 * Without --pid, the same process then builds the container and execs the
   payload: no process stays behind, and exit status, signals and terminal
   are the payload's own.

@@ -13,12 +13,12 @@ from singpy.errors import KernelError
 
 def write_id_maps(uid: int, gid: int, pid: str = "self") -> None:
     """Map `uid`/`gid` to themselves in the user namespace of process `pid`."""
-    _write(f"/proc/{pid}/setgroups", "deny")
-    _write(f"/proc/{pid}/uid_map", f"{uid} {uid} 1\n")
-    _write(f"/proc/{pid}/gid_map", f"{gid} {gid} 1\n")
+    write_proc_file(f"/proc/{pid}/setgroups", "deny")
+    write_proc_file(f"/proc/{pid}/uid_map", f"{uid} {uid} 1\n")
+    write_proc_file(f"/proc/{pid}/gid_map", f"{gid} {gid} 1\n")
 
 
-def _write(path: str, text: str) -> None:
+def write_proc_file(path: str, text: str) -> None:
     try:
         with open(path, "w") as handle:
             handle.write(text)
