@@ -13,9 +13,9 @@ import os
 from singpy import console
 from singpy.errors import BindSpecError
 from singpy.kernel import syscalls as k
-from singpy.mounts.rootpath import is_under, resolve
+from singpy.mounts.rootpath import Resolver, is_under, resolve
 from singpy.plan import Missing, MountOp, MountSpec
-from singpy.rootfs import NEWROOT, SCRATCH, host_path, remount
+from singpy.rootfs import HOST, NEWROOT, SCRATCH, host_path, remount
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -25,25 +25,28 @@ _STICKY_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 def apply_mounts(specs: tuple[MountSpec, ...]) -> None:
+    guest, host = Resolver(NEWROOT), Resolver(HOST)  # the host tree never changes under /oldroot
     for number, spec in enumerate(specs):
         match spec.op:
             case MountOp.BIND:
-                _bind(spec)
+                _bind(spec, guest(spec.dest), host)
             case MountOp.TMPFS:
                 mode = "1777" if spec.dest in _STICKY_TMPFS else "0755"
-                _fresh(spec, "tmpfs", k.MS_NOSUID | k.MS_NODEV, f"mode={mode}")
+                _fresh(spec, guest(spec.dest), "tmpfs", k.MS_NOSUID | k.MS_NODEV, f"mode={mode}")
             case MountOp.PROC:
-                _fresh(spec, "proc", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, None)
+                _fresh(spec, guest(spec.dest), "proc", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, None)
             case MountOp.DEVPTS:
-                _fresh(spec, "devpts", k.MS_NOSUID | k.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+                _fresh(spec, guest(spec.dest), "devpts", k.MS_NOSUID | k.MS_NOEXEC,
+                       "newinstance,ptmxmode=0666,mode=0620")
             case MountOp.MQUEUE:
-                _fresh(spec, "mqueue", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, None)
+                _fresh(spec, guest(spec.dest), "mqueue", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, None)
             case MountOp.FILE:
-                _merged_file(spec, number)
+                _merged_file(spec, guest(spec.dest), number)
             case MountOp.SYMLINK:
-                _symlink(spec)
+                _symlink(spec, guest(spec.dest))
             case _:
                 assert_never(spec.op)
+        guest.forget(spec.dest)
 
 
 def assert_never(value: NoReturn) -> NoReturn:
@@ -78,19 +81,14 @@ def _wants_directory(spec: MountSpec) -> bool:
     return True
 
 
-def _guest(spec: MountSpec) -> str:
-    return resolve(NEWROOT, spec.dest)
-
-
-def _bind(spec: MountSpec) -> None:
+def _bind(spec: MountSpec, dest: str, host: Resolver) -> None:
     assert spec.source is not None
-    source = host_path(spec.source)
+    source = host(spec.source)
     if not os.path.exists(source):
         if spec.missing is Missing.SKIP:
             console.debug(f"skipping bind of {spec.source}: not on this host")
             return
         raise BindSpecError(f"bind source {spec.source} does not exist")
-    dest = _guest(spec)
     _ensure_mount_point(dest, spec.dest, directory=os.path.isdir(source))
     console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
     k.mount(source, dest, None, k.MS_BIND | k.MS_REC)
@@ -98,17 +96,15 @@ def _bind(spec: MountSpec) -> None:
     remount(dest, flags)
 
 
-def _fresh(spec: MountSpec, fstype: str, flags: int, data: str | None) -> None:
-    dest = _guest(spec)
+def _fresh(spec: MountSpec, dest: str, fstype: str, flags: int, data: str | None) -> None:
     _ensure_mount_point(dest, spec.dest, directory=True)
     console.verbose(f"mounting {fstype} on {spec.dest}")
     k.mount(fstype, dest, fstype, flags, data)
 
 
-def _merged_file(spec: MountSpec, number: int) -> None:
+def _merged_file(spec: MountSpec, dest: str, number: int) -> None:
     """The container's file (passwd, group) with our entry replacing any of the same name."""
     assert spec.content is not None
-    dest = _guest(spec)
     key = spec.content.split(":", 1)[0] + ":"
     try:
         with open(dest) as handle:
@@ -125,9 +121,9 @@ def _merged_file(spec: MountSpec, number: int) -> None:
     remount(dest, k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV)
 
 
-def _symlink(spec: MountSpec) -> None:
+def _symlink(spec: MountSpec, dest: str) -> None:
     assert spec.source is not None
-    os.symlink(spec.source, _guest(spec))
+    os.symlink(spec.source, dest)
 
 
 def _ensure_mount_point(path: str, guest: str, *, directory: bool) -> None:

@@ -46,6 +46,36 @@ def resolve(root: str, guest: str) -> str:
     return os.path.join(root, *resolved)
 
 
+class Resolver:
+    """`resolve` below one root, remembering the last directory resolved.
+
+    --nv binds some seventy libraries into one directory, from a handful of
+    host directories: re-walking the same parent component by component for
+    each of them was most of the cost of applying the mounts. Only the last
+    component is looked at again (a symlink there takes the full walk). A
+    mount on the remembered directory or above it may change what it
+    resolves to: `forget` is called after every mount.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._parent: str | None = None  # guest directory last resolved
+        self._resolved = ""  # its host path
+
+    def __call__(self, guest: str) -> str:
+        parent, name = guest.rstrip("/").rsplit("/", 1) if guest.strip("/") else ("", "")
+        if not name or name in (".", ".."):
+            return resolve(self.root, guest)
+        if parent != self._parent:
+            self._parent, self._resolved = parent, resolve(self.root, parent or "/")
+        candidate = os.path.join(self._resolved, name)
+        return resolve(self.root, guest) if os.path.islink(candidate) else candidate
+
+    def forget(self, mounted_on: str) -> None:
+        if self._parent is not None and is_under(self._parent or "/", mounted_on):
+            self._parent = None
+
+
 def is_under(path: str, parent: str) -> bool:
     """True if `path` is `parent` or lies below it (both normalised, absolute)."""
     return path == parent or path.startswith(parent.rstrip("/") + "/")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from singpy.errors import BindSpecError
-from singpy.mounts.rootpath import is_under, resolve
+from singpy.mounts.rootpath import Resolver, is_under, resolve
 
 
 @pytest.fixture
@@ -130,3 +130,32 @@ def test_resolve_forty_links_is_the_limit(tmp_path: Path) -> None:
 )
 def test_is_under(path: str, parent: str, expected: bool) -> None:
     assert is_under(path, parent) is expected
+
+
+# --- Resolver: resolve() with the last parent remembered ------------------------------------------
+
+
+def test_resolver_agrees_with_resolve_through_links(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "usr" / "lib").mkdir(parents=True)
+    (root / "lib").symlink_to("usr/lib")
+    (root / "usr" / "lib" / "libfoo.so.1").write_text("")
+    (root / "usr" / "lib" / "libfoo.so").symlink_to("/usr/lib/libfoo.so.1")
+    (root / "usr" / "lib" / "loop").symlink_to("../../lib/loop")
+    resolver = Resolver(str(root))
+    for guest in ["/lib/libfoo.so.1", "/lib/libfoo.so", "/lib/missing", "/usr/lib/libfoo.so.1", "/lib",
+                  "/", "/lib/libfoo.so.1", "/new/dir/file"]:
+        assert resolver(guest) == resolve(str(root), guest), guest
+    with pytest.raises(BindSpecError):
+        resolver("/lib/loop")
+
+
+def test_resolver_forgets_a_parent_changed_by_a_mount(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "data").mkdir(parents=True)
+    resolver = Resolver(str(root))
+    assert resolver("/data/x") == str(root / "data" / "x")
+    (root / "data").rmdir()
+    (root / "data").symlink_to("/elsewhere")  # what a mount on /data could do to the path
+    resolver.forget("/data")
+    assert resolver("/data/x") == str(root / "elsewhere" / "x")
