@@ -41,6 +41,10 @@ demo: setup
 	$(BIN)/python -m tests.support.images build/demo-sandbox
 	@echo "--- singpy run build/demo-sandbox"
 	$(BIN)/singpy run build/demo-sandbox
+	@echo "--- the same image as a SIF file"
+	rm -f build/demo.sif
+	$(BIN)/singpy build build/demo.sif build/demo-sandbox
+	$(BIN)/singpy run --contain --hostname demo build/demo.sif from a SIF
 
 lint: setup
 	$(BIN)/ruff check singpy tests $(wildcard benchmarks)
