@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import re
 import struct
 import sys
 
@@ -23,7 +22,6 @@ from singpy.record import Record
 
 _MAGIC = b"\x7fELF"
 _SHT_GNU_VERNEED = 0x6FFFFFFE
-_GLIBC_RE = re.compile(rb"GLIBC_(2\.[0-9]+)(?![0-9.])")
 
 
 class ElfIdentity(Record, kw_only=False):
@@ -70,7 +68,7 @@ def required_glibc(path: str | os.PathLike[str]) -> tuple[int, int] | None:
         with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ) as data:
             names = _verneed_names(data)
             if names is None:
-                names = [match.group(0).decode() for match in _GLIBC_RE.finditer(data)]
+                names = _glibc_names_by_scan(data)
     except (OSError, ValueError, struct.error):
         return None
     versions = [_version(name) for name in names if name.startswith("GLIBC_2.")]
@@ -79,8 +77,18 @@ def required_glibc(path: str | os.PathLike[str]) -> tuple[int, int] | None:
 
 
 def _version(name: str) -> tuple[int, int] | None:
-    match = re.fullmatch(r"GLIBC_(\d+)\.(\d+)(?:\.\d+)?", name)
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    """(2, 34) from "GLIBC_2.34" (or "GLIBC_2.3.4"); None for any other name."""
+    parts = name[len("GLIBC_"):].split(".") if name.startswith("GLIBC_") else []
+    if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def _glibc_names_by_scan(data: mmap.mmap) -> list[str]:
+    """The GLIBC_2.x names in a file without a section table (rare: only then is `re` loaded)."""
+    import re
+
+    return [match.group(0).decode() for match in re.finditer(rb"GLIBC_(2\.[0-9]+)(?![0-9.])", data)]
 
 
 def _verneed_names(data: mmap.mmap) -> list[str] | None:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import bisect
 import os
-import re
 import struct
 from collections.abc import Iterable, Mapping
 
 from singpy.errors import GpuError
 from singpy.gpu.elf import ElfIdentity, elf_identity, host_elf_identity, required_glibc
+from singpy.gpu.versions import major_minor
 from singpy.plan import MountOp, MountSpec, Stage
 from singpy.record import Record
 
@@ -36,14 +36,16 @@ LdCache = Mapping[str, tuple[str, ...]]  # library name -> host paths, in `ldcon
 
 # "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"; the flags may
 # carry ", hwcap: 0x..." or ", OS ABI: Linux 3.2.0", and are "(ELF)" for libs without libc.
-_LINE_RE = re.compile(r"^\s*(?P<name>\S+)\s+\((?P<flags>[^)]*)\)\s+=>\s+(?P<path>\S.*?)\s*$")
 
 
 def parse_ldconfig_output(text: str) -> dict[str, tuple[str, ...]]:
     """`ldconfig -p` text -> name -> paths; header and trailer lines are ignored."""
+    import re  # only for this fallback: the cache file is normally read directly
+
+    line_pattern = re.compile(r"^\s*(?P<name>\S+)\s+\((?P<flags>[^)]*)\)\s+=>\s+(?P<path>\S.*?)\s*$")
     cache: dict[str, list[str]] = {}
     for line in text.splitlines():
-        match = _LINE_RE.match(line)
+        match = line_pattern.match(line)
         if match is None:
             continue
         paths = cache.setdefault(match["name"], [])
@@ -268,8 +270,7 @@ def drop_newer_glibc(files: HostFiles, image_glibc: str | None) -> HostFiles:
 
 
 def _parse_glibc(version: str | None) -> tuple[int, int] | None:
-    match = re.match(r"\s*(\d+)\.(\d+)", version or "")
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    return major_minor(version or "")
 
 
 def find_host_files(

@@ -15,7 +15,6 @@ host without GPUs still runs (Apptainer behaves the same).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 from singpy.config.liblist import load_liblist
@@ -30,11 +29,11 @@ from singpy.gpu.ldcache import (
     so_links,
     which,
 )
+from singpy.gpu.versions import after, dotted, major_minor
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
 
 SELECT_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")  # kept through --cleanenv
-_GPU_NODE = re.compile(r"nvidia(\d+)$")
 NO_DEVICES = "no NVIDIA GPU devices found on this host (no /dev/nvidia*): the container will run without GPU access"
 
 # Minimum Linux driver per CUDA toolkit (GA release), newest first: NVIDIA "CUDA Toolkit
@@ -127,7 +126,7 @@ def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], p
             "or run any CUDA program once on the host), then retry"
         )
     wanted = _wanted_gpus(names, contain, host_env, path_env, warnings, notes)
-    kept = [n for n in names if (m := _GPU_NODE.match(n)) is None or wanted is None or int(m.group(1)) in wanted]
+    kept = [n for n in names if (i := gpu_index(n)) is None or wanted is None or i in wanted]
     mounts = tuple(
         MountSpec(op=MountOp.BIND, source=os.path.join(dev_dir, name), dest=f"/dev/{name}", dev=True,
                   missing=Missing.CREATE, stage=Stage.GPU)
@@ -137,9 +136,15 @@ def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], p
     return _Devices(mounts, tuple(warnings), tuple(notes))
 
 
+def gpu_index(name: str) -> int | None:
+    """N for a GPU node "nvidiaN"; None for the others (nvidiactl, nvidia-uvm, nvidia-caps)."""
+    number = name[len("nvidia"):]
+    return int(number) if name.startswith("nvidia") and number.isdigit() else None
+
+
 def _node_order(name: str) -> tuple[int, int, str]:
-    match = _GPU_NODE.match(name)
-    return (1, int(match.group(1)), name) if match else (0, 0, name)
+    index = gpu_index(name)
+    return (1, index, name) if index is not None else (0, 0, name)
 
 
 def _wanted_gpus(
@@ -156,7 +161,7 @@ def _wanted_gpus(
         return None
     if value in ("none", "void"):
         return set()
-    present = {int(m.group(1)) for n in names if (m := _GPU_NODE.match(n))}
+    present = {i for n in names if (i := gpu_index(n)) is not None}
     uuids: dict[str, int] | None = None
     wanted: set[int] = set()
     for item in (part.strip() for part in value.split(",") if part.strip()):
@@ -299,9 +304,7 @@ def check_cuda_version(
 
 def image_cuda_version(image_env: Mapping[str, str]) -> tuple[int, int] | None:
     """From NVIDIA_REQUIRE_CUDA ("cuda>=12.4 brand=...") or else CUDA_VERSION ("12.4.1")."""
-    match = re.search(r"cuda>=(\d+)\.(\d+)", image_env.get("NVIDIA_REQUIRE_CUDA", ""))
-    match = match or re.match(r"\s*(\d+)\.(\d+)", image_env.get("CUDA_VERSION", ""))
-    return (int(match.group(1)), int(match.group(2))) if match else None
+    return after(image_env.get("NVIDIA_REQUIRE_CUDA", ""), "cuda>=") or major_minor(image_env.get("CUDA_VERSION", ""))
 
 
 def driver_version_text(proc_driver_version: str) -> str | None:
@@ -314,8 +317,9 @@ def driver_version_text(proc_driver_version: str) -> str | None:
             text = handle.read(4096)
     except OSError:
         return None
-    match = re.search(r"NVRM version:.*?\s(\d+\.\d+(?:\.\d+)?)(?:\s|$)", text)
-    return match.group(1) if match else None
+    start = text.find("NVRM version:")
+    line = text[start:].partition("\n")[0] if start >= 0 else ""
+    return next((token for token in line.split()[2:] if dotted(token)), None)
 
 
 def driver_version(proc_driver_version: str) -> tuple[int, ...] | None:

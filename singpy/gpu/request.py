@@ -9,15 +9,15 @@ directory already; for other images those checks are skipped.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 from singpy.config.sysconf import SysConfig, confdir
 from singpy.gpu import GpuContribution, merge
 from singpy.gpu.ldcache import which
+from singpy.gpu.versions import major_minor
 
-_ENV_LINE = re.compile(r"^\s*(?:export\s+)?(CUDA_VERSION|NVIDIA_REQUIRE_CUDA)=[\"']?([^\"'\n]*)", re.MULTILINE)
-_GLIBC_RELEASE = re.compile(rb"release version (2\.[0-9]+)")
+_CUDA_VARIABLES = ("CUDA_VERSION", "NVIDIA_REQUIRE_CUDA")
+_GLIBC_RELEASE = b"release version "
 _LIBC_PATHS = ("lib/x86_64-linux-gnu/libc.so.6", "lib/aarch64-linux-gnu/libc.so.6", "lib64/libc.so.6",
                "lib/powerpc64le-linux-gnu/libc.so.6", "usr/lib64/libc.so.6", "lib/libc.so.6")
 
@@ -64,7 +64,7 @@ def image_env_hints(rootfs: str) -> dict[str, str]:
     for name in names:
         try:
             with open(os.path.join(env_dir, name), errors="replace") as handle:
-                found.update(_ENV_LINE.findall(handle.read()))
+                found.update(_cuda_assignments(handle.read()))
         except OSError:
             continue
     return found
@@ -75,9 +75,23 @@ def image_glibc(rootfs: str) -> str | None:
     for relative in _LIBC_PATHS:
         try:
             with open(os.path.join(rootfs, relative), "rb") as handle:
-                match = _GLIBC_RELEASE.search(handle.read())
+                data = handle.read()
         except OSError:
             continue
-        if match:
-            return match.group(1).decode()
+        start = data.find(_GLIBC_RELEASE)
+        version = major_minor(data[start + len(_GLIBC_RELEASE):start + 32].decode("ascii", "replace"))
+        if start >= 0 and version:
+            return f"{version[0]}.{version[1]}"
     return None
+
+
+def _cuda_assignments(script: str) -> list[tuple[str, str]]:
+    """`[export] CUDA_VERSION="12.4.1"` lines of an env script, as (name, value)."""
+    found = []
+    for line in script.splitlines():
+        words = line.strip().removeprefix("export ").lstrip()
+        name, sep, value = words.partition("=")
+        if sep and name in _CUDA_VARIABLES:
+            # "12.4.1", or an OCI image's `"${CUDA_VERSION:-"12.4.1"}"` default
+            found.append((name, value.strip().rpartition(":-")[2].strip("\"'{}")))
+    return found

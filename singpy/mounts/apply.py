@@ -13,7 +13,7 @@ import os
 from singpy import console
 from singpy.errors import BindSpecError
 from singpy.kernel import syscalls as k
-from singpy.mounts.rootpath import Resolver, is_under, resolve
+from singpy.mounts.rootpath import Resolver, resolve
 from singpy.plan import Missing, MountOp, MountSpec
 from singpy.rootfs import HOST, NEWROOT, SCRATCH, host_path, remount
 
@@ -61,15 +61,25 @@ def missing_mount_points(specs: tuple[MountSpec, ...], rootfs: str) -> list[tupl
     is the image root as seen from the staging root; image symlinks are followed.
     """
     missing = []
-    covering: list[str] = []
+    covering: set[str] = set()
     for spec in specs:
-        if spec.op is not MountOp.SYMLINK and not any(is_under(spec.dest, parent) for parent in covering):
+        if spec.op is not MountOp.SYMLINK and not _is_covered(spec.dest, covering):
             path = resolve(rootfs, spec.dest)
             if not os.path.lexists(path):
                 missing.append((os.path.relpath(path, rootfs), _wants_directory(spec)))
         if spec.op in (MountOp.TMPFS, MountOp.BIND, MountOp.PROC, MountOp.DEVPTS):
-            covering.append(spec.dest)
+            covering.add(spec.dest)
     return missing
+
+
+def _is_covered(dest: str, covering: set[str]) -> bool:
+    """Whether `dest` or one of its ancestors is mounted on (a walk up, not a scan of every mount)."""
+    path = dest
+    while path not in covering:
+        if path == "/":
+            return False
+        path = path.rsplit("/", 1)[0] or "/"
+    return True
 
 
 def _wants_directory(spec: MountSpec) -> bool:

@@ -22,6 +22,8 @@ def resolve(root: str, guest: str) -> str:
     """Host path of `guest` inside `root`; the last components may not exist yet."""
     pending = [part for part in reversed(guest.split("/")) if part]
     resolved: list[str] = []
+    current = root.rstrip("/")  # host path of `resolved`, kept as a string: this runs for every mount
+    absent_from: int | None = None  # index of a missing component: nothing below it can be a link
     links = 0
     while pending:
         name = pending.pop()
@@ -31,19 +33,27 @@ def resolve(root: str, guest: str) -> str:
             if not resolved:
                 raise BindSpecError(f"path {guest} escapes the container root through '..'")
             resolved.pop()
+            current = current[:current.rindex("/")]
+            if absent_from is not None and len(resolved) <= absent_from:
+                absent_from = None
             continue
         try:
-            target = os.readlink(os.path.join(root, *resolved, name))
-        except OSError:  # not a link, or not there yet: take the name as it is
+            if absent_from is not None:
+                raise FileNotFoundError
+            target = os.readlink(f"{current}/{name}")
+        except OSError as error:  # not a link, or not there yet: take the name as it is
+            if absent_from is None and isinstance(error, (FileNotFoundError, NotADirectoryError)):
+                absent_from = len(resolved)
             resolved.append(name)
+            current = f"{current}/{name}"
             continue
         links += 1
         if links > _MAX_LINKS:
             raise BindSpecError(f"path {guest} has too many levels of symbolic links in the container")
         if target.startswith("/"):
-            resolved = []
+            resolved, current = [], root.rstrip("/")
         pending.extend(part for part in reversed(target.split("/")) if part)
-    return os.path.join(root, *resolved)
+    return current or "/"
 
 
 class Resolver:

@@ -159,3 +159,12 @@ def test_resolver_forgets_a_parent_changed_by_a_mount(tmp_path: Path) -> None:
     (root / "data").symlink_to("/elsewhere")  # what a mount on /data could do to the path
     resolver.forget("/data")
     assert resolver("/data/x") == str(root / "elsewhere" / "x")
+
+
+def test_resolve_after_a_missing_component_and_back(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    (root / "real" / "link").symlink_to("/target")
+    (root / "jump").symlink_to("missing/../real/link")
+    assert resolve(str(root), "/jump/x") == str(root / "target" / "x")
+    assert resolve(str(root), "/missing/deeper/x") == str(root / "missing" / "deeper" / "x")

@@ -1,0 +1,37 @@
+"""Version numbers in driver files, image variables and ELF symbols, read without `re`.
+
+Every `--nv` run parses a few of these; `re` and its pattern compilation
+were a few milliseconds of the 10 ms --nv may add (benchmarks/README.md).
+"""
+
+from __future__ import annotations
+
+
+def major_minor(text: str) -> tuple[int, int] | None:
+    """(12, 4) from "12.4", "12.4.1", " 12.4 ...", "2.36"; None unless it starts with N.N."""
+    head, dot, rest = text.lstrip().partition(".")
+    minor = _leading_digits(rest)
+    if not dot or not head.isdigit() or not minor:
+        return None
+    return int(head), int(minor)
+
+
+def after(text: str, marker: str) -> tuple[int, int] | None:
+    """major_minor of what follows the first `marker` ("cuda>=" in NVIDIA_REQUIRE_CUDA)."""
+    start = text.find(marker)
+    return major_minor(text[start + len(marker):]) if start >= 0 else None
+
+
+def dotted(token: str) -> tuple[int, ...] | None:
+    """(550, 54, 14) from "550.54.14": two or three dot-separated numbers, nothing else."""
+    parts = token.split(".")
+    if not 2 <= len(parts) <= 3 or not all(part.isdigit() for part in parts):
+        return None
+    return tuple(int(part) for part in parts)
+
+
+def _leading_digits(text: str) -> str:
+    end = 0
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    return text[:end]
