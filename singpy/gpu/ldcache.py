@@ -126,21 +126,47 @@ def run_ldconfig(ldconfig: str, cache_file: str | None) -> dict[str, tuple[str, 
     return parse_ldconfig_output(done.stdout)
 
 
-def so_links(path: str) -> tuple[str, ...]:
-    """Symlinks beside `path` named like it ("libcuda.so*") that resolve to it (Apptainer `soLinks`)."""
-    target = os.path.realpath(path)
+def so_links(path: str, directories: dict[str, dict[str, list[str]]] | None = None) -> tuple[str, ...]:
+    """Symlinks beside `path` named like it ("libcuda.so*") that resolve to it (Apptainer `soLinks`).
+
+    `directories` caches each directory's symlinks by target, for callers that
+    ask about many libraries of one directory (nvidia-container-cli lists ~60).
+    """
     directory, name = os.path.split(path)
     stem = name[: name.index(".so") + 3] if ".so" in name else name
+    cache = {} if directories is None else directories
+    if directory not in cache:
+        cache[directory] = _symlinks_by_target(directory)
+    return tuple(link for link in cache[directory].get(_link_target(path), ())
+                 if os.path.basename(link).startswith(stem) and link != path)
+
+
+def _symlinks_by_target(directory: str) -> dict[str, list[str]]:
+    links: dict[str, list[str]] = {}
     try:
         entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
     except OSError:
-        return ()
-    return tuple(
-        entry.path
-        for entry in entries
-        if entry.name.startswith(stem) and entry.path != path and entry.is_symlink()
-        and os.path.realpath(entry.path) == target
-    )
+        return links
+    for entry in entries:
+        if entry.is_symlink():
+            links.setdefault(_link_target(entry.path), []).append(entry.path)
+    return links
+
+
+def _link_target(path: str) -> str:
+    """The file a chain of symlinks ends at (libcuda.so -> libcuda.so.1 -> libcuda.so.550.54.14).
+
+    Unlike os.path.realpath, the directories on the way are not resolved: a
+    library and its links are compared in the same spelling, at a fraction
+    of realpath's cost (it stats every component of every path).
+    """
+    for _ in range(40):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            break
+        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
+    return path
 
 
 class HostFiles(Record):

@@ -257,6 +257,7 @@ def files_from_container_cli(cli: str) -> HostFiles:
     libraries: dict[str, str] = {}
     binaries: dict[str, str] = {}
     notes: list[str] = []
+    directories: dict[str, dict[str, list[str]]] = {}  # each library directory listed once
     for path in (line.strip() for line in done.stdout.splitlines()):
         if not path.startswith("/"):
             continue
@@ -266,7 +267,7 @@ def files_from_container_cli(cli: str) -> HostFiles:
         elif elf_identity(path) != host:
             notes.append(f"ignoring {path}: not an ELF library of the host's architecture")
         else:
-            for source in (path, *so_links(path)):
+            for source in (path, *so_links(path, directories)):
                 libraries.setdefault(os.path.basename(source), source)
     warnings = () if libraries else ("could not find any nv libraries on this host",)
     return HostFiles(
