@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -70,48 +71,37 @@ def _confdir(base: Path, liblist: Path, name: str) -> Path:
     return confdir
 
 
+def _host(workdir: Path, name: str, build: Callable[..., simhost.SimHost], **options: bool) -> simhost.SimHost:
+    """A simulated host in workdir/name, readable by the test user too."""
+    root = workdir / name
+    root.mkdir()
+    host = build(root, **options)
+    for path in [root, *root.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(0o755)
+    return host
+
+
 @pytest.fixture(scope="session")
 def nv_host(workdir: Path) -> simhost.SimHost:
-    root = workdir / "sim-nvidia"
-    root.mkdir()
-    host = simhost.build_nvidia_host(root)
-    _make_readable(root)
-    return host
+    return _host(workdir, "sim-nvidia", simhost.build_nvidia_host)
 
 
 @pytest.fixture(scope="session")
 def bare_host(workdir: Path) -> simhost.SimHost:
     """A host with the driver's libraries but neither GPU nodes nor UVM."""
-    root = workdir / "sim-nodevices"
-    root.mkdir()
-    host = simhost.build_nvidia_host(root, devices=False)
-    _make_readable(root)
-    return host
+    return _host(workdir, "sim-nodevices", simhost.build_nvidia_host, devices=False)
 
 
 @pytest.fixture(scope="session")
 def no_uvm_host(workdir: Path) -> simhost.SimHost:
     """GPUs and nvidiactl, but the nvidia_uvm module is not loaded."""
-    root = workdir / "sim-nouvm"
-    root.mkdir()
-    host = simhost.build_nvidia_host(root, uvm=False)
-    _make_readable(root)
-    return host
+    return _host(workdir, "sim-nouvm", simhost.build_nvidia_host, uvm=False)
 
 
 @pytest.fixture(scope="session")
 def rocm_host(workdir: Path) -> simhost.SimHost:
-    root = workdir / "sim-rocm"
-    root.mkdir()
-    host = simhost.build_rocm_host(root)
-    _make_readable(root)
-    return host
-
-
-def _make_readable(root: Path) -> None:
-    for path in [root, *root.rglob("*")]:
-        if path.is_dir() and not path.is_symlink():
-            path.chmod(0o755)
+    return _host(workdir, "sim-rocm", simhost.build_rocm_host)
 
 
 @pytest.fixture(scope="session")
