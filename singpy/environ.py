@@ -48,6 +48,7 @@ class EnvPlan(Record):
     append_path: str = ""
     path: str = ""  # replaces PATH when set
     host: tuple[tuple[str, str], ...] = ()  # step 6 candidates
+    evaluate: bool = False  # injected values are evaluated once by the container's shell (not --no-eval)
 
 
 def is_valid_name(name: str) -> bool:
@@ -113,17 +114,32 @@ def with_libs_dir(value: str) -> str:
     return value if LIBS_DIR in value.split(":") else f"{value}:{LIBS_DIR}"
 
 
+def needs_shell(plan: EnvPlan) -> bool:
+    """Whether an injected value must be evaluated by a shell ($VAR, `cmd`, backslashes)."""
+    return plan.evaluate and any(mark in value for _, value in plan.injected for mark in _EVALUATED)
+
+
+_EVALUATED = ("$", "`", "\\")
+
+
 def shell_env(plan: EnvPlan) -> dict[str, str]:
     """The environment the action shell starts with: base, plus data for ACTION_SCRIPT.
 
-    Values travel as variables, never spliced into shell code, so any content is
-    safe; the names were checked with `is_valid_name`.
+    Values travel as variables, never spliced into shell code, so their content
+    is safe; the names were checked with `is_valid_name`. Only with `evaluate`
+    is an injected value put between double quotes in code the shell evaluates,
+    as Apptainer's injection script does (its `"` escaped, so that it stays one
+    word): `$HOME` and `$(cmd)` in a value are then expanded inside the container.
     """
     env = dict(plan.base)
     env["__SINGPY_INJECT"] = " ".join(key for key, _ in plan.injected)
-    env.update({f"__SINGPY_I_{key}": value for key, value in plan.injected})
-    env["__SINGPY_HOST"] = " ".join(key for key, _ in plan.host)
-    env.update({f"__SINGPY_H_{key}": value for key, value in plan.host})
+    if plan.evaluate:
+        env["__SINGPY_EVAL"] = "1"
+    env.update({f"__SINGPY_I_{key}": value.replace('"', '\\"') if plan.evaluate else value
+                for key, value in plan.injected})
+    host = [(key, value) for key, value in plan.host if key not in env]  # a base name is always set
+    env["__SINGPY_HOST"] = " ".join(key for key, _ in host)
+    env.update({f"__SINGPY_H_{key}": value for key, value in host})
     env.update({"__SINGPY_PREPEND": plan.prepend_path, "__SINGPY_APPEND": plan.append_path,
                 "__SINGPY_PATH": plan.path})
     return env
@@ -140,7 +156,13 @@ for __f in /.singularity.d/env/*.sh; do
     [ -f "$__f" ] && . "$__f"
 done
 for __n in $__SINGPY_INJECT; do
-    eval "export $__n=\"\${__SINGPY_I_$__n}\"; unset __SINGPY_I_$__n"
+    if [ -n "$__SINGPY_EVAL" ]; then
+        eval "__v=\${__SINGPY_I_$__n}"
+        eval "export $__n=\"$__v\""
+    else
+        eval "export $__n=\"\${__SINGPY_I_$__n}\""
+    fi
+    unset __SINGPY_I_$__n
 done
 [ -n "$__SINGPY_PREPEND" ] && PATH="$__SINGPY_PREPEND:$PATH"
 [ -n "$__SINGPY_APPEND" ] && PATH="$PATH:$__SINGPY_APPEND"
@@ -155,7 +177,7 @@ export LD_LIBRARY_PATH
 for __n in $__SINGPY_HOST; do
     eval "[ -n \"\${$__n+x}\" ] || export $__n=\"\${__SINGPY_H_$__n}\"; unset __SINGPY_H_$__n"
 done
-unset __f __n __SINGPY_INJECT __SINGPY_HOST __SINGPY_PREPEND __SINGPY_APPEND __SINGPY_PATH
+unset __f __n __v __SINGPY_INJECT __SINGPY_EVAL __SINGPY_HOST __SINGPY_PREPEND __SINGPY_APPEND __SINGPY_PATH
 if ! command -v "$1" >/dev/null 2>&1; then
     echo "FATAL:   \"$1\": executable file not found in \$PATH" >&2
     exit 255

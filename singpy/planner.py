@@ -51,6 +51,7 @@ class LaunchRequest(Record):
     ipc: bool = False
     uts: bool = False
     shell: str | None = None
+    no_eval: bool = False  # --no-eval: injected values are not evaluated by the container's shell
     unsquash: bool = False  # --unsquash: extract a SIF/squashfs image instead of mounting it
     nv: bool = False  # --nv (or `always use nv`)
     rocm: bool = False  # --rocm (or `always use rocm`)
@@ -191,7 +192,7 @@ def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_des
     host_env = host_passthrough(host.env, cleanenv=request.cleanenv, keep=keep_host_env)
     plan = EnvPlan(base=tuple(base.items()), injected=tuple(injected.items()),
                    prepend_path=rules.get("PREPEND_PATH", ""), append_path=rules.get("APPEND_PATH", ""),
-                   path=rules.get("PATH", ""), host=tuple(host_env.items()))
+                   path=rules.get("PATH", ""), host=tuple(host_env.items()), evaluate=not request.no_eval)
     return plan, warnings
 
 

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable
 
 from singpy import console
-from singpy.environ import ACTION_SCRIPT, final_env, shell_env
+from singpy.environ import ACTION_SCRIPT, final_env, needs_shell, shell_env
 from singpy.errors import ExecError, SingpyError
 from singpy.kernel import caps
 from singpy.kernel import syscalls as k
@@ -56,8 +56,8 @@ def exec_process(process: ProcessSpec) -> NoReturn:
     _chdir(process.cwd, dict(process.env.base).get("HOME", "/"))
     k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
     caps.apply(process.privileges)  # last: the steps before may still need what is dropped
-    if _has_env_scripts() and os.access("/bin/sh", os.X_OK):
-        console.debug("sourcing /.singularity.d/env/*.sh through /bin/sh")
+    if (_has_env_scripts() or needs_shell(process.env)) and os.access("/bin/sh", os.X_OK):
+        console.debug("environment through /bin/sh: the image's env scripts, or values to evaluate")
         _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(process.env))
     env = final_env(process.env)
     _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env)

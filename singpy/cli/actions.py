@@ -73,6 +73,7 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         ipc=containall or bool(values.get("ipc")),
         uts=bool(values.get("uts")),
         shell=values.get("shell"),
+        no_eval=bool(values.get("no_eval")),
         unsquash=bool(values.get("unsquash")),
         nv=bool(values.get("nv")),
         rocm=bool(values.get("rocm")),

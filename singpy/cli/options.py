@@ -70,6 +70,8 @@ ACTION_OPTIONS: tuple[Option, ...] = (
            value="CAPS", repeat=True, env="ADD_CAPS", group="Privileges"),
     Option("drop_caps", "--drop-caps", "capabilities to drop (comma list)", value="CAPS", repeat=True,
            env="DROP_CAPS", group="Privileges"),
+    Option("no_eval", "--no-eval", "take --env and *ENV_ values literally (no shell evaluation inside)",
+           env="NO_EVAL", group="Environment"),
     Option("shell", "--shell", "shell started by `singpy shell`", "-s", "PATH", env="SHELL",
            group="Environment"),
     Option("nv", "--nv", "enable NVIDIA GPU support", env="NV", group="GPU"),

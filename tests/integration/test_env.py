@@ -49,9 +49,16 @@ def test_env_file_and_env_flag_precedence(singpy: Singpy, any_image: Path, workd
     assert (env["X"], env["Y"], env["Z"], env["W"], env["V"]) == ("file", "file y", "flag", "a,b", "prefixed")
 
 
-def test_values_are_never_evaluated(singpy: Singpy, any_image: Path) -> None:
+def test_values_are_evaluated_once_inside_as_apptainer_does(singpy: Singpy, any_image: Path) -> None:
+    env = env_inside(singpy, any_image, "--env", "A=$HOME/x", "--env", "B=$(echo evaluated)",
+                     "--env", 'C=say "hi"', "--env", "D=\\$HOME", SINGULARITYENV_E="`echo e`")
+    assert (env["A"], env["B"], env["C"], env["D"], env["E"]) == (f"{singpy.home}/x", "evaluated", 'say "hi"',
+                                                                  "$HOME", "e")
+
+
+def test_no_eval_takes_values_literally(singpy: Singpy, any_image: Path) -> None:
     tricky = "a b $HOME `id` \"q\" 'q' \\ $(echo no)"
-    env = env_inside(singpy, any_image, "--env", f"T={tricky}", SINGULARITYENV_U=tricky)
+    env = env_inside(singpy, any_image, "--no-eval", "--env", f"T={tricky}", SINGULARITYENV_U=tricky)
     assert env["T"] == tricky and env["U"] == tricky
 
 
@@ -119,3 +126,11 @@ def test_shell_reads_commands_from_stdin(singpy: Singpy, image: Path) -> None:
 def test_shell_flag_chooses_the_shell(singpy: Singpy, image: Path) -> None:
     out = singpy.ok("shell", "--shell", "/bin/ash", str(image), "-c", "echo $0")
     assert out == "/bin/ash\n"
+
+
+def test_home_is_the_container_home_on_both_paths(singpy: Singpy, any_image: Path, workdir: Path) -> None:
+    custom = workdir / f"envhome-{singpy.profile}"
+    custom.mkdir(exist_ok=True)
+    custom.chmod(0o777)
+    env = env_inside(singpy, any_image, "-H", f"{custom}:/home/elsewhere")
+    assert env["HOME"] == "/home/elsewhere"
