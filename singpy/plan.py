@@ -49,7 +49,7 @@ class MountSpec(Record):
     dest: str  # absolute path inside the container
     source: str | None = None  # absolute host path (BIND) or link target (SYMLINK)
     content: str | None = None  # file content (FILE)
-    readonly: bool = False  # remount read-only after binding
+    readonly: bool = False  # read-only: a bind remounted so; a tmpfs sealed with all below it once applied
     missing: Missing = Missing.CREATE  # policy for an absent source or destination
     stage: Stage = Stage.USER  # ordering key; see Stage
     dev: bool = False  # keep device nodes usable (nodev is set otherwise on binds from /dev)

@@ -182,7 +182,7 @@ class HostFiles(Record):
         """Read-only binds; one tmpfs at /.singularity.d/libs first when there are libraries."""
         specs: list[MountSpec] = []
         if self.libraries:
-            specs.append(MountSpec(op=MountOp.TMPFS, dest=LIBS_DIR, stage=Stage.GPU))
+            specs.append(MountSpec(op=MountOp.TMPFS, dest=LIBS_DIR, readonly=True, stage=Stage.GPU))
         targets = [(path, f"{LIBS_DIR}/{name}") for name, path in self.libraries]
         targets += [(path, f"/usr/bin/{name}") for name, path in self.binaries]
         targets += [(path, path) for path in self.files]

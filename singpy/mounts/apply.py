@@ -9,11 +9,12 @@ mount namespace. Every `MountOp` is handled in the single `match` below;
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from singpy import console
 from singpy.errors import BindSpecError
 from singpy.kernel import syscalls as k
-from singpy.mounts.rootpath import Resolver, resolve
+from singpy.mounts.rootpath import Resolver, is_under, resolve
 from singpy.plan import Missing, MountOp, MountSpec
 from singpy.rootfs import HOST, NEWROOT, SCRATCH, host_path, remount
 
@@ -26,10 +27,11 @@ _STICKY_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
 
 def apply_mounts(specs: tuple[MountSpec, ...]) -> None:
     guest, host = Resolver(NEWROOT), Resolver(HOST)  # the host tree never changes under /oldroot
+    sealed = _Sealed(spec.dest for spec in specs if spec.op is MountOp.TMPFS and spec.readonly)
     for number, spec in enumerate(specs):
         match spec.op:
             case MountOp.BIND:
-                _bind(spec, guest(spec.dest), host)
+                _bind(spec, guest(spec.dest), host, sealed)
             case MountOp.TMPFS:
                 mode = "1777" if spec.dest in _STICKY_TMPFS else "0755"
                 _fresh(spec, guest(spec.dest), "tmpfs", k.MS_NOSUID | k.MS_NODEV, f"mode={mode}")
@@ -47,6 +49,33 @@ def apply_mounts(specs: tuple[MountSpec, ...]) -> None:
             case _:
                 assert_never(spec.op)
         guest.forget(spec.dest)
+    sealed.seal(guest)
+
+
+class _Sealed:
+    """Read-only tmpfs trees (/.singularity.d/libs): sealed once, when all is mounted below them.
+
+    One recursive mount_setattr instead of a read-only remount for each of the
+    ~70 libraries --nv binds there; on kernels without it, each bind is
+    remounted as any other read-only bind.
+    """
+
+    def __init__(self, roots: Iterable[str]) -> None:
+        self.roots = tuple(roots)
+        self.pending: list[tuple[str, int]] = []  # (host path, flags) of binds left for `seal`
+
+    def defer(self, guest: str, dest: str, flags: int) -> bool:
+        if not any(is_under(guest, root) for root in self.roots):
+            return False
+        self.pending.append((dest, flags))
+        return True
+
+    def seal(self, guest: Resolver) -> None:
+        for root in self.roots:
+            if not k.seal_tree(guest(root)):
+                for dest, flags in self.pending:
+                    remount(dest, flags)
+                return
 
 
 def assert_never(value: NoReturn) -> NoReturn:
@@ -91,7 +120,7 @@ def _wants_directory(spec: MountSpec) -> bool:
     return True
 
 
-def _bind(spec: MountSpec, dest: str, host: Resolver) -> None:
+def _bind(spec: MountSpec, dest: str, host: Resolver, sealed: _Sealed) -> None:
     assert spec.source is not None
     source = host(spec.source)
     if not os.path.exists(source):
@@ -103,7 +132,8 @@ def _bind(spec: MountSpec, dest: str, host: Resolver) -> None:
     console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
     k.mount(source, dest, None, k.MS_BIND | k.MS_REC)
     flags = k.MS_NOSUID | (0 if spec.dev else k.MS_NODEV) | (k.MS_RDONLY if spec.readonly else 0)
-    remount(dest, flags)
+    if not (spec.readonly and sealed.defer(spec.dest, dest, flags)):
+        remount(dest, flags)
 
 
 def _fresh(spec: MountSpec, dest: str, fstype: str, flags: int, data: str | None) -> None:

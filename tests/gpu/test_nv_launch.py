@@ -275,3 +275,12 @@ def test_opencl_vendors_through_bind(nv: SimHostRun, image: Path, workdir: Path)
     out = nv.ok("exec", "--nv", "--bind", f"{workdir / 'OpenCL'}:/etc/OpenCL", str(image), "cat",
                 "/etc/OpenCL/vendors/nvidia.icd")
     assert out == "libnvidia-opencl.so.1\n"
+
+
+def test_every_library_mount_is_read_only_nosuid_nodev(nv: SimHostRun, image: Path) -> None:
+    info = nv.ok("exec", "--nv", str(image), "cat", "/proc/self/mountinfo")
+    mounts = [line.split() for line in info.splitlines() if " /.singularity.d/libs" in line]
+    assert len(mounts) > 3  # the tmpfs and the library files bound into it
+    for fields in mounts:
+        options = fields[5].split(",")
+        assert {"ro", "nosuid", "nodev"} <= set(options), fields[4]
