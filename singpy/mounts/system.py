@@ -6,8 +6,6 @@ Each function returns `MountSpec`s for one concern; the planner chains them in
 
 from __future__ import annotations
 
-import os
-
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 
 # Device nodes bind-mounted into a minimal /dev (a user namespace cannot mknod).
@@ -139,7 +137,3 @@ def passwd_line(*, user: str, uid: int, gid: int, gecos: str, home: str, shell: 
 
 def group_line(*, group: str, gid: int, user: str) -> str:
     return f"{group}:x:{gid}:{user}"
-
-
-def is_system_dir(path: str) -> bool:
-    return os.path.normpath(path) in SYSTEM_DIRS
