@@ -18,10 +18,12 @@ system-packages:
 		| grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
-			echo "Installing system packages: $$missing"; \
+			echo "Installing system packages:" $$missing; \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 		else \
-			echo "Missing system packages (install them as root): $$missing" >&2; exit 1; \
+			echo "Missing system packages:" $$missing >&2; \
+			echo "Install them as root (apt-get install" $$missing"), then run make again." >&2; \
+			exit 1; \
 		fi; \
 	fi
 
@@ -48,7 +50,7 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check singpy tests $(wildcard benchmarks)
-	$(BIN)/mypy singpy
+	$(BIN)/mypy singpy tests benchmarks
 
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests

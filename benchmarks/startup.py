@@ -33,11 +33,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+# Run as a script, sys.path[0] is benchmarks/: the repository root makes `singpy` and `tests` importable from it.
+if (_repo := str(Path(__file__).resolve().parent.parent)) not in sys.path:
+    sys.path.insert(0, _repo)
+
+from singpy.record import Record
+
+if TYPE_CHECKING:
+    from tests.gpu.simhost import SimHost
+
+REPO = Path(_repo)
 
 # Modules that must not be imported by a plain `singpy exec` (docs/performance.md, tests/unit/test_hot_path_imports.py).
 FORBIDDEN_ALWAYS = ("typer", "click", "rich", "pyroute2", "prctl", "singpy.image.sifwrite")
@@ -49,6 +58,13 @@ STDLIB = ("enum", "signal", "re", "shutil", "subprocess", "ctypes", "json", "pat
 TIME = "/usr/bin/time"  # GNU time (Debian `time`), for peak RSS
 TARGET_RATIO = 3.0  # singpy exec SANDBOX true <= 3x python3 -c pass
 TARGET_DELTA_MS = 10.0  # SIF (squashfuse or cache) and --nv: <= 10 ms over the sandbox
+# The rows held to TARGET_DELTA_MS, and how the targets table names them.
+DELTA_TARGETS = (("sif-fuse", "SIF mounted with squashfuse"), ("sif-cache", "SIF from the extraction cache"),
+                 ("nv", "`--nv` (~70 libraries, listed by nvidia-container-cli)"),
+                 ("nv-liblist", "`--nv` (~70 libraries, nvliblist.conf + ld cache)"))
+# How singpy must open the SIF of each SIF row; any other way is flagged "but: ..." in the report.
+EXPECTED_IMAGE_MODE = {"sif-fuse": "fuse", "sif-cache": "extract"}
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"  # PATH of the commands; the simulated GPU host puts its tools first
 
 
 class Row:
@@ -62,7 +78,7 @@ class Row:
         self.times: list[float] = []  # ms
         self.rss: list[int] = []  # KiB, ru_maxrss of the command's process
         self.failures = 0
-        self.extra: dict[str, object] = {}
+        self.extra: dict[str, str] = {}  # "mode" and "kind" of a SIF row: how singpy opened the image
 
     @property
     def median(self) -> float | None:
@@ -75,6 +91,150 @@ class Row:
         return q[0], q[2]
 
 
+def measured(rows: dict[str, Row], key: str) -> float | None:
+    """The row's median, None when the row is missing or n/a."""
+    row = rows.get(key)
+    return row.median if row and not row.na else None
+
+
+# --- the records of one run -------------------------------------------------------------------------
+
+
+class Options(Record):
+    """The command line, resolved."""
+
+    rounds: int  # timed rounds
+    profile_runs: int  # runs of the plain exec's import profile
+    as_root: bool  # --as-root: the commands run as root, not as the test user
+    gpu_host: bool  # simulate the GPU host (no --no-gpu-host)
+    write: bool  # write docs/performance.md and the JSON (no --no-write)
+    compare: str | None  # --compare: an earlier results file
+    seed: int  # of the shuffled order
+
+
+class Account(Record):
+    """Whom the commands run as."""
+
+    uid: int
+    gid: int
+    user: str
+    home: str
+
+    def describe(self) -> str:
+        return f"{self.user} (uid {self.uid}{', user namespaces' if self.uid else ', no user namespace'})"
+
+
+class Images(Record):
+    """The images and configurations every row uses, under the benchmark's scratch directory."""
+
+    sandbox: Path
+    sif: Path | None
+    sif_reason: str  # why there is no SIF, "" when there is one
+    confs: dict[str, Path]  # singpy.conf variants: "default", "unsquash", "liblist"
+
+
+class GpuSetup(Record):
+    """The simulated GPU host, as far as it could be put in place."""
+
+    path: str  # PATH of the commands: the simulated host's tools first
+    reason: str  # why the --nv rows are n/a, "" when the host is in place
+    note: str  # the report's "GPU host" line when the host is not in place
+
+
+class ImportProfile(Record):
+    """`python -X importtime` of one command: medians over its runs."""
+
+    modules: dict[str, tuple[float, float]]  # module -> (self us, cumulative us), in import order
+    total_us: float  # sum of the self times
+    count: int  # modules imported
+
+
+class ImportExtra(TypedDict):
+    """What a flag or a SIF imports on top of the plain exec (one run)."""
+
+    modules: list[str]
+    self_us: float
+    forbidden: list[str]
+
+
+class Imports(Record):
+    """The import profiles of the exec path."""
+
+    plain: ImportProfile | None  # None when `singpy exec` failed under -X importtime
+    extras: dict[str, ImportExtra]  # by row label
+    forbidden: list[str] | None  # FORBIDDEN_PLAIN modules the plain exec imports; None without a profile
+
+
+class Target(TypedDict):
+    """One line of the targets table (and of the JSON's "targets")."""
+
+    target: str
+    value: str
+    met: bool | None  # None: n/a
+    margin: str
+
+
+# "ch-run" is no identifier, hence the functional form.
+Machine = TypedDict("Machine", {
+    "cpu": str, "cores": int | None, "usable_cores": int, "memory": str, "kernel": str, "distro": str,
+    "python": str, "python_executable": str, "loadavg_start": tuple[float, float, float],
+    "ch-run": str, "bwrap": str, "squashfuse": str,
+    "loadavg_end": NotRequired[tuple[float, float, float]],  # added once the measuring is done
+})
+
+
+class RunInfo(Record):
+    """Where, when and how this run was made: the report's Machine section and the JSON's header."""
+
+    machine: Machine
+    now: datetime.datetime
+    commit: str
+    dirty: bool
+    rounds: int
+    who: str  # Account.describe()
+    gpu_note: str
+
+
+class RowResult(TypedDict):
+    key: str
+    label: str
+    command: str
+    na: str | None
+    median_ms: float | None
+    quartiles_ms: tuple[float, float] | None
+    failures: int
+    rss_kib_median: float | None
+    times_ms: list[float]
+
+
+class ModuleTime(TypedDict):
+    self_ms: float
+    cumulative_ms: float
+
+
+class ImportsResult(TypedDict):
+    count: int
+    total_ms: float
+    modules: dict[str, ModuleTime]
+    forbidden_found: list[str] | None
+    extras: dict[str, ImportExtra]
+
+
+class ResultsDocument(TypedDict):
+    """benchmarks/results/DATE-COMMIT.json (read back by --compare)."""
+
+    date: str
+    commit: str
+    dirty: bool
+    rounds: int
+    machine: Machine
+    user: str
+    gpu_host: str
+    rows: list[RowResult]
+    targets: list[Target]
+    imports: ImportsResult | None
+
+
 # --- running commands -------------------------------------------------------------------------------
 
 
@@ -85,11 +245,11 @@ class Runner:
         self.uid, self.gid, self.user, self.home, self.cwd = uid, gid, user, home, cwd
         self.base_env = {"HOME": home, "USER": user, "LOGNAME": user, "PATH": path, "LANG": "C.UTF-8",
                          "TERM": "dumb"}
-
-    def _cred(self) -> dict[str, object]:
-        if self.uid == os.geteuid():
-            return {}
-        return {"user": self.uid, "group": self.gid, "extra_groups": []}
+        # Popen's defaults (None) when the commands run as ourselves: the child then switches nothing.
+        switch = uid != os.geteuid()
+        self.switch_uid: int | None = uid if switch else None
+        self.switch_gid: int | None = gid if switch else None
+        self.switch_groups: list[int] | None = [] if switch else None
 
     def env(self, extra: dict[str, str] | None) -> dict[str, str]:
         return {**self.base_env, **(extra or {})}
@@ -99,7 +259,8 @@ class Runner:
         env = self.env(extra)
         start = time.perf_counter_ns()
         proc = subprocess.Popen(argv, env=env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, **self._cred())  # type: ignore[call-overload]
+                                stderr=subprocess.DEVNULL, user=self.switch_uid, group=self.switch_gid,
+                                extra_groups=self.switch_groups)
         _, status = os.waitpid(proc.pid, 0)
         elapsed = (time.perf_counter_ns() - start) / 1e6
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -122,8 +283,8 @@ class Runner:
     def capture(self, argv: list[str], extra: dict[str, str] | None = None,
                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return subprocess.run(argv, env=self.env(extra), cwd=self.cwd, capture_output=True, text=True,
-                              timeout=timeout, check=False, stdin=subprocess.DEVNULL,
-                              **self._cred())  # type: ignore[call-overload]
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL, user=self.switch_uid,
+                              group=self.switch_gid, extra_groups=self.switch_groups)
 
 
 def probe(runner: Runner, row: Row) -> None:
@@ -191,7 +352,7 @@ def measure_rss(runner: Runner, rows: list[Row], runs: int, scratch: Path) -> No
 
 def parse_importtime(stderr: str) -> dict[str, tuple[int, int]]:
     """`-X importtime` lines -> module: (self us, cumulative us)."""
-    modules = {}
+    modules: dict[str, tuple[int, int]] = {}
     for line in stderr.splitlines():
         if not line.startswith("import time:"):
             continue
@@ -201,28 +362,28 @@ def parse_importtime(stderr: str) -> dict[str, tuple[int, int]]:
     return modules
 
 
-def forbidden_in(modules: object, forbidden: tuple[str, ...]) -> list[str]:
-    names = list(modules)  # type: ignore[call-overload]
+def forbidden_in(modules: Iterable[str], forbidden: tuple[str, ...]) -> list[str]:
+    names = list(modules)
     return sorted(name for name in names for bad in forbidden if name == bad or name.startswith(bad + "."))
 
 
 def import_profile(runner: Runner, python: str, argv: list[str], env: dict[str, str] | None,
-                   runs: int) -> dict[str, object] | None:
+                   runs: int) -> ImportProfile | None:
     """Median self/cumulative import time per module over `runs` runs of `python -X importtime argv`."""
-    samples = []
+    samples: list[dict[str, tuple[int, int]]] = []
     for _ in range(runs):
         done = runner.capture([python, "-X", "importtime", *argv], env)
         if done.returncode != 0:
             return None
         samples.append(parse_importtime(done.stderr))
     names = list(samples[0])
-    modules = {}
+    modules: dict[str, tuple[float, float]] = {}
     for name in names:
         selfs = [s[name][0] for s in samples if name in s]
         cums = [s[name][1] for s in samples if name in s]
         modules[name] = (statistics.median(selfs), statistics.median(cums))
     total = statistics.median(sum(v[0] for v in s.values()) for s in samples)
-    return {"modules": modules, "total_us": total, "count": len(names)}
+    return ImportProfile(modules=modules, total_us=total, count=len(names))
 
 
 # --- images and the simulated GPU host --------------------------------------------------------------
@@ -259,7 +420,7 @@ def nvliblist_libraries() -> list[str]:
     return [name for name in load_liblist(str(REPO / "etc" / "nvliblist.conf")).libraries if not name.startswith("/")]
 
 
-def build_gpu_host(workdir: Path) -> tuple[object | None, str]:
+def build_gpu_host(workdir: Path) -> tuple[SimHost | None, str]:
     """The simulated NVIDIA host plus one stand-in library for each nvliblist.conf library name."""
     if os.geteuid() != 0:
         return None, "the simulated GPU host needs root (mknod, a private mount namespace)"
@@ -290,7 +451,7 @@ def build_gpu_host(workdir: Path) -> tuple[object | None, str]:
     return host, ""
 
 
-def enter_gpu_host(host: object) -> None:
+def enter_gpu_host(host: SimHost) -> None:
     """Put the simulated host in place of this machine's /dev and ld.so.cache, for this process and its children.
 
     tests/gpu/simrun.py makes the private mount namespace; /dev/fuse is added so that squashfuse still works.
@@ -298,7 +459,7 @@ def enter_gpu_host(host: object) -> None:
     from tests.gpu.simrun import simulate
 
     fuse = os.stat("/dev/fuse").st_rdev if os.path.exists("/dev/fuse") else None
-    simulate(str(host.root))  # type: ignore[attr-defined]
+    simulate(str(host.root))
     if fuse is not None:
         os.mknod("/dev/fuse", stat.S_IFCHR | 0o666, fuse)
         os.chmod("/dev/fuse", 0o666)
@@ -331,7 +492,7 @@ def _version(tool: str, flag: str = "--version") -> str:
     return (named or [f"{tool} {line}" for line in with_digit] or [f"{tool} ?"])[0]
 
 
-def machine() -> dict[str, object]:
+def machine() -> Machine:
     model = "?"
     with open("/proc/cpuinfo") as handle:
         for line in handle:
@@ -367,56 +528,75 @@ def git_commit() -> tuple[str, bool]:
     return commit, dirty
 
 
-# --- report -----------------------------------------------------------------------------------------
+# --- targets ----------------------------------------------------------------------------------------
 
 
 def fmt(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def evaluate(rows: dict[str, Row], forbidden_found: list[str] | None, typer_ms: float | None) -> list[dict]:
+def evaluate(rows: dict[str, Row], forbidden_found: list[str] | None, typer_ms: float | None) -> list[Target]:
     """Each target: met / missed / n/a, with the measured value and the margin."""
-    def med(key: str) -> float | None:
-        row = rows.get(key)
-        return row.median if row and not row.na else None
-
-    targets = []
-    sandbox, python = med("singpy"), med("python")
-    if sandbox is not None and python is not None:
-        ratio = sandbox / python
-        targets.append({"target": f"`singpy exec SANDBOX true` <= {TARGET_RATIO:g}x `python3 -c pass`",
-                        "value": f"{ratio:.2f}x ({sandbox:.1f} ms vs {python:.1f} ms)", "met": ratio <= TARGET_RATIO,
-                        "margin": f"{abs(TARGET_RATIO * python - sandbox):.1f} ms "
-                                  f"({'under' if ratio <= TARGET_RATIO else 'over'} {TARGET_RATIO * python:.1f} ms)"})
-    else:
-        targets.append({"target": f"`singpy exec SANDBOX true` <= {TARGET_RATIO:g}x `python3 -c pass`",
-                        "value": "n/a", "met": None, "margin": rows["singpy"].na or rows["python"].na})
-    for key, what in (("sif-fuse", "SIF mounted with squashfuse"), ("sif-cache", "SIF from the extraction cache"),
-                      ("nv", "`--nv` (~70 libraries, listed by nvidia-container-cli)"),
-                      ("nv-liblist", "`--nv` (~70 libraries, nvliblist.conf + ld cache)")):
-        value = med(key)
-        name = f"{what} adds <= {TARGET_DELTA_MS:g} ms over the sandbox"
-        if value is None or sandbox is None:
-            reason = rows[key].na if key in rows else "not measured"
-            targets.append({"target": name, "value": "n/a", "met": None, "margin": reason})
-            continue
-        delta = value - sandbox
-        met = delta <= TARGET_DELTA_MS
-        mode, kind = str(rows[key].extra.get("mode", "")), rows[key].extra.get("kind")
-        expected = {"sif-fuse": "fuse", "sif-cache": "extract"}.get(key)
-        shown = f"{delta:+.1f} ms" + (f" (but: {mode})" if expected and mode and kind != expected else "")
-        targets.append({"target": name, "value": shown, "met": met,
-                        "margin": f"{abs(TARGET_DELTA_MS - delta):.1f} ms {'to spare' if met else 'over'}"})
-    if forbidden_found is None:
-        targets.append({"target": "no typer/click/rich/pyroute2/prctl/SIF writer on the exec path", "value": "n/a",
-                        "met": None, "margin": "import profile failed"})
-    else:
-        typer_note = f"; typer's import ({fmt(typer_ms)} ms here) is avoided" if typer_ms is not None else ""
-        targets.append({"target": "no typer/click/rich/pyroute2/prctl/SIF writer (nor dataclasses, typing, "
-                                  "pathlib, json) on the exec path",
-                        "value": ", ".join(forbidden_found) or "none imported", "met": not forbidden_found,
-                        "margin": f"{len(forbidden_found)} forbidden modules{typer_note}"})
+    targets = [ratio_target(rows)]
+    targets += [delta_target(rows, key, what) for key, what in DELTA_TARGETS]
+    targets.append(imports_target(forbidden_found, typer_ms))
     return targets
+
+
+def ratio_target(rows: dict[str, Row]) -> Target:
+    """Target 1: the plain exec against the interpreter's floor."""
+    name = f"`singpy exec SANDBOX true` <= {TARGET_RATIO:g}x `python3 -c pass`"
+    sandbox, python = measured(rows, "singpy"), measured(rows, "python")
+    if sandbox is None or python is None:
+        return {"target": name, "value": "n/a", "met": None, "margin": rows["singpy"].na or rows["python"].na}
+    ratio = sandbox / python
+    return {"target": name, "value": f"{ratio:.2f}x ({sandbox:.1f} ms vs {python:.1f} ms)",
+            "met": ratio <= TARGET_RATIO,
+            "margin": f"{abs(TARGET_RATIO * python - sandbox):.1f} ms "
+                      f"({'under' if ratio <= TARGET_RATIO else 'over'} {TARGET_RATIO * python:.1f} ms)"}
+
+
+def delta_target(rows: dict[str, Row], key: str, what: str) -> Target:
+    """Targets 2 and 3: the row `key` over the plain exec."""
+    name = f"{what} adds <= {TARGET_DELTA_MS:g} ms over the sandbox"
+    value, sandbox = measured(rows, key), measured(rows, "singpy")
+    if value is None or sandbox is None:
+        reason = rows[key].na if key in rows else "not measured"
+        return {"target": name, "value": "n/a", "met": None, "margin": reason}
+    delta = value - sandbox
+    met = delta <= TARGET_DELTA_MS
+    mode, kind = rows[key].extra.get("mode", ""), rows[key].extra.get("kind")
+    expected = EXPECTED_IMAGE_MODE.get(key)
+    shown = f"{delta:+.1f} ms" + (f" (but: {mode})" if expected and mode and kind != expected else "")
+    return {"target": name, "value": shown, "met": met,
+            "margin": f"{abs(TARGET_DELTA_MS - delta):.1f} ms {'to spare' if met else 'over'}"}
+
+
+def imports_target(forbidden_found: list[str] | None, typer_ms: float | None) -> Target:
+    """Target 4: nothing forbidden on the exec path."""
+    if forbidden_found is None:
+        return {"target": "no typer/click/rich/pyroute2/prctl/SIF writer on the exec path", "value": "n/a",
+                "met": None, "margin": "import profile failed"}
+    typer_note = f"; typer's import ({fmt(typer_ms)} ms here) is avoided" if typer_ms is not None else ""
+    return {"target": "no typer/click/rich/pyroute2/prctl/SIF writer (nor dataclasses, typing, "
+                      "pathlib, json) on the exec path",
+            "value": ", ".join(forbidden_found) or "none imported", "met": not forbidden_found,
+            "margin": f"{len(forbidden_found)} forbidden modules{typer_note}"}
+
+
+def all_targets(rows: dict[str, Row], imports: Imports) -> list[Target]:
+    """The four targets, plus one missed target per flag or SIF run that imports a forbidden module."""
+    typer, python = measured(rows, "typer"), measured(rows, "python")
+    typer_ms = typer - python if typer is not None and python is not None else None
+    targets = evaluate(rows, imports.forbidden, typer_ms)
+    for label, extra in imports.extras.items():
+        if extra["forbidden"]:
+            targets.append({"target": f"nothing forbidden imported by {label}",
+                            "value": ", ".join(extra["forbidden"]), "met": False, "margin": ""})
+    return targets
+
+
+# --- report -----------------------------------------------------------------------------------------
 
 
 def table(rows: list[Row], python: float | None, sandbox: float | None) -> list[str]:
@@ -441,11 +621,12 @@ def table(rows: list[Row], python: float | None, sandbox: float | None) -> list[
     return lines
 
 
-def import_section(profile: dict[str, object] | None, extras: dict[str, dict[str, object]]) -> list[str]:
+def import_section(imports: Imports) -> list[str]:
+    profile = imports.plain
     if profile is None:
         return ["The import profile could not be taken (`singpy exec` failed under `-X importtime`)."]
-    modules: dict[str, tuple[float, float]] = profile["modules"]  # type: ignore[assignment]
-    lines = [f"{profile['count']} modules imported, {float(profile['total_us']) / 1000:.1f} ms of import time in all "
+    modules = profile.modules
+    lines = [f"{profile.count} modules imported, {float(profile.total_us) / 1000:.1f} ms of import time in all "
              "(sum of self times, median of the runs; the interpreter's own start-up modules included).", "",
              "| module | self ms | cumulative ms |", "|---|---:|---:|"]
     for name, (self_us, cum_us) in sorted(modules.items(), key=lambda kv: -kv[1][0])[:15]:
@@ -453,65 +634,116 @@ def import_section(profile: dict[str, object] | None, extras: dict[str, dict[str
     singpy = sorted(((n, v) for n, v in modules.items() if n.startswith("singpy")), key=lambda kv: -kv[1][0])
     own = sum(v[0] for _, v in singpy) / 1000
     lines += ["", f"singpy's own modules: {len(singpy)}, {own:.1f} ms self time in all."]
-    for label, extra in extras.items():
-        names: list[str] = extra["modules"]  # type: ignore[assignment]
-        cost = float(extra["self_us"]) / 1000  # type: ignore[arg-type]
+    for label, extra in imports.extras.items():
+        names = extra["modules"]
+        cost = float(extra["self_us"]) / 1000
         shown = ", ".join(f"`{n}`" for n in names[:25]) + (" ..." if len(names) > 25 else "")
         lines.append(f"\nImported in addition by {label}: {len(names)} modules, {cost:.1f} ms self time"
                      + (f": {shown}" if names else ""))
     return lines
 
 
-def render(info: dict[str, object], rows: list[Row], targets: list[dict], imports: list[str],
-           rounds: int, commit: str, dirty: bool, date: str, who: str, gpu_note: str) -> str:
-    by_key = {row.key: row for row in rows}
-    python = by_key["python"].median if not by_key["python"].na else None
-    sandbox = by_key["singpy"].median if not by_key["singpy"].na else None
-    lines = ["# Start-up performance", "",
-             "Generated by `make bench` (`benchmarks/startup.py`; what each row means: "
-             "[benchmarks/README.md](../benchmarks/README.md)). Do not edit by hand.", "",
-             "## Machine", "",
-             f"- date: {date}; commit {commit}{' (with uncommitted changes)' if dirty else ''}",
-             f"- CPU: {info['cpu']}, {info['cores']} cores ({info['usable_cores']} usable); memory {info['memory']}",
-             f"- kernel {info['kernel']}; {info['distro']}; Python {info['python']}",
-             f"- {info['ch-run']}; {info['bwrap']}; {info['squashfuse']}",
-             f"- load average at start {tuple(round(x, 2) for x in info['loadavg_start'])}, "  # type: ignore[attr-defined]
-             f"at end {tuple(round(x, 2) for x in info['loadavg_end'])}",  # type: ignore[attr-defined]
-             f"- commands run as {who}; {rounds} rounds, every command once per round in shuffled order",
-             f"- GPU host: {gpu_note}", "",
-             "## Start-up time", "",
-             "Wall time from spawn to exit as seen by the parent, median of the rounds; `x python` is the ratio to "
-             "`python3 -c pass` (the same interpreter singpy runs on), `vs sandbox` the difference to "
-             "`singpy exec SANDBOX true`; peak RSS is `ru_maxrss` as GNU time reports it, in a separate pass (for "
-             "singpy: the launcher's Python process, which the payload replaces by exec, and with --pid the "
-             "namespace's init too).", ""]
-    lines += table(rows, python, sandbox)
-    lines += ["", "## Targets", "", "| target | measured | met | margin |", "|---|---|---|---|"]
+def machine_section(run: RunInfo) -> list[str]:
+    """The title, and the machine and the conditions of the run."""
+    info = run.machine
+    return ["# Start-up performance", "",
+            "Generated by `make bench` (`benchmarks/startup.py`; what each row means: "
+            "[benchmarks/README.md](../benchmarks/README.md)). Do not edit by hand.", "",
+            "## Machine", "",
+            f"- date: {run.now.strftime('%Y-%m-%d %H:%M UTC')}; commit {run.commit}"
+            f"{' (with uncommitted changes)' if run.dirty else ''}",
+            f"- CPU: {info['cpu']}, {info['cores']} cores ({info['usable_cores']} usable); memory {info['memory']}",
+            f"- kernel {info['kernel']}; {info['distro']}; Python {info['python']}",
+            f"- {info['ch-run']}; {info['bwrap']}; {info['squashfuse']}",
+            f"- load average at start {tuple(round(x, 2) for x in info['loadavg_start'])}, "
+            f"at end {tuple(round(x, 2) for x in info['loadavg_end'])}",
+            f"- commands run as {run.who}; {run.rounds} rounds, every command once per round in shuffled order",
+            f"- GPU host: {run.gpu_note}", ""]
+
+
+def timing_section(rows: list[Row], python: float | None, sandbox: float | None) -> list[str]:
+    return ["## Start-up time", "",
+            "Wall time from spawn to exit as seen by the parent, median of the rounds; `x python` is the ratio to "
+            "`python3 -c pass` (the same interpreter singpy runs on), `vs sandbox` the difference to "
+            "`singpy exec SANDBOX true`; peak RSS is `ru_maxrss` as GNU time reports it, in a separate pass (for "
+            "singpy: the launcher's Python process, which the payload replaces by exec, and with --pid the "
+            "namespace's init too).", "", *table(rows, python, sandbox)]
+
+
+def targets_section(targets: list[Target]) -> list[str]:
+    lines = ["", "## Targets", "", "| target | measured | met | margin |", "|---|---|---|---|"]
     for target in targets:
         met = {True: "met", False: "**missed**", None: "n/a"}[target["met"]]
         lines.append(f"| {target['target']} | {target['value']} | {met} | {target['margin']} |")
-    lines += ["", "What would close a missed target, and the costs measured on the way there: "
-              "[benchmarks/README.md](../benchmarks/README.md#closing-the-gaps)."]
+    return [*lines, "", "What would close a missed target, and the costs measured on the way there: "
+            "[benchmarks/README.md](../benchmarks/README.md#closing-the-gaps)."]
+
+
+def stdlib_section(rows: list[Row], python: float | None) -> list[str]:
+    """The `import X` rows as costs over `python3 -c pass`; nothing when they could not be measured."""
     modules = [row for row in rows if row.key.startswith("mod-") and not row.na]
-    if modules and python:
-        lines += ["", "## What standard-library modules would cost", "",
-                  "`python3 -c 'import X'` minus `python3 -c pass`, medians of the same rounds: why the exec path "
-                  "avoids `dataclasses`, `typing`, `pathlib` and `json`, and imports `subprocess`, `shutil` and `re` "
-                  "only when a flag needs them.", "", "| module | ms |", "|---|---:|"]
-        for row in sorted(modules, key=lambda r: r.median or 0):
-            lines.append(f"| `{row.label.removeprefix('import ')}` | {(row.median or 0) - python:+.1f} |")
+    if not (modules and python):
+        return []
+    lines = ["", "## What standard-library modules would cost", "",
+             "`python3 -c 'import X'` minus `python3 -c pass`, medians of the same rounds: why the exec path "
+             "avoids `dataclasses`, `typing`, `pathlib` and `json`, and imports `subprocess`, `shutil` and `re` "
+             "only when a flag needs them.", "", "| module | ms |", "|---|---:|"]
+    for row in sorted(modules, key=lambda r: r.median or 0):
+        lines.append(f"| `{row.label.removeprefix('import ')}` | {(row.median or 0) - python:+.1f} |")
+    return lines
+
+
+def memory_section(rows: dict[str, Row]) -> list[str]:
+    lines = ["", "## Peak memory", "", "Peak RSS (`/usr/bin/time -f %M`, median of 3 runs) of the process tree "
+             "started by the command:", ""]
+    for key in ("true", "python", "singpy", "nv", "nv-liblist", "containall", "sif-fuse", "chrun", "bwrap",
+                "typer-path"):
+        row = rows.get(key)
+        if row and not row.na and row.rss:
+            lines.append(f"- {row.label}: {statistics.median(row.rss) / 1024:.1f} MiB")
+    return lines
+
+
+def render(run: RunInfo, rows: list[Row], targets: list[Target], imports: list[str]) -> str:
+    """docs/performance.md."""
+    by_key = {row.key: row for row in rows}
+    python, sandbox = measured(by_key, "python"), measured(by_key, "singpy")
+    lines = [*machine_section(run), *timing_section(rows, python, sandbox), *targets_section(targets),
+             *stdlib_section(rows, python)]
     lines += ["", "## Import time of the exec path", "",
               "`python -X importtime .venv/bin/singpy exec SANDBOX true`, the 15 heaviest modules by self time:", ""]
     lines += imports
-    lines += ["", "## Peak memory", "", "Peak RSS (`/usr/bin/time -f %M`, median of 3 runs) of the process tree "
-              "started by the command:", ""]
-    for key in ("true", "python", "singpy", "nv", "nv-liblist", "containall", "sif-fuse", "chrun", "bwrap",
-                "typer-path"):
-        row = by_key.get(key)
-        if row and not row.na and row.rss:
-            lines.append(f"- {row.label}: {statistics.median(row.rss) / 1024:.1f} MiB")
+    lines += memory_section(by_key)
     lines.append("")
     return "\n".join(lines)
+
+
+def results_document(run: RunInfo, rows: list[Row], targets: list[Target], imports: Imports) -> ResultsDocument:
+    """benchmarks/results/DATE-COMMIT.json: every sample, for comparison between commits."""
+    plain = imports.plain
+    return {
+        "date": run.now.isoformat(timespec="seconds"), "commit": run.commit, "dirty": run.dirty,
+        "rounds": run.rounds, "machine": run.machine, "user": run.who, "gpu_host": run.gpu_note,
+        "rows": [{"key": r.key, "label": r.label, "command": r.display, "na": r.na or None,
+                  "median_ms": r.median, "quartiles_ms": r.quartiles(), "failures": r.failures,
+                  "rss_kib_median": statistics.median(r.rss) if r.rss else None,
+                  "times_ms": [round(t, 3) for t in r.times]} for r in rows],
+        "targets": targets,
+        "imports": None if plain is None else {
+            "count": plain.count, "total_ms": float(plain.total_us) / 1000,
+            "modules": {n: {"self_ms": v[0] / 1000, "cumulative_ms": v[1] / 1000} for n, v in plain.modules.items()},
+            "forbidden_found": imports.forbidden, "extras": imports.extras},
+    }
+
+
+def write_results(run: RunInfo, report: str, document: ResultsDocument) -> None:
+    (REPO / "docs").mkdir(exist_ok=True)
+    (REPO / "docs" / "performance.md").write_text(report)
+    results = REPO / "benchmarks" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    out = results / f"{run.now.strftime('%Y-%m-%d')}-{run.commit}{'-dirty' if run.dirty else ''}.json"
+    out.write_text(json.dumps(document, indent=1) + "\n")
+    print(f"\nwrote docs/performance.md and {out.relative_to(REPO)}", file=sys.stderr)
 
 
 def compare(old_path: str, rows: list[Row]) -> None:
@@ -530,18 +762,27 @@ def compare(old_path: str, rows: list[Row]) -> None:
         print(f"  {row.label:<44} {before / old_python:6.2f}x -> {row.median / python:6.2f}x")
 
 
-# --- main -------------------------------------------------------------------------------------------
+# --- the rows ---------------------------------------------------------------------------------------
 
 
-def make_rows(singpy: str, python: str, sandbox: Path, sif: Path | None, sif_reason: str, confs: dict[str, Path],
-              cache: Path, gpu_reason: str) -> list[Row]:
-    env = {"SINGPY_CONFIG": str(confs["default"]), "SINGPY_CACHEDIR": str(cache)}
-    cache_env = {**env, "SINGPY_CONFIG": str(confs["unsquash"])}
-    liblist_env = {**env, "SINGPY_CONFIG": str(confs["liblist"])}
-    sb = str(sandbox)
+def make_rows(singpy: str, python: str, images: Images, cache: Path, gpu_reason: str) -> list[Row]:
+    """Every row, in the table's order; a row whose tool is not installed is n/a."""
+    env = {"SINGPY_CONFIG": str(images.confs["default"]), "SINGPY_CACHEDIR": str(cache)}
+    rows = [*reference_rows(singpy, python, str(images.sandbox), env), *variant_rows(singpy, images, env, gpu_reason)]
+    rows += [Row(f"mod-{name}", f"import {name}", [python, "-c", f"import {name}"],
+                 display=f"python3 -c 'import {name}'") for name in STDLIB]
+    packages = {"ch-run": "charliecloud-runtime", "bwrap": "bubblewrap"}
+    for row in rows:
+        if row.argv[0] in packages and shutil.which(row.argv[0]) is None:
+            row.na = f"{row.argv[0]} not installed (Debian {packages[row.argv[0]]})"
+    return rows
+
+
+def reference_rows(singpy: str, python: str, sb: str, env: dict[str, str]) -> list[Row]:
+    """The floors, the plain exec and the other launchers."""
     bwrap = ["bwrap", "--unshare-user", "--bind", sb, "/", "--dev-bind", "/dev", "/dev", "--bind", "/proc", "/proc",
              "--ro-bind", "/sys", "/sys", "--bind", "/tmp", "/tmp", "--", "true"]
-    rows = [
+    return [
         Row("true", "spawn floor (/bin/true on the host)", ["/bin/true"]),
         Row("python", "python3 -c pass (interpreter floor)", [python, "-c", "pass"], display="python3 -c pass"),
         Row("typer", "python3 -c 'import typer' (CLI framework)", [python, "-c", "import typer"],
@@ -554,9 +795,18 @@ def make_rows(singpy: str, python: str, sandbox: Path, sif: Path | None, sif_rea
         Row("bwrap", "bwrap, user+mount namespaces", bwrap,
             display="bwrap --unshare-user --bind SANDBOX / --dev-bind /dev /dev --bind /proc /proc "
                     "--ro-bind /sys /sys --bind /tmp /tmp -- true"),
-        Row("sif-fuse", "singpy exec SIF true (squashfuse)", [singpy, "exec", str(sif), "true"], env=env,
+    ]
+
+
+def variant_rows(singpy: str, images: Images, env: dict[str, str], gpu_reason: str) -> list[Row]:
+    """singpy exec with a SIF, --nv and the isolation flags, then the typer path."""
+    cache_env = {**env, "SINGPY_CONFIG": str(images.confs["unsquash"])}
+    liblist_env = {**env, "SINGPY_CONFIG": str(images.confs["liblist"])}
+    sb, sif, sif_reason = str(images.sandbox), str(images.sif), images.sif_reason
+    return [
+        Row("sif-fuse", "singpy exec SIF true (squashfuse)", [singpy, "exec", sif, "true"], env=env,
             display="singpy exec SIF true", na=sif_reason),
-        Row("sif-cache", "singpy exec SIF true (extraction cache)", [singpy, "exec", str(sif), "true"],
+        Row("sif-cache", "singpy exec SIF true (extraction cache)", [singpy, "exec", sif, "true"],
             env=cache_env, display="singpy exec SIF true  # unsquash = yes", na=sif_reason),
         Row("nv", "singpy exec --nv (nvidia-container-cli)", [singpy, "exec", "--nv", sb, "true"], env=env,
             display="singpy exec --nv SANDBOX true", na=gpu_reason),
@@ -572,16 +822,9 @@ def make_rows(singpy: str, python: str, sandbox: Path, sif: Path | None, sif_rea
         Row("typer-path", "singpy version (typer path, off the hot path)", [singpy, "version"], env=env,
             display="singpy version"),
     ]
-    rows += [Row(f"mod-{name}", f"import {name}", [python, "-c", f"import {name}"],
-                 display=f"python3 -c 'import {name}'") for name in STDLIB]
-    packages = {"ch-run": "charliecloud-runtime", "bwrap": "bubblewrap"}
-    for row in rows:
-        if row.argv[0] in packages and shutil.which(row.argv[0]) is None:
-            row.na = f"{row.argv[0]} not installed (Debian {packages[row.argv[0]]})"
-    return rows
 
 
-def nv_summary(runner: Runner, singpy: str, sandbox: Path, env: dict[str, str]) -> str:
+def nv_summary(runner: Runner, singpy: str, sandbox: Path, env: dict[str, str] | None) -> str:
     """What --nv binds on the simulated host, from the dry-run report."""
     done = runner.capture([singpy, "exec", "--nv", "--dry-run", str(sandbox), "true"], env)
     try:
@@ -593,7 +836,10 @@ def nv_summary(runner: Runner, singpy: str, sandbox: Path, env: dict[str, str]) 
         return "dry-run report unreadable"
 
 
-def main(argv: list[str] | None = None) -> int:
+# --- the phases of a run ----------------------------------------------------------------------------
+
+
+def parse_options(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(description="singpy start-up benchmark (issue 3)")
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds (default 30)")
     parser.add_argument("--quick", action="store_true", help="8 rounds, 3 import profiles: a smoke run")
@@ -603,14 +849,146 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", metavar="JSON", help="an earlier results file to compare ratios with")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    rounds = 8 if args.quick and args.rounds == 30 else args.rounds
-    profile_runs = 3 if args.quick else 7
+    return Options(rounds=8 if args.quick and args.rounds == 30 else args.rounds,
+                   profile_runs=3 if args.quick else 7, as_root=args.as_root, gpu_host=not args.no_gpu_host,
+                   write=not args.no_write, compare=args.compare, seed=args.seed)
+
+
+def choose_account(as_root: bool) -> Account:
+    """As root the test user (what HPC users are) unless `as_root`; without root, whoever runs the benchmark."""
+    if os.geteuid() == 0 and not as_root:
+        from tests.support.users import ensure_test_user
+
+        entry = ensure_test_user()
+    else:
+        import pwd
+
+        entry = pwd.getpwuid(os.geteuid())
+    return Account(uid=entry.pw_uid, gid=entry.pw_gid, user=entry.pw_name, home=entry.pw_dir)
+
+
+def prepare_images(workdir: Path) -> Images:
+    print(f"building images in {workdir} ...", file=sys.stderr)
+    sandbox = build_sandbox(workdir)
+    sif, sif_reason = build_sif(workdir, sandbox)
+    confs = {"default": write_conf(workdir / "conf"),
+             "unsquash": write_conf(workdir / "conf-unsquash", "unsquash = yes\n"),
+             "liblist": write_conf(workdir / "conf-liblist", "use nvidia-container-cli = no\n")}
+    return Images(sandbox=sandbox, sif=sif, sif_reason=sif_reason, confs=confs)
+
+
+def prepare_gpu_host(workdir: Path, wanted: bool) -> GpuSetup:
+    """Build the simulated GPU host and enter it (this process's own mount namespace), if wanted and possible."""
+    if not wanted:
+        return GpuSetup(path=DEFAULT_PATH, reason="--no-gpu-host", note="not simulated (--no-gpu-host)")
+    print("building the simulated GPU host ...", file=sys.stderr)
+    host, reason = build_gpu_host(workdir)
+    if host is None:
+        return GpuSetup(path=DEFAULT_PATH, reason=reason, note=f"not simulated: {reason}")
+    enter_gpu_host(host)
+    return GpuSetup(path=f"{host.bin_dir}:{DEFAULT_PATH}", reason="", note="")
+
+
+def user_cache(workdir: Path, account: Account) -> Path:
+    """The extraction cache, the user's own."""
+    cache = workdir / "cache"
+    cache.mkdir(mode=0o700)
+    os.chown(cache, account.uid, account.gid)
+    return cache
+
+
+def probe_rows(runner: Runner, rows: list[Row]) -> dict[str, Row]:
+    """Run every command once (a failing one becomes n/a) and see how singpy opens the SIF; the rows by key."""
+    by_key = {row.key: row for row in rows}
+    for row in rows:
+        probe(runner, row)
+    image_mode(runner, by_key["sif-fuse"], EXPECTED_IMAGE_MODE["sif-fuse"])
+    image_mode(runner, by_key["sif-cache"], EXPECTED_IMAGE_MODE["sif-cache"])
+    return by_key
+
+
+def gpu_host_note(runner: Runner, singpy: str, sandbox: Path, rows: dict[str, Row], gpu: GpuSetup) -> str:
+    """The report's "GPU host" line; with the host in place, what each --nv mode binds there."""
+    if gpu.reason:
+        return gpu.note
+    if rows["nv"].na and rows["nv-liblist"].na:
+        return "simulated, but `singpy exec --nv` fails there (see the table)"
+    return ("simulated (tests/gpu/simhost.py, 4 GPUs, one gcc-built stand-in per nvliblist.conf "
+            "library), in place of /dev and /etc/ld.so.cache for every row; --nv binds "
+            f"{nv_summary(runner, singpy, sandbox, rows['nv'].env)} through nvidia-container-cli, "
+            f"{nv_summary(runner, singpy, sandbox, rows['nv-liblist'].env)} through nvliblist.conf")
+
+
+def time_rows(runner: Runner, rows: list[Row], options: Options, workdir: Path) -> None:
+    """The timed rounds, then the peak-RSS pass."""
+    print(f"measuring {sum(not r.na for r in rows)} commands x {options.rounds} rounds ...", file=sys.stderr)
+    measure(runner, rows, options.rounds, warmup=2, seed=options.seed)
+    scratch = workdir / "scratch"
+    scratch.mkdir(mode=0o1777)
+    scratch.chmod(0o1777)
+    measure_rss(runner, rows, 3, scratch)
+
+
+def profile_imports(runner: Runner, python: str, singpy: str, images: Images, rows: dict[str, Row],
+                    runs: int) -> Imports:
+    """The plain exec's import profile (`runs` runs) and what the flags and a SIF import on top of it."""
+    print("import profiles ...", file=sys.stderr)
+    plain = import_profile(runner, python, [singpy, "exec", str(images.sandbox), "true"], rows["singpy"].env, runs)
+    if plain is None:
+        return Imports(plain=None, extras={}, forbidden=None)
+    extras = import_extras(runner, python, singpy, images, rows, set(plain.modules))
+    return Imports(plain=plain, extras=extras, forbidden=forbidden_in(plain.modules, FORBIDDEN_PLAIN))
+
+
+def import_extras(runner: Runner, python: str, singpy: str, images: Images, rows: dict[str, Row],
+                  base: set[str]) -> dict[str, ImportExtra]:
+    """The modules beyond `base` that each measured --nv, SIF and --containall row imports (one run each)."""
+    sandbox, sif = str(images.sandbox), str(images.sif)
+    extras: dict[str, ImportExtra] = {}
+    for key, flagged in (("nv", ["--nv", sandbox]), ("nv-liblist", ["--nv", sandbox]), ("sif-fuse", [sif]),
+                         ("sif-cache", [sif]), ("containall", ["--containall", sandbox])):
+        if rows[key].na:
+            continue
+        other = import_profile(runner, python, [singpy, "exec", *flagged, "true"], rows[key].env, 1)
+        if other is None:
+            continue
+        new = [name for name in other.modules if name not in base]
+        extras[rows[key].label] = {"modules": new, "self_us": sum(other.modules[name][0] for name in new),
+                                   "forbidden": forbidden_in(new, FORBIDDEN_ALWAYS)}
+    return extras
+
+
+def benchmark(options: Options, info: Machine, workdir: Path, singpy: str, python: str) -> None:
+    """Everything after the checks: set up, measure, report, in `workdir` (which the caller removes)."""
+    account = choose_account(options.as_root)
+    images = prepare_images(workdir)
+    gpu = prepare_gpu_host(workdir, options.gpu_host)
+    runner = Runner(account.uid, account.gid, account.user, account.home, str(workdir), gpu.path)
+    rows = make_rows(singpy, python, images, user_cache(workdir, account), gpu.reason)
+    by_key = probe_rows(runner, rows)
+    gpu_note = gpu_host_note(runner, singpy, images.sandbox, by_key, gpu)
+    time_rows(runner, rows, options, workdir)
+    imports = profile_imports(runner, python, singpy, images, by_key, options.profile_runs)
+    info["loadavg_end"] = os.getloadavg()
+    targets = all_targets(by_key, imports)
+    commit, dirty = git_commit()
+    run = RunInfo(machine=info, now=datetime.datetime.now(datetime.UTC), commit=commit, dirty=dirty,
+                  rounds=options.rounds, who=account.describe(), gpu_note=gpu_note)
+    report = render(run, rows, targets, import_section(imports))
+    print(report)
+    if options.compare:
+        compare(options.compare, rows)
+    if options.write:
+        write_results(run, report, results_document(run, rows, targets, imports))
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_options(argv)
     bindir = Path(sys.executable).parent
     singpy, python = str(bindir / "singpy"), str(bindir / "python")
     if not os.path.exists(singpy):
         print(f"{singpy} not found: run `make setup` (or use the venv's python)", file=sys.stderr)
         return 1
-
     # Fresh bytecode, as `make setup` leaves it: a stale .pyc would be recompiled on every run (the test user
     # cannot write __pycache__), and that compile time is not singpy's.
     subprocess.run([python, "-m", "compileall", "-q", str(REPO / "singpy")], check=False)
@@ -618,115 +996,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="singpy-bench-", dir="/tmp"))
     workdir.chmod(0o755)
     try:
-        if os.geteuid() == 0 and not args.as_root:
-            from tests.support.users import ensure_test_user
-
-            entry = ensure_test_user()
-            uid, gid, user, home = entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir
-        else:
-            import pwd
-
-            entry = pwd.getpwuid(os.geteuid())
-            uid, gid, user, home = entry.pw_uid, entry.pw_gid, entry.pw_name, entry.pw_dir
-        who = f"{user} (uid {uid}{', user namespaces' if uid else ', no user namespace'})"
-        print(f"building images in {workdir} ...", file=sys.stderr)
-        sandbox = build_sandbox(workdir)
-        sif, sif_reason = build_sif(workdir, sandbox)
-        confs = {"default": write_conf(workdir / "conf"),
-                 "unsquash": write_conf(workdir / "conf-unsquash", "unsquash = yes\n"),
-                 "liblist": write_conf(workdir / "conf-liblist", "use nvidia-container-cli = no\n")}
-        path = "/usr/local/bin:/usr/bin:/bin"
-        gpu_reason, gpu_note = "--no-gpu-host" if args.no_gpu_host else "", "not simulated (--no-gpu-host)"
-        if not args.no_gpu_host:
-            print("building the simulated GPU host ...", file=sys.stderr)
-            host, gpu_reason = build_gpu_host(workdir)
-            if host is not None:
-                enter_gpu_host(host)
-                path = f"{host.bin_dir}:{path}"  # type: ignore[attr-defined]
-            else:
-                gpu_note = f"not simulated: {gpu_reason}"
-        runner = Runner(uid, gid, user, home, str(workdir), path)
-        cache = workdir / "cache"  # the extraction cache, the user's own
-        cache.mkdir(mode=0o700)
-        os.chown(cache, uid, gid)
-        rows = make_rows(singpy, python, sandbox, sif, sif_reason, confs, cache, gpu_reason)
-        by_key = {row.key: row for row in rows}
-        for row in rows:
-            probe(runner, row)
-        image_mode(runner, by_key["sif-fuse"], "fuse")
-        image_mode(runner, by_key["sif-cache"], "extract")
-        if not gpu_reason and not (by_key["nv"].na and by_key["nv-liblist"].na):
-            gpu_note = ("simulated (tests/gpu/simhost.py, 4 GPUs, one gcc-built stand-in per nvliblist.conf "
-                        "library), in place of /dev and /etc/ld.so.cache for every row; --nv binds "
-                        f"{nv_summary(runner, singpy, sandbox, by_key['nv'].env)} through nvidia-container-cli, "
-                        f"{nv_summary(runner, singpy, sandbox, by_key['nv-liblist'].env)} through nvliblist.conf")
-        elif not gpu_reason:
-            gpu_note = "simulated, but `singpy exec --nv` fails there (see the table)"
-        print(f"measuring {sum(not r.na for r in rows)} commands x {rounds} rounds ...", file=sys.stderr)
-        measure(runner, rows, rounds, warmup=2, seed=args.seed)
-        scratch = workdir / "scratch"
-        scratch.mkdir(mode=0o1777)
-        scratch.chmod(0o1777)
-        measure_rss(runner, rows, 3, scratch)
-
-        print("import profiles ...", file=sys.stderr)
-        plain = import_profile(runner, python, [singpy, "exec", str(sandbox), "true"], by_key["singpy"].env,
-                               profile_runs)
-        extras: dict[str, dict[str, object]] = {}
-        if plain is not None:
-            base = set(plain["modules"])  # type: ignore[arg-type]
-            for key, flagged in (("nv", ["--nv", str(sandbox)]), ("nv-liblist", ["--nv", str(sandbox)]),
-                                 ("sif-fuse", [str(sif)]), ("sif-cache", [str(sif)]),
-                                 ("containall", ["--containall", str(sandbox)])):
-                if by_key[key].na:
-                    continue
-                other = import_profile(runner, python, [singpy, "exec", *flagged, "true"], by_key[key].env, 1)
-                if other is None:
-                    continue
-                mods: dict[str, tuple[float, float]] = other["modules"]  # type: ignore[assignment]
-                new = [name for name in mods if name not in base]
-                extras[by_key[key].label] = {
-                    "modules": new, "self_us": sum(mods[name][0] for name in new),
-                    "forbidden": forbidden_in(new, FORBIDDEN_ALWAYS)}
-        found = forbidden_in(plain["modules"], FORBIDDEN_PLAIN) if plain is not None else None  # type: ignore[arg-type]
-        info["loadavg_end"] = os.getloadavg()
-        typer_ms = None
-        if not by_key["typer"].na and not by_key["python"].na:
-            typer_ms = by_key["typer"].median - by_key["python"].median  # type: ignore[operator]
-        targets = evaluate(by_key, found, typer_ms)
-        for label, extra in extras.items():
-            if extra["forbidden"]:
-                targets.append({"target": f"nothing forbidden imported by {label}",
-                                "value": ", ".join(extra["forbidden"]), "met": False, "margin": ""})  # type: ignore
-        commit, dirty = git_commit()
-        now = datetime.datetime.now(datetime.UTC)
-        report = render(info, rows, targets, import_section(plain, extras), rounds, commit, dirty,
-                        now.strftime("%Y-%m-%d %H:%M UTC"), who, gpu_note)
-        print(report)
-        if args.compare:
-            compare(args.compare, rows)
-        if not args.no_write:
-            (REPO / "docs").mkdir(exist_ok=True)
-            (REPO / "docs" / "performance.md").write_text(report)
-            results = REPO / "benchmarks" / "results"
-            results.mkdir(parents=True, exist_ok=True)
-            out = results / f"{now.strftime('%Y-%m-%d')}-{commit}{'-dirty' if dirty else ''}.json"
-            document = {
-                "date": now.isoformat(timespec="seconds"), "commit": commit, "dirty": dirty, "rounds": rounds,
-                "machine": info, "user": who, "gpu_host": gpu_note,
-                "rows": [{"key": r.key, "label": r.label, "command": r.display, "na": r.na or None,
-                          "median_ms": r.median, "quartiles_ms": r.quartiles(), "failures": r.failures,
-                          "rss_kib_median": statistics.median(r.rss) if r.rss else None,
-                          "times_ms": [round(t, 3) for t in r.times]} for r in rows],
-                "targets": targets,
-                "imports": None if plain is None else {
-                    "count": plain["count"], "total_ms": float(plain["total_us"]) / 1000,  # type: ignore[arg-type]
-                    "modules": {n: {"self_ms": v[0] / 1000, "cumulative_ms": v[1] / 1000}
-                                for n, v in plain["modules"].items()},  # type: ignore[attr-defined]
-                    "forbidden_found": found, "extras": extras},
-            }
-            out.write_text(json.dumps(document, indent=1) + "\n")
-            print(f"\nwrote docs/performance.md and {out.relative_to(REPO)}", file=sys.stderr)
+        benchmark(options, info, workdir, singpy, python)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return 0

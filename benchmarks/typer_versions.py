@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import TypedDict
 
 DEFAULT = ("typer==0.9.4", "typer==0.12.5", "typer-slim==0.12.5", "typer==0.15.4", "typer-slim==0.15.4",
            "typer==0.20.1", "typer-slim==0.20.1", "typer==0.24.2", "typer==0.29.2")
@@ -45,6 +46,22 @@ JOBS = {"pass": ["-c", "pass"], "typer": ["-c", "import typer"], "app": [os.path
         "singpy": ["-c", SINGPY]}
 
 
+class Result(TypedDict):
+    """One requirement's row of the table (and of the --json output)."""
+
+    requirement: str
+    versions: dict[str, str]  # package -> installed version, for typer, typer-slim, click, rich, pydantic
+    python_pass_ms: float
+    import_typer_ms: float
+    typer_cost_ms: float
+    app_ms: float
+    app_cost_ms: float
+    singpy_version_ms: float | None  # None: that typer cannot run singpy's app
+    importtime_ms: float
+    modules: int
+    heavy: list[str]
+
+
 def venv_for(requirement: str) -> str:
     path = os.path.join(ROOT, requirement.replace("==", "-"))
     python = os.path.join(path, "bin", "python")
@@ -66,7 +83,7 @@ def importtime(python: str) -> tuple[dict[str, int], set[str]]:
     """Module -> self time (us) for `import typer`, and the modules loaded after it (failed attempts excluded)."""
     done = subprocess.run([python, "-X", "importtime", "-c", "import sys, typer; print(*sys.modules)"],
                           capture_output=True, text=True, check=True, cwd=ROOT)
-    modules = {}
+    modules: dict[str, int] = {}
     for line in done.stderr.splitlines():
         parts = line.removeprefix("import time:").split("|")
         if len(parts) == 3 and parts[0].strip().isdigit():
@@ -78,7 +95,9 @@ def installed(python: str) -> dict[str, str]:
     code = ("import importlib.metadata as m, json\nout = {}\n"
             "for n in ('typer', 'typer-slim', 'click', 'rich', 'pydantic'):\n"
             "    try: out[n] = m.version(n)\n    except m.PackageNotFoundError: pass\nprint(json.dumps(out))")
-    return json.loads(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout)
+    versions: dict[str, str] = json.loads(subprocess.run([python, "-c", code], capture_output=True, text=True,
+                                                         check=True).stdout)
+    return versions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         rng.shuffle(jobs)
         for req, what in jobs:
             runs[req, what].append(timed([pythons[req], *JOBS[what]]))
-    results = []
+    results: list[Result] = []
     for req, python in pythons.items():
         floor = statistics.median(runs[req, "pass"])
         with_typer = statistics.median(runs[req, "typer"])

@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from singpy.constants import DEFAULT_PATH, LIBS_DIR
 from singpy.record import Record
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-LIBS_DIR = "/.singularity.d/libs"
 INJECT_PREFIXES = ("SINGULARITYENV_", "APPTAINERENV_", "SINGPYENV_")  # later wins
 RUNTIME_PREFIXES = ("SINGULARITY_", "APPTAINER_", "SINGPY_")
 ALWAYS_PASSED = (
@@ -122,20 +121,50 @@ def needs_shell(plan: EnvPlan) -> bool:
 _EVALUATED = ("$", "`", "\\")
 
 
-def shell_env(plan: EnvPlan) -> dict[str, str]:
+def double_quoted_body(value: str) -> str:
+    """`value` made safe to write between double quotes in shell code, meaning what it says there.
+
+    Inside double quotes a backslash escapes the next character, so escape
+    pairs are kept as written (`\\$` stays a dollar sign); a `"` of its own
+    would end the quotes, and a last, unpaired backslash would escape the
+    closing one: both are escaped. The result always ends inside the quotes.
+    """
+    out = []
+    index, end = 0, len(value)
+    while index < end:
+        char = value[index]
+        if char == "\\":
+            pair = value[index:index + 2]
+            out.append(pair if len(pair) == 2 else "\\\\")
+            index += 2
+            continue
+        out.append('\\"' if char == '"' else char)
+        index += 1
+    return "".join(out)
+
+
+def shell_env(plan: EnvPlan, env_scripts: tuple[str, ...] = ()) -> dict[str, str]:
     """The environment the action shell starts with: base, plus data for ACTION_SCRIPT.
+
+    `env_scripts` are the image's env scripts to source, as found in the image
+    alone (singpy.image.scripts: plain paths, no space or glob character).
 
     Values travel as variables, never spliced into shell code, so their content
     is safe; the names were checked with `is_valid_name`. Only with `evaluate`
     is an injected value put between double quotes in code the shell evaluates,
-    as Apptainer's injection script does (its `"` escaped, so that it stays one
-    word): `$HOME` and `$(cmd)` in a value are then expanded inside the container.
+    as Apptainer's injection script does, made by `double_quoted_body` unable
+    to end those quotes: `$HOME` and `$(cmd)` in a value are then expanded
+    inside the container, and no value can run code outside `$(...)` or break
+    the script (a value that is not valid shell text between double quotes
+    ends the launch with one FATAL line, evaluated in a subshell that alone
+    dies of it).
     """
     env = dict(plan.base)
+    env["__SINGPY_ENV_SCRIPTS"] = " ".join(env_scripts)
     env["__SINGPY_INJECT"] = " ".join(key for key, _ in plan.injected)
     if plan.evaluate:
         env["__SINGPY_EVAL"] = "1"
-    env.update({f"__SINGPY_I_{key}": value.replace('"', '\\"') if plan.evaluate else value
+    env.update({f"__SINGPY_I_{key}": double_quoted_body(value) if plan.evaluate else value
                 for key, value in plan.injected})
     host = [(key, value) for key, value in plan.host if key not in env]  # a base name is always set
     env["__SINGPY_HOST"] = " ".join(key for key, _ in host)
@@ -147,18 +176,28 @@ def shell_env(plan: EnvPlan) -> dict[str, str]:
 
 # Run as: /bin/sh -c ACTION_SCRIPT singpy PAYLOAD [ARGS...], with shell_env(). Host names are
 # unset first so that what the shell sets for itself (busybox's HOSTNAME, PS4) does not
-# count as "set by the image" when the host values are restored at the end.
+# count as "set by the image" when the host values are restored at the end. The script
+# opens no file: its errors go nowhere (2>&-), never to a /dev/null the image may have
+# redirected (`/dev -> /tmp/x` puts the host's /tmp there), and the env scripts are the
+# list checked in the image, read with globbing off (`set -f`) so a name stays one word.
 ACTION_SCRIPT = r"""
 for __n in $__SINGPY_HOST; do
-    unset $__n 2>/dev/null
+    unset $__n 2>&-
 done
-for __f in /.singularity.d/env/*.sh; do
-    [ -f "$__f" ] && . "$__f"
+set -f
+for __f in $__SINGPY_ENV_SCRIPTS; do
+    set +f
+    . "$__f"
 done
+set +f
 for __n in $__SINGPY_INJECT; do
     if [ -n "$__SINGPY_EVAL" ]; then
         eval "__v=\${__SINGPY_I_$__n}"
-        eval "export $__n=\"$__v\""
+        if ! (eval "__f() { : \"$__v\"; }") 2>&- || ! __v=$(eval "printf '%s.' \"$__v\""); then
+            echo "FATAL:   can't evaluate $__n: not valid shell text between double quotes (see --no-eval)" >&2
+            exit 255
+        fi
+        eval "export $__n=\"\${__v%.}\""
     else
         eval "export $__n=\"\${__SINGPY_I_$__n}\""
     fi
@@ -169,26 +208,51 @@ done
 [ -n "$__SINGPY_PATH" ] && PATH="$__SINGPY_PATH"
 export PATH
 case ":$LD_LIBRARY_PATH:" in
-    *:/.singularity.d/libs:*) ;;
-    ::) LD_LIBRARY_PATH=/.singularity.d/libs ;;
-    *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:/.singularity.d/libs" ;;
+    *:@LIBS_DIR@:*) ;;
+    ::) LD_LIBRARY_PATH=@LIBS_DIR@ ;;
+    *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:@LIBS_DIR@" ;;
 esac
 export LD_LIBRARY_PATH
 for __n in $__SINGPY_HOST; do
     eval "[ -n \"\${$__n+x}\" ] || export $__n=\"\${__SINGPY_H_$__n}\"; unset __SINGPY_H_$__n"
 done
-unset __f __n __v __SINGPY_INJECT __SINGPY_EVAL __SINGPY_HOST __SINGPY_PREPEND __SINGPY_APPEND __SINGPY_PATH
-if ! command -v "$1" >/dev/null 2>&1; then
+unset __f __n __v __SINGPY_ENV_SCRIPTS __SINGPY_INJECT __SINGPY_EVAL __SINGPY_HOST __SINGPY_PREPEND \
+    __SINGPY_APPEND __SINGPY_PATH
+if ! __f=$(command -v "$1" 2>&-); then
     echo "FATAL:   \"$1\": executable file not found in \$PATH" >&2
     exit 255
 fi
+unset __f
 exec "$@"
-"""
+""".replace("@LIBS_DIR@", LIBS_DIR)
+
+
+# Names whose values --dry-run does not print (without --verbose): a plan shown in a bug
+# report or a CI log must not leak an API token the host environment happened to carry.
+SECRET_MARKS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
+REDACTED = "<redacted>"
+
+
+def looks_secret(name: str) -> bool:
+    upper = name.upper()
+    return any(mark in upper for mark in SECRET_MARKS)
+
+
+def redact_secrets(env_data: dict[str, object]) -> None:
+    """Replace, in place, the values of secret-looking names in an EnvPlan's JSON data (--dry-run)."""
+    for field in ("base", "injected", "host"):
+        pairs = env_data.get(field)
+        if isinstance(pairs, list):
+            env_data[field] = [[pair[0], REDACTED] if looks_secret(str(pair[0])) else pair for pair in pairs]
 
 
 def parse_env_file(text: str, origin: str) -> dict[str, str]:
-    """NAME=VALUE lines (optionally `export NAME=...`, quoted values, # comments)."""
-    from singpy.errors import UsageError
+    """NAME=VALUE lines (optionally `export NAME=...`, quoted values, # comments).
+
+    A bad line is an error of the file, not of the command line: exit 255.
+    """
+    from singpy.errors import SingpyError
+    from singpy.hostfiles import shown
 
     values = {}
     for number, raw in enumerate(text.splitlines(), start=1):
@@ -199,7 +263,7 @@ def parse_env_file(text: str, origin: str) -> dict[str, str]:
             line = line[len("export "):].strip()
         name, sep, value = line.partition("=")
         if not sep or not is_valid_name(name):
-            raise UsageError(f"{origin}:{number}: expected NAME=VALUE, got {raw.strip()!r}")
+            raise SingpyError(f"{origin}:{number}: expected NAME=VALUE, got {shown(raw.strip())!r}")
         if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
             value = value[1:-1]
         values[name] = value

@@ -51,6 +51,11 @@ class BindSpecError(SingpyError):
     """A --bind / bind path specification is malformed or cannot be honoured."""
 
 
+class PathError(SingpyError):
+    """A path inside an image cannot be used as asked: a link loop, a file where a directory must be, a
+    special file where a regular one must be, a file too large to read."""
+
+
 class KernelError(SingpyError):
     """A system call failed: "can't VERB OBJECT: strerror"."""
 

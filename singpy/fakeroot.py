@@ -18,19 +18,21 @@ mappings: uid_map and gid_map"; [2] newuidmap(1)):
 from __future__ import annotations
 
 import os
-import signal
 
+from singpy.constants import SYSTEM_PATH
 from singpy.errors import KernelError
+from singpy.hostfiles import which
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_proc_file
 from singpy.plan import IdMap
+from singpy.process import fork_tied
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import NoReturn
 
 SUBUID, SUBGID = "/etc/subuid", "/etc/subgid"
-TOOL_PATH = "/usr/bin:/bin:/usr/sbin:/sbin"  # where newuidmap/newgidmap live (never the user's $PATH)
+TOOL_PATH = SYSTEM_PATH  # where newuidmap/newgidmap live (never the user's $PATH: they are setuid helpers)
 
 
 def read_ranges(text: str, user: str, uid: int) -> tuple[tuple[int, int], ...]:
@@ -84,11 +86,7 @@ def _read(path: str) -> str:
 
 
 def find_tool(name: str) -> str | None:
-    for directory in TOOL_PATH.split(":"):
-        path = f"{directory}/{name}"
-        if os.access(path, os.X_OK):
-            return path
-    return None
+    return which(name, TOOL_PATH)
 
 
 def enter_user_namespace(idmap: IdMap, flags: int) -> None:
@@ -102,7 +100,7 @@ def enter_user_namespace(idmap: IdMap, flags: int) -> None:
     target = os.getpid()
     go_read, go_write = os.pipe2(os.O_CLOEXEC)
     done_read, done_write = os.pipe2(os.O_CLOEXEC)
-    helper = os.fork()
+    helper = fork_tied()  # dies with the launcher: it must never map ids onto a stranger reusing its pid
     if helper == 0:
         os.close(go_write)
         os.close(done_read)
@@ -118,17 +116,24 @@ def enter_user_namespace(idmap: IdMap, flags: int) -> None:
         report = _read_all(done_read)
     finally:
         os.close(done_read)
-        os.waitpid(helper, 0)
+        _, status = os.waitpid(helper, 0)
+    if not report and status != 0:  # killed before it could say anything: the maps may be missing
+        report = f"can't map ids for --fakeroot: the helper running newuidmap {_ended(status)}"
     if report:
         raise KernelError(report)
+
+
+def _ended(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"was killed by signal {os.WTERMSIG(status)}"
+    return f"exited with status {os.waitstatus_to_exitcode(status)}"
 
 
 def _map_from_outside(target: int, idmap: IdMap, go: int, done: int) -> NoReturn:
     """The helper: wait for the launcher to unshare, run newuidmap and newgidmap on it, report errors."""
     report = ""
     try:
-        k.prctl(k.PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == target and os.read(go, 2) == b"go":
+        if os.read(go, 2) == b"go":
             report = _run_map_tool("newuidmap", target, idmap.uids) or _run_map_tool("newgidmap", target, idmap.gids)
     except BaseException as error:  # never let a forked child unwind into the launcher's code
         report = f"can't map ids for --fakeroot: {error}"

@@ -18,6 +18,16 @@ Process model (the open point of docs/architecture.md, settled here):
   its supervisor, to remove the host's veth (and bridge) however it ends.
 * --fakeroot with subordinate ranges: a helper forked before the unshare
   runs newuidmap/newgidmap on the launcher from outside (singpy.fakeroot).
+* Signals and a killed launcher, at any moment (singpy.process): a
+  supervisor blocks the forwarded signals before its fork, so that one sent
+  while the container is being set up stays pending (a PID namespace's init
+  without a handler would drop it) until the supervisor or init takes it
+  (sigwaitinfo) and forwards it; one that comes before the payload exists
+  ends the start-up with its default action, as it would have ended the
+  payload. Every child (init, the payload under
+  init, squashfuse, the --fakeroot helper, the --network child) comes from
+  `process.fork_tied`: PR_SET_PDEATHSIG, then a check that the launcher did
+  not die before it, so a SIGKILL of the launcher leaves nothing running.
 * Mounts live only in the private mount namespace and scratch files only in
   its tmpfs, so whatever way the container ends, nothing is left on the host.
 
@@ -45,13 +55,15 @@ import sys
 
 from singpy import console, process, rootfs
 from singpy.config.sysconf import SysConfig
-from singpy.gpu import GpuContribution
+from singpy.constants import LIBS_DIR
 from singpy.host import HostInfo
 from singpy.image.detect import detect
+from singpy.image.scripts import ImageScripts, find_scripts
 from singpy.kernel import caps
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_id_maps
-from singpy.mounts.apply import apply_mounts, missing_mount_points
+from singpy.mounts.apply import apply_mounts, survey
+from singpy.mounts.rootpath import Tree
 from singpy.plan import ImageSpec, LaunchPlan
 from singpy.planner import LaunchRequest, build_plan
 
@@ -59,14 +71,17 @@ TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import NoReturn
 
+    from singpy.gpu import GpuContribution
+
 
 def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: bool = False) -> int:
     image = prepare_image(request, config, host, dry_run=dry_run)
     gpu = _gpus(request, config, host, image.rootfs)
-    planned = build_plan(request, config, host, image, gpu_mounts=gpu.mounts, keep_host_env=gpu.keep_host_env)
-    for warning in (*gpu.warnings, *planned.warnings):
+    planned = build_plan(request, config, host, image, gpu_mounts=gpu.mounts if gpu else (),
+                         keep_host_env=gpu.keep_host_env if gpu else ())
+    for warning in (*(gpu.warnings if gpu else ()), *planned.warnings):
         console.warning(warning)
-    for note in gpu.notes:
+    for note in gpu.notes if gpu else ():
         console.verbose(note)
     if dry_run:
         _print_dry_run(planned.plan, gpu, planned.warnings)
@@ -74,35 +89,48 @@ def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: b
     return launch(planned.plan)
 
 
-def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, rootfs: str | None) -> GpuContribution:
-    """GPU discovery, only when --nv / --rocm (or the conf's `always use`) asks for it.
+def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, rootfs: str | None) -> GpuContribution | None:
+    """GPU discovery, only when --nv / --rocm (or the conf's `always use`) asks for it; None otherwise.
 
-    The flags are checked before the GPU modules are imported: they pull in
-    `re` and `shutil`, several milliseconds that a plain exec must not pay.
+    The flags are checked before the GPU package is imported: it pulls in `re`
+    and `shutil`, several milliseconds that a plain exec must not pay.
     """
     nv = request.nv or config.flag("always use nv")
     rocm = request.rocm or config.flag("always use rocm")
     if not (nv or rocm):
-        return GpuContribution()
+        return None
     from singpy.gpu.request import discover_gpus
 
     return discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
                          rootfs=rootfs)
 
 
-def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution, warnings: tuple[str, ...]) -> None:
-    """The plan as JSON, with what GPU support adds spelled out: nothing is started."""
+def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tuple[str, ...]) -> None:
+    """The plan as JSON, with what GPU support adds spelled out: nothing is started.
+
+    Values of credential-like variables (`*TOKEN*`, `*SECRET*`, `*KEY*`...) are
+    shown as "<redacted>" unless --verbose: plans get pasted into bug reports.
+    """
     import json
 
+    from singpy.environ import redact_secrets
+    from singpy.gpu import GpuContribution
+
+    gpu = gpu or GpuContribution()
     gpu_summary = {
         "devices": [spec.dest for spec in gpu.mounts if spec.dev],
-        "libraries": [spec.source for spec in gpu.mounts if spec.dest.startswith("/.singularity.d/libs/")],
+        "libraries": [spec.source for spec in gpu.mounts if spec.dest.startswith(f"{LIBS_DIR}/")],
         "binaries": [spec.source for spec in gpu.mounts if spec.dest.startswith("/usr/bin/")],
         "files": [spec.source for spec in gpu.mounts
                   if spec.source and spec.source == spec.dest and not spec.dev],
         "keep_host_env": list(gpu.keep_host_env),
     }
-    document = {"plan": plan.to_json_data(), "gpu": gpu_summary, "warnings": [*gpu.warnings, *warnings]}
+    data = plan.to_json_data()
+    if console.level() < console.VERBOSE:
+        process = data["process"]
+        assert isinstance(process, dict) and isinstance(process["env"], dict)
+        redact_secrets(process["env"])
+    document = {"plan": data, "gpu": gpu_summary, "warnings": [*gpu.warnings, *warnings]}
     json.dump(document, sys.stdout, indent=2)
     sys.stdout.write("\n")
 
@@ -142,18 +170,18 @@ def launch(plan: LaunchPlan, net_fd: int | None = None) -> int:
         return process.supervise(lambda: _pid1(plan, image_root), helpers)
     if helpers:
         return process.supervise(lambda: _container(plan, image_root), helpers)
-    build_container(plan, image_root)
-    process.exec_process(plan.process)
+    scripts = build_container(plan, image_root)
+    process.exec_process(plan.process, scripts)
 
 
 def _pid1(plan: LaunchPlan, image_root: str) -> NoReturn:
-    build_container(plan, image_root)
-    process.init(lambda: process.exec_process(plan.process))
+    scripts = build_container(plan, image_root)
+    process.init(lambda: process.exec_process(plan.process, scripts))
 
 
 def _container(plan: LaunchPlan, image_root: str) -> NoReturn:
-    build_container(plan, image_root)
-    process.exec_process(plan.process)
+    scripts = build_container(plan, image_root)
+    process.exec_process(plan.process, scripts)
 
 
 def attach_image(plan: LaunchPlan) -> tuple[str, tuple[int, ...]]:
@@ -225,17 +253,21 @@ def enter_namespaces(plan: LaunchPlan, net_fd: int | None = None) -> None:
         netns.loopback_up()
 
 
-def build_container(plan: LaunchPlan, image_root: str) -> None:
+def build_container(plan: LaunchPlan, image_root: str) -> ImageScripts:
     """Called in the staging root, in the new namespaces (inside the new PID namespace with --pid).
 
     `image_root` is the image's root as seen from the staging root (attach_image).
+    Returns the image's scripts the payload may use, found in the image alone.
     """
-    mount_points = missing_mount_points(plan.mounts, image_root)
-    for path, _ in mount_points:
-        console.debug(f"mount point /{path} is missing from the image: adding it in an overlay layer")
-    rootfs.mount_image(image_root, mount_points=mount_points, writable=plan.writable_tmpfs,
-                       userns=plan.namespaces.user)
-    apply_mounts(plan.mounts)
+    with Tree(image_root, proc=rootfs.PROC) as image:  # the image alone: what is read from it is its own
+        found = survey(plan.mounts, image)
+        scripts = find_scripts(image, covered=found.covers, runscript=plan.process.action == "run")
+        for path, _ in found.missing:
+            console.debug(f"mount point /{path} is missing from the image: adding it in an overlay layer")
+        rootfs.mount_image(image, mount_points=found.missing, writable=plan.writable_tmpfs,
+                           userns=plan.namespaces.user)
+        apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs)
     rootfs.finish_root(writable=plan.writable_tmpfs)
     if plan.hostname is not None:
         k.sethostname(plan.hostname)
+    return scripts

@@ -22,14 +22,21 @@ class MountOp(enum.Enum):
     MQUEUE = "mqueue"  # a POSIX message queue filesystem (new ipc namespace)
     FILE = "file"  # a file written by the launcher (passwd, group), bound read-only
     SYMLINK = "symlink"  # a symbolic link created in a tmpfs (minimal /dev)
+    SEAL = "seal"  # make `dest` and every mount below it read-only, nosuid, nodev (once they are all in place)
 
 
 class Missing(enum.Enum):
-    """What to do when a mount's host source or guest destination is absent."""
+    """What to do when a mount cannot be made as planned.
 
-    REQUIRED = "required"  # the launch fails with a clear error
-    SKIP = "skip"  # the mount is silently left out (host facts that vary)
-    CREATE = "create"  # the guest destination is created (source must exist)
+    That is: its host source is absent, or its destination can't be made without
+    leaving the container's own filesystems (a missing mount point is created
+    only in the image's overlay layer or in a tmpfs singpy mounted, never in a
+    directory bound from the host), or the path leads nowhere (a link loop, a
+    file where a directory must be).
+    """
+
+    REQUIRED = "required"  # the launch fails with one FATAL line naming the path
+    SKIP = "skip"  # the mount is left out, with a --verbose note (host facts and images vary)
 
 
 class Stage(enum.IntEnum):
@@ -49,8 +56,9 @@ class MountSpec(Record):
     dest: str  # absolute path inside the container
     source: str | None = None  # absolute host path (BIND) or link target (SYMLINK)
     content: str | None = None  # file content (FILE)
-    readonly: bool = False  # read-only: a bind remounted so; a tmpfs sealed with all below it once applied
-    missing: Missing = Missing.CREATE  # policy for an absent source or destination
+    readonly: bool = False  # BIND, FILE: mounted read-only
+    mode: str = "0755"  # TMPFS: octal mode of its root directory ("1777" for /tmp, /var/tmp, /dev/shm)
+    missing: Missing = Missing.REQUIRED  # when the mount can't be made as planned; see Missing
     stage: Stage = Stage.USER  # ordering key; see Stage
     dev: bool = False  # keep device nodes usable (nodev is set otherwise on binds from /dev)
     merge: bool = True  # FILE: keep the image's lines not keyed like ours (passwd); False: replace (--dns)
@@ -133,7 +141,6 @@ class LaunchPlan(Record):
     writable_tmpfs: bool = False  # overlay a writable tmpfs on the image root
     network: NetworkSpec | None = None  # the network namespace's set-up (with --net), None without
     fakeroot: IdMap | None = None  # --fakeroot: uid 0 inside, mapped to `uid` (and ranges) outside
-    verbosity: int = 0  # -1 quiet, 0 normal, 1 verbose, 2 debug
 
     def to_json_data(self) -> dict[str, object]:
         """A JSON-ready dict (enums as their values) for --dry-run and logging."""

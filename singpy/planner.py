@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import os
 
-from singpy import network as net
 from singpy.config.sysconf import SysConfig, confdir
+from singpy.constants import DEFAULT_PATH
 from singpy.environ import EnvPlan, host_passthrough, injected_from_host, split_path_rules
 from singpy.errors import BindSpecError, SingpyError
 from singpy.host import HostInfo
+from singpy.hostfiles import path_problem, shown
 from singpy.kernel import caps
 from singpy.mounts import system
-from singpy.mounts.parse import BindSpec
+from singpy.mounts.parse import BindSpec, checked_pair
 from singpy.plan import (
     IdMap,
     ImageSpec,
@@ -24,11 +25,14 @@ from singpy.plan import (
     MountOp,
     MountSpec,
     Namespaces,
+    NetworkSpec,
     Privileges,
     ProcessSpec,
     Stage,
 )
 from singpy.record import Record
+
+_HOSTNAME_MAX = 64  # HOST_NAME_MAX: what sethostname() takes
 
 
 class LaunchRequest(Record):
@@ -64,7 +68,6 @@ class LaunchRequest(Record):
     no_privs: bool = False  # --no-privs
     add_caps: tuple[str, ...] = ()  # --add-caps values, as given
     drop_caps: tuple[str, ...] = ()  # --drop-caps values, as given
-    verbosity: int = 0
 
 
 class Planned(Record, kw_only=False):
@@ -76,10 +79,11 @@ class Planned(Record, kw_only=False):
 
 def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec,
                gpu_mounts: tuple[MountSpec, ...] = (), keep_host_env: tuple[str, ...] = ()) -> Planned:
+    if request.hostname is not None:
+        _check_hostname(request.hostname)
     if request.pid and not config.flag("allow pid ns"):
         raise SingpyError("--pid is not allowed by the system administrator (allow pid ns = no)")
-    network = net.plan_network(net=request.net, network=request.network, network_args=request.network_args,
-                               uid=host.uid, user=host.user, config=config)
+    network = _network(request, host, config)
     fakeroot = _fakeroot(request, host)
     privileges = _privileges(request, config, host)
     home_source, home_dest = _home(request, host)
@@ -93,8 +97,18 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     plan = LaunchPlan(image=image, namespaces=namespaces, uid=host.uid, gid=host.gid,
                       mounts=tuple(sorted(mounts, key=lambda spec: spec.stage)), process=process,
                       hostname=request.hostname, writable_tmpfs=request.writable_tmpfs,
-                      network=network, fakeroot=fakeroot, verbosity=request.verbosity)
+                      network=network, fakeroot=fakeroot)
     return Planned(plan, tuple(warnings))
+
+
+def _network(request: LaunchRequest, host: HostInfo, config: SysConfig) -> NetworkSpec | None:
+    """--net, --network, --network-args; singpy.network is imported only then (start-up time)."""
+    if not (request.net or request.network or request.network_args):
+        return None
+    from singpy import network as net
+
+    return net.plan_network(net=request.net, network=request.network, network_args=request.network_args,
+                            uid=host.uid, user=host.user, config=config)
 
 
 def _fakeroot(request: LaunchRequest, host: HostInfo) -> IdMap | None:
@@ -117,13 +131,36 @@ def _privileges(request: LaunchRequest, config: SysConfig, host: HostInfo) -> Pr
 
 
 def _home(request: LaunchRequest, host: HostInfo) -> tuple[str, str]:
+    """(source, destination) of the home directory; --home is checked as --bind is (singpy.mounts.parse)."""
     if request.home is None:  # --fakeroot: root's home is /root, Apptainer binds the user's home there
         return host.home, "/root" if request.fakeroot else host.home
-    source, _, dest = request.home.partition(":")
-    source = os.path.normpath(os.path.join(host.cwd, source))
-    if dest and not os.path.isabs(dest):
-        raise BindSpecError(f"bad --home {request.home!r}: destination must be an absolute path")
-    return source, os.path.normpath(dest or source)
+    bad = f"bad --home {shown(request.home)!r}"
+    parts = request.home.split(":")
+    if len(parts) > 2 or not parts[0]:
+        raise BindSpecError(f"{bad}: expected src[:dest]")
+    source, dest = parts[0], parts[-1] or parts[0]
+    if len(parts) == 2 and parts[1] and not os.path.isabs(parts[1]):
+        raise BindSpecError(f"{bad}: destination must be an absolute path")
+    return checked_pair(source, dest, host.cwd, bad=bad,
+                        onto_root="--home can't use the container's root directory / as the home directory")
+
+
+def _check_hostname(name: str) -> None:
+    """A name sethostname() takes and that is a host name (RFC 1123 labels; `_` tolerated, as real clusters use it).
+
+    The kernel takes any 64 bytes, newlines, `/` and control characters
+    included, which would then break /etc/hosts, prompts and log lines.
+    """
+    bad = f"bad --hostname {shown(name)!r}"
+    if not name or len(os.fsencode(name)) > _HOSTNAME_MAX:  # fsencode: argv may hold undecodable bytes
+        raise SingpyError(f"{bad}: a host name has 1 to {_HOSTNAME_MAX} characters")
+    for label in name.split("."):
+        if not label or len(label) > 63:
+            raise SingpyError(f"{bad}: each dot-separated label has 1 to 63 characters")
+        if not label.isascii() or not label.replace("-", "").replace("_", "").isalnum():
+            raise SingpyError(f"{bad}: only letters, digits, '-', '_' and '.' may be used")
+        if label.startswith("-") or label.endswith("-"):
+            raise SingpyError(f"{bad}: a label can't start or end with '-'")
 
 
 def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespaces: Namespaces,
@@ -141,11 +178,14 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
     mounts += system.host_files(config.items("bind path"),
                                 resolv_conf=config.flag("config resolv_conf") and not request.dns)
     if request.dns:
+        from singpy import network as net
+
         mounts.append(net.resolv_conf(net.parse_dns(request.dns)))
     if config.flag("mount hostfs"):
         mounts += system.hostfs_mounts(_read("/proc/self/mountinfo"))
     mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp"))
-    home_enabled = config.flag("mount home") and not request.no_home
+    # A home of `/` (HOME=/, as for some system accounts) is not bound, as in Apptainer: it would hide the image.
+    home_enabled = config.flag("mount home") and not request.no_home and home_dest != "/"
     if home_enabled and not request.contain and not os.path.isdir(home_source):
         raise BindSpecError(f"home directory {home_source} does not exist")
     home = system.home_mounts(source=home_source, dest=home_dest, contain=request.contain, enabled=home_enabled)
@@ -181,7 +221,7 @@ def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_des
             continue
         injected[name] = value
     injected, rules = split_path_rules(injected)
-    base = {"HOME": home_dest, "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    base = {"HOME": home_dest, "PATH": DEFAULT_PATH}
     if request.cleanenv:
         base["LANG"] = "C"
     name = os.path.basename(image.path)
@@ -198,5 +238,8 @@ def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_des
 
 def _cwd(request: LaunchRequest, host: HostInfo, home_dest: str) -> str:
     if request.pwd:
+        problem = path_problem(request.pwd)
+        if problem:
+            raise SingpyError(f"bad --pwd {shown(request.pwd)!r}: {problem}")
         return request.pwd
     return home_dest if request.contain else host.cwd

@@ -4,17 +4,31 @@ Without --pid the launcher *becomes* the payload (execve in place): its exit
 status, signals, terminal and file descriptors are the payload's with no
 process in between, and nothing can be left running. With --pid a process
 must stay outside (the new namespace's PID 1 is our child); see `supervise`.
+
+Two promises hold at every moment of the start-up, not only once the payload
+runs:
+
+* No forwarded signal is lost. Until the payload exists it ends the start-up
+  as it would have ended the payload (default action); a supervisor and init
+  keep the signals blocked and take them with sigwaitinfo, so that a new PID
+  namespace's init never drops one for lack of a handler (`supervise`).
+* No process outlives a killed launcher: every child is made by `fork_tied`
+  (PR_SET_PDEATHSIG, then a check that the parent did not die before it).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import stat
 from collections.abc import Callable
 
 from singpy import console
+from singpy.constants import RUNSCRIPT, SYSTEM_PATH
 from singpy.environ import ACTION_SCRIPT, final_env, needs_shell, shell_env
 from singpy.errors import ExecError, SingpyError
+from singpy.hostfiles import which
+from singpy.image.scripts import ImageScripts
 from singpy.kernel import caps
 from singpy.kernel import syscalls as k
 from singpy.plan import ProcessSpec
@@ -23,20 +37,19 @@ TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import NoReturn
 
-RUNSCRIPT = "/.singularity.d/runscript"
-ENV_DIR = "/.singularity.d/env"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
                      signal.SIGQUIT, signal.SIGALRM, signal.SIGWINCH, signal.SIGCONT)
+_caller_mask: set[int | signal.Signals] | None = None  # the mask singpy started with, once `block_signals` changed it
 
 
-def payload_argv(process: ProcessSpec) -> list[str]:
-    """What runs, decided inside the container root (runscript, shell)."""
+def payload_argv(process: ProcessSpec, scripts: ImageScripts) -> list[str]:
+    """What runs, decided inside the container root (the runscript found in the image, the shell)."""
     if process.action == "exec":
         return list(process.args)
     if process.action == "run":
-        if os.access(RUNSCRIPT, os.X_OK):
-            return [RUNSCRIPT, *process.args]
-        console.verbose(f"no {RUNSCRIPT} in the container: running /bin/sh")
+        if scripts.runscript is not None and os.access(scripts.runscript, os.X_OK):
+            return [scripts.runscript, *process.args]
+        console.verbose(f"no executable {RUNSCRIPT} in the image: running /bin/sh")
         return ["/bin/sh", *process.args]
     if process.shell:
         return [process.shell, *process.args]
@@ -45,20 +58,24 @@ def payload_argv(process: ProcessSpec) -> list[str]:
     return ["/bin/sh", *process.args]
 
 
-def exec_process(process: ProcessSpec) -> NoReturn:
+def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     """Called inside the container root, as the final step: chdir, no_new_privs, capabilities, execve.
+
+    `scripts` are the image's own env scripts and runscript, found in the image
+    before anything was mounted on it (singpy.launch.build_container).
 
     No PR_SET_PDEATHSIG here: when this runs in the launcher's own process
     (no --pid, no supervisor) there is no parent whose death matters, the
-    launcher *is* the payload; under a supervisor, `_run_child` set it.
+    launcher *is* the payload; under a supervisor, `fork_tied` set it.
     """
-    argv = payload_argv(process)
+    argv = payload_argv(process, scripts)
     _chdir(process.cwd, dict(process.env.base).get("HOME", "/"))
+    _check_command(argv[0])
     k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
     caps.apply(process.privileges)  # last: the steps before may still need what is dropped
-    if (_has_env_scripts() or needs_shell(process.env)) and os.access("/bin/sh", os.X_OK):
+    if (scripts.env or needs_shell(process.env)) and os.access("/bin/sh", os.X_OK):
         console.debug("environment through /bin/sh: the image's env scripts, or values to evaluate")
-        _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(process.env))
+        _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(process.env, scripts.env))
     env = final_env(process.env)
     _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env)
 
@@ -74,25 +91,42 @@ def _chdir(cwd: str, home: str) -> None:
             continue
 
 
-def _has_env_scripts() -> bool:
+def _check_command(name: str) -> None:
+    """A command given as a path must be an executable file: else one FATAL line, never a shell's words.
+
+    execve would refuse the rest too, a directory with EACCES ("permission
+    denied" would mislead); but through the env-script shell (ACTION_SCRIPT)
+    `command -v` accepts any existing path, and the shell's `exec` would fail
+    with its own message and status. Names without a slash are looked up in
+    PATH (`_find_executable`, or the shell's `command -v`).
+    """
+    if "/" not in name:
+        return
     try:
-        return any(name.endswith(".sh") for name in os.listdir(ENV_DIR))
-    except OSError:
-        return False
+        mode = os.stat(name).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        raise ExecError(f'"{name}": no such file in the container') from None
+    except OSError as error:
+        raise ExecError(f'can\'t execute "{name}": {error.strerror}') from None
+    if stat.S_ISDIR(mode):
+        raise ExecError(f'"{name}": is a directory')
+    if not stat.S_ISREG(mode) or not os.access(name, os.X_OK):
+        raise ExecError(f'"{name}": permission denied')
 
 
 def _find_executable(name: str, path: str) -> str:
+    """`name` as execvp would find it; a path is returned as it is (checked by `_check_command`)."""
     if "/" in name:
         return name
-    for directory in path.split(":"):
-        candidate = os.path.join(directory or ".", name)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-            return candidate
-    raise ExecError(f'"{name}": executable file not found in $PATH')
+    found = which(name, path)
+    if found is None:
+        raise ExecError(f'"{name}": executable file not found in $PATH')
+    return found
 
 
 def _execve(path: str, argv: list[str], env: dict[str, str]) -> NoReturn:
     console.debug(f"exec {argv}")
+    _exec_signals()
     try:
         os.execve(path, argv, env)
     except FileNotFoundError:
@@ -103,24 +137,122 @@ def _execve(path: str, argv: list[str], env: dict[str, str]) -> NoReturn:
         raise ExecError(f'can\'t execute "{argv[0]}": {error.strerror}') from None
 
 
+def _exec_signals() -> None:
+    """Signals as a program expects them when we exec it: default actions, the caller's mask.
+
+    Handlers go back to the default at execve, but an ignored signal stays
+    ignored and the mask stays as it is: Python ignores SIGPIPE and SIGXFSZ
+    (`yes | head` would then end with an error instead of quietly), and a
+    supervisor blocked signals (`block_signals`). A forwarded signal pending
+    now came during the set-up: it takes its default action here, as it would
+    have on the payload. What the user's process ignored (SIGINT and SIGQUIT in
+    a background job, SIGHUP under nohup) stays ignored; SIGPIPE's and
+    SIGXFSZ's original actions are lost, so the default, as subprocess does.
+    """
+    _default_handlers()
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signum, signal.SIG_DFL)
+    if _caller_mask is not None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, _caller_mask)
+
+
+def _default_handlers() -> None:
+    """The forwarded signals that have a Python handler (Python's own for SIGINT): default action."""
+    for signum in FORWARDED_SIGNALS:
+        if callable(signal.getsignal(signum)):
+            signal.signal(signum, signal.SIG_DFL)
+
+
 def supervise(child: Callable[[], NoReturn], helpers: tuple[int, ...] = ()) -> int:
     """Fork `child` and wait for it, forwarding signals; return its exit status.
 
     Used for --pid: the parent stays outside the new PID namespace; the child
     is its PID 1 and runs `init`. Used too when `helpers` (squashfuse, see
-    `spawn_helper`) serve the container's root: they are killed once the
-    child is gone, whatever way it ended. PR_SET_PDEATHSIG makes a killed
-    launcher take the container and the helpers down with it rather than
-    leave them unsupervised.
+    `spawn_helper`) serve the container's root, or a host network is wired
+    (singpy.launch.attach_network): the helpers are killed once the child is
+    gone, whatever way it ended. The child dies with the launcher (`fork_tied`).
+
+    No signal is lost at any moment: the forwarded signals are blocked before
+    the fork (`block_signals`), and a blocked signal stays pending, even in a
+    PID namespace's init, to which the kernel does not deliver a signal whose
+    action is the default. The child inherits the mask and keeps it while it
+    builds the container; the supervisor and init take the signals from their
+    pending set (`_wait_forwarding`), and the payload unblocks them just
+    before execve (`_exec_signals`): a signal that came before the payload
+    existed then takes its default action on it, as it would have later.
     """
     try:
-        pid = os.fork()
+        block_signals()
+        pid = fork_tied()
         if pid == 0:
             _run_child(child)
         return _wait_forwarding(pid)
     finally:
         for helper in helpers:
             _stop(helper)
+
+
+def block_signals() -> None:
+    """Hold the forwarded signals and SIGCHLD pending from now on, here and in the children forked from now.
+
+    SIGCHLD's action must be the default (an ignored SIGCHLD reaps children
+    unasked: their status would be lost); the caller's mask is kept for the
+    payload (`_exec_signals`).
+    """
+    global _caller_mask
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, (*FORWARDED_SIGNALS, signal.SIGCHLD))
+    if _caller_mask is None:
+        _caller_mask = previous
+
+
+def fork_tied() -> int:
+    """fork(2) for a child that must not outlive us: 0 in the child, its pid here.
+
+    The child sets PR_SET_PDEATHSIG (SIGKILL), which a fork does not inherit
+    and which covers only a parent that dies after it is set, so the child
+    then checks that the parent is still there (`_parent_alive`) and leaves
+    if not. Python's SIGINT handler goes back to the default action in the
+    child (a KeyboardInterrupt must not unwind a forked child); the signal
+    mask is inherited and stays as it is.
+    """
+    parent = os.getpid()
+    lifeline, held = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(held)
+            _default_handlers()
+            k.prctl(k.PR_SET_PDEATHSIG, signal.SIGKILL)
+            if not _parent_alive(parent, lifeline):
+                os._exit(1)  # nobody waits for this status
+            os.close(lifeline)
+        except BaseException:  # never let a forked child unwind into the parent's code
+            os._exit(255)
+        return 0
+    # `held` stays open here for as long as we live (close-on-exec): see _parent_alive.
+    os.close(lifeline)
+    return pid
+
+
+def _parent_alive(parent: int, lifeline: int) -> bool:
+    """In a child of `fork_tied`, after PR_SET_PDEATHSIG: whether the parent has not died already.
+
+    Once dead, the parent is no longer ours: getppid() then names the
+    process that adopted us. That test is void for the first process of a new
+    PID namespace, whose parent is outside it: getppid() is 0 whether the
+    parent lives or not. There the lifeline tells: a pipe whose write end only
+    the parent holds (ours was closed first, and the parent forks nothing after
+    it), so reading finds end of file once the parent has died.
+    """
+    ppid = os.getppid()
+    if ppid != 0:
+        return ppid == parent
+    os.set_blocking(lifeline, False)
+    try:
+        return os.read(lifeline, 1) != b""
+    except BlockingIOError:  # no data, a writer still there: the parent
+        return True
 
 
 def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool) -> tuple[int, int]:
@@ -130,19 +262,15 @@ def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool) -> tu
     libraries are), so `argv` holds host paths. It gets a session of its
     own, so that a terminal's ^C or hangup, meant for the payload, does not
     reach it (it must outlive the payload's signal handling), and it dies with
-    the launcher (PR_SET_PDEATHSIG). `keep_fd` stays open in it; stdin and
+    the launcher (`fork_tied`). `keep_fd` stays open in it; stdin and
     stdout are /dev/null (a pipe held open by it would delay the reader's end
     of file); its stderr goes to a pipe we read only if it fails, or to ours
     at -d (`quiet` false).
     """
     errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
-    parent = os.getpid()
-    pid = os.fork()
+    pid = fork_tied()
     if pid == 0:
         try:
-            k.prctl(k.PR_SET_PDEATHSIG, signal.SIGKILL)
-            if os.getppid() != parent:  # the launcher died before the prctl
-                os._exit(1)
             os.setsid()
             os.chroot(root)
             os.chdir("/")
@@ -151,7 +279,8 @@ def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool) -> tu
             os.dup2(null, 1)
             os.dup2(errors_write if quiet else 2, 2)
             os.set_inheritable(keep_fd, True)
-            os.execve(argv[0], argv, {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+            _exec_signals()
+            os.execve(argv[0], argv, {"PATH": SYSTEM_PATH})
         except BaseException as error:  # never let a forked child unwind into the parent's code
             os.write(errors_write, f"can't start {argv[0]}: {error}\n".encode())
         os._exit(127)
@@ -182,9 +311,11 @@ def init(payload: Callable[[], NoReturn]) -> NoReturn:
 
     The kernel delivers to a namespace's PID 1 only the signals it has
     handlers for (pid_namespaces(7)), so the payload cannot be PID 1 itself:
-    SIGTERM would be ignored.
+    SIGTERM would be ignored. init keeps the signals blocked (`supervise`),
+    and the kernel never ignores a blocked signal: what the launcher forwarded
+    during the set-up is pending, and reaches the payload from `_wait_forwarding`.
     """
-    pid = os.fork()
+    pid = fork_tied()
     if pid == 0:
         _run_child(payload)
     os._exit(_wait_forwarding(pid, reap_all=True))
@@ -192,7 +323,6 @@ def init(payload: Callable[[], NoReturn]) -> NoReturn:
 
 def _run_child(body: Callable[[], NoReturn]) -> NoReturn:
     try:
-        k.prctl(k.PR_SET_PDEATHSIG, signal.SIGKILL)
         body()
     except SingpyError as error:
         console.fatal(error.message)
@@ -203,10 +333,38 @@ def _run_child(body: Callable[[], NoReturn]) -> NoReturn:
 
 
 def _wait_forwarding(pid: int, *, reap_all: bool = False) -> int:
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, lambda received, _frame: _forward(pid, received))
+    """Forward signals to `pid` until it exits (reaping any other child if `reap_all`); its status.
+
+    Synchronous: the signals stay blocked (`block_signals`, before the fork)
+    and are taken one at a time from the pending set with sigwaitinfo,
+    SIGCHLD among them. A handler could not do that safely: Python runs it
+    between bytecodes, so a signal that came just before the wait system call
+    would only be noted while the wait went on, possibly for ever. A signal
+    is forwarded only before `pid` is reaped (never to a recycled pid); a
+    signal ignored when singpy started is not forwarded (the payload ignores
+    it too).
+    """
+    forwarded = {signum for signum in FORWARDED_SIGNALS if signal.getsignal(signum) != signal.SIG_IGN}
+    waited = forwarded | {signal.SIGCHLD}
     while True:
-        done, status = os.waitpid(-1 if reap_all else pid, 0)
+        received = signal.sigwaitinfo(waited).si_signo
+        if received != signal.SIGCHLD:
+            _forward(pid, received)
+            continue
+        status = _reap(pid, reap_all=reap_all)
+        if status is not None:
+            return status
+
+
+def _reap(pid: int, *, reap_all: bool) -> int | None:
+    """Reap the children that have exited (`pid` only, or all); `pid`'s exit status if it is one of them.
+
+    One SIGCHLD may stand for several children: all are reaped at once.
+    """
+    while True:
+        done, status = os.waitpid(-1 if reap_all else pid, os.WNOHANG)
+        if done == 0:
+            return None
         if done == pid:
             code = os.waitstatus_to_exitcode(status)
             return 128 - code if code < 0 else code

@@ -20,15 +20,17 @@ and the two pivots; [2] man 2 pivot_root, "pivot_root(".", ".")"):
 from __future__ import annotations
 
 import os
+import stat
 
 from singpy.kernel import syscalls as k
-from singpy.mounts.rootpath import resolve
+from singpy.mounts.rootpath import Tree, resolve
 
 STAGE = "/tmp"  # where the staging tmpfs is mounted before the first pivot
 HOST = "/oldroot"  # the host's root, seen from the staging root
 NEWROOT = "/newroot"  # the container's root, seen from the staging root
 SCRATCH = "/scratch"  # launcher files and overlay layers
 IMAGE = "/image"  # mount point of a squashfs image (loop or FUSE), see singpy.image.squashfs
+PROC = HOST + "/proc"  # the host's procfs, seen from the staging root (for /proc/self/fd/N)
 
 
 def enter_staging() -> None:
@@ -46,70 +48,80 @@ def host_path(path: str) -> str:
     return resolve(HOST, path)
 
 
-def mount_image(lower: str, *, mount_points: list[tuple[str, bool]], writable: bool, userns: bool) -> None:
-    """Put the image's root filesystem (`lower`, a path in the staging root) on NEWROOT, never writing it.
+def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: bool, userns: bool) -> None:
+    """Put the image's root filesystem (`image`, a tree in the staging root) on NEWROOT, never writing it.
 
     With nothing to add, the image is bound read-only. Otherwise it becomes
     the lower layer of an overlay whose top layer (in the staging tmpfs)
     holds the mount points the image lacks, so they need no write to the
     image and no permission over its directories; `--writable-tmpfs` adds a
     writable tmpfs upper layer. `userxattr` is what overlayfs needs inside a
-    user namespace (kernel >= 5.11).
+    user namespace (kernel >= 5.11). Device nodes in the image never work
+    (nodev, as Apptainer mounts an image): /dev comes from the host or a tmpfs.
     """
     if not mount_points and not writable:
-        k.mount(lower, NEWROOT, None, k.MS_BIND | k.MS_REC)
-        remount(NEWROOT, k.MS_RDONLY | k.MS_NOSUID)  # read-only before anything is mounted on it
+        k.mount(image.root, NEWROOT, None, k.MS_BIND | k.MS_REC)
+        remount(NEWROOT, k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV)  # read-only before anything is mounted on it
         return
-    layers = _escape(lower)
+    layers = _escape(image.root)
     if mount_points:
-        _make_mount_point_layer(lower, mount_points)
+        _make_mount_point_layer(image, mount_points)
         layers = f"{SCRATCH}/layer:{layers}"
     options = f"lowerdir={layers}"
     if writable:
         for name in ("upper", "work"):
             os.mkdir(f"{SCRATCH}/{name}")
         options += f",upperdir={SCRATCH}/upper,workdir={SCRATCH}/work"
-    k.mount("overlay", NEWROOT, "overlay", k.MS_NOSUID, options + (",userxattr" if userns else ""))
+    k.mount("overlay", NEWROOT, "overlay", k.MS_NOSUID | k.MS_NODEV, options + (",userxattr" if userns else ""))
 
 
-def _make_mount_point_layer(lower: str, mount_points: list[tuple[str, bool]]) -> None:
-    """Empty files and directories for the missing mount points, with the image's directory modes."""
+def _make_mount_point_layer(image: Tree, mount_points: list[tuple[str, bool]]) -> None:
+    """Empty files and directories for the missing mount points, with the image's directory modes.
+
+    The paths were resolved in the image (no link in them); the layer is a
+    fresh directory of the staging tmpfs, so plain path strings are safe here.
+    """
     layer = f"{SCRATCH}/layer"
     os.mkdir(layer)
-    os.chmod(layer, os.stat(lower).st_mode & 0o7777)
+    os.chmod(layer, stat.S_IMODE(os.fstat(image.fd).st_mode))
     for relative, is_dir in mount_points:
         parts = relative.split("/")
         for depth in range(1, len(parts)):
-            _mirror_dir(lower, layer, "/".join(parts[:depth]))
+            _mirror_dir(image, layer, "/".join(parts[:depth]))
         path = f"{layer}/{relative}"
         if is_dir:
-            _mirror_dir(lower, layer, relative)
+            _mirror_dir(image, layer, relative)
         elif not os.path.lexists(path):
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 
 
-def _mirror_dir(lower: str, layer: str, relative: str) -> None:
+def _mirror_dir(image: Tree, layer: str, relative: str) -> None:
     path = f"{layer}/{relative}"
     if os.path.isdir(path):
         return
     os.mkdir(path)
-    try:
-        os.chmod(path, os.stat(f"{lower}/{relative}").st_mode & 0o7777)
-    except OSError:
-        os.chmod(path, 0o755)
+    found = image.lookup(relative, follow=False)
+    mode = 0o755
+    if found.fd is not None:
+        info = os.fstat(found.fd)
+        os.close(found.fd)
+        if stat.S_ISDIR(info.st_mode):
+            mode = stat.S_IMODE(info.st_mode)
+    os.chmod(path, mode)
 
 
-def remount(target: str, flags: int) -> None:
+def remount(target: str, flags: int, *, shown: str | None = None) -> None:
     """Add `flags` to the bind mount at `target`, keeping the flags it already has.
 
     Inside a user namespace the kernel refuses a remount that would clear a
     flag locked by a more privileged namespace (nosuid, nodev, noexec, atime),
-    so the current flags are read back and kept.
+    so the current flags are read back and kept. `shown` names a descriptor's
+    path (k.fd_path) in messages.
     """
     current = _mount_flags(target)
     if current & flags == flags:
         return
-    k.mount(None, target, None, k.MS_REMOUNT | k.MS_BIND | current | flags)
+    k.mount(None, target, None, k.MS_REMOUNT | k.MS_BIND | current | flags, shown=shown)
 
 
 _STATVFS_TO_MS = ((os.ST_RDONLY, k.MS_RDONLY), (os.ST_NOSUID, k.MS_NOSUID), (os.ST_NODEV, k.MS_NODEV),

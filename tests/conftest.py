@@ -2,13 +2,26 @@
 
 Integration tests take the `singpy` fixture, which is parametrized over the
 two profiles; each case therefore runs once as root and once as the test
-user created here (`singpy-test`), like Apptainer's e2e profiles.
+user, like Apptainer's e2e profiles. As root the test user is `singpy-test`,
+created here on first use (tests/support/users.py); as anyone else it is the
+invoking user, and what needs root (the "root" profile, `as_root`, changing
+host settings) is skipped with the reason.
+
+Another copy of this suite may run on the same machine at the same time:
+everything a session makes lives in its own directory (`workdir`, which also
+holds pytest's tmp_path), singpy gets a TMPDIR and a cache of the session's
+own, and host settings a test needs changed (/dev/fuse's mode, /etc/subuid)
+are changed in a private mount namespace for that test's singpy only
+(tests/support/hostsim.py). What a run may leave behind is checked with
+tests/support/leftovers.py, which only looks at what names our own paths.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,10 +30,67 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import hostsim, sifs
 from tests.support.images import build_busybox_rootfs
-from tests.support.users import can_reach, ensure_test_user
+from tests.support.leftovers import descendants, watch_tmpdir
+from tests.support.users import can_reach, ensure_test_user, is_root
 
 SINGPY = str(Path(sys.executable).parent / "singpy")
+_SESSION: dict[str, Path] = {}
+_STARTED: list[subprocess.Popen[str]] = []  # singpy processes started by the current test (see _end_what_we_started)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One directory per session, made before anything else: pytest's tmp_path goes there too.
+
+    (pytest's default base, /tmp/pytest-of-USER, is shared by every session of the same user.)
+    """
+    path = Path(tempfile.mkdtemp(prefix="singpy-tests-", dir="/tmp"))
+    path.chmod(0o755)  # pytest's own tmp dirs are private to their owner; the test user must reach ours
+    _SESSION["workdir"] = path
+    if config.option.basetemp is None:
+        config.option.basetemp = str(path / "pytest")
+    _signals_as_in_a_shell()
+
+
+def _signals_as_in_a_shell() -> None:
+    """The programs the tests start get the signal dispositions of a command typed in a shell.
+
+    Started by `nohup` (SIGHUP ignored) or as a background job of a script (SIGINT and SIGQUIT
+    ignored), this process would pass those on, and an ignored signal stays ignored across
+    execve: tests that signal singpy would see their signals lost. A handler of ours keeps this
+    process as immune as it was, and is reset to the default in every program it starts.
+    """
+    for number in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        if signal.getsignal(number) == signal.SIG_IGN:
+            signal.signal(number, _still_ignored)
+
+
+def _still_ignored(number: int, frame: object) -> None:
+    """Stands for SIG_IGN in this process only (see _signals_as_in_a_shell)."""
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = _SESSION.pop("workdir", None)
+    if path is not None:
+        _remove_tree(path)
+
+
+def _remove_tree(path: Path) -> None:
+    """rmtree that gets through read-only directories (unpacked images have them)."""
+    subprocess.run(["chmod", "-R", "u+rwX", str(path)], capture_output=True, check=False)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def default_signals() -> None:
+    """In a child, before exec: the signals the tests send start at their default action, whatever we inherited.
+
+    A suite started in the background by a script (`make test &`) has SIGINT and
+    SIGQUIT ignored, one under nohup SIGHUP: an ignored signal stays ignored
+    across execve, and a shell payload can't trap it, so a test would wait forever.
+    """
+    for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)
 
 
 class Singpy:
@@ -30,29 +100,58 @@ class Singpy:
         self.profile = profile
         self.workdir = workdir
         if profile == "root":
+            if not is_root():
+                pytest.skip("profile root: the suite is not running as root")
             self.uid, self.gid, self.home, self.user = 0, 0, "/root", "root"
         else:
             entry = ensure_test_user()
             self.uid, self.gid, self.home, self.user = entry.pw_uid, entry.pw_gid, entry.pw_dir, entry.pw_name
+        self.tmpdir = workdir / "tmp"  # the TMPDIR of every run (sticky, like /tmp; see the workdir fixture)
+        self.cachedir = workdir / f"cache-{profile}"  # SINGPY_CACHEDIR: never the user's shared ~/.cache
+        if not self.cachedir.exists():
+            self.cachedir.mkdir(mode=0o700)
+            os.chown(self.cachedir, self.uid, self.gid)
 
     def env(self, **extra: str) -> dict[str, str]:
         base = {"HOME": self.home, "USER": self.user, "LOGNAME": self.user, "PATH": "/usr/bin:/bin",
-                "LANG": "C.UTF-8", "TERM": "dumb"}
+                "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": str(self.tmpdir),
+                "SINGPY_CACHEDIR": str(self.cachedir)}
         return {**base, **extra}
+
+    def command(self, args: list[str]) -> tuple[list[str], dict[str, object]]:
+        """The argv for `singpy ARGS` and the Popen arguments that switch to this profile's user.
+
+        While a test simulates a host setting (tests.support.hostsim), singpy starts through the
+        wrapper, which changes user itself.
+        """
+        prefix = hostsim.wrapper(self.uid, self.gid, str(self.workdir / ".hostsim"))
+        return [*prefix, SINGPY, *args], {} if prefix else self.switch()
+
+    def switch(self) -> dict[str, object]:
+        """subprocess arguments that run a command as this profile's user ({} when that is us already)."""
+        if self.uid == os.geteuid():
+            return {}
+        return {"user": self.uid, "group": self.gid, "extra_groups": []}
 
     def popen(self, args: list[str], *, env: dict[str, str] | None = None, cwd: str | Path | None = None,
               **kwargs: object) -> subprocess.Popen[str]:
-        ids: dict[str, object] = {}
-        if self.uid != 0:
-            ids = {"user": self.uid, "group": self.gid, "extra_groups": []}
-        return subprocess.Popen([SINGPY, *args], env=self.env() if env is None else env,
-                                cwd=str(cwd or self.workdir), text=True, **ids, **kwargs)  # type: ignore[call-overload]
+        argv, ids = self.command(args)
+        kwargs.setdefault("preexec_fn", default_signals)
+        process: subprocess.Popen[str] = subprocess.Popen(  # type: ignore[call-overload]
+            argv, env=self.env() if env is None else env, cwd=str(cwd or self.workdir), text=True, **ids, **kwargs)
+        _STARTED.append(process)
+        return process
 
     def run(self, *args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
             input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         process = self.popen(list(args), env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
-        out, err = process.communicate(input, timeout=timeout)
+        try:
+            out, err = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
         return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
     def ok(self, *args: str, **kwargs: object) -> str:
@@ -62,13 +161,37 @@ class Singpy:
         return result.stdout
 
 
+@pytest.fixture(autouse=True)
+def _end_what_we_started() -> Iterator[None]:
+    """A test that fails while its singpy runs (a timeout, a failed assertion) must not leave it running.
+
+    A payload that waits forever for a signal it never got would outlive the session and hold its
+    images; everything `Singpy.popen` started, and what it started, is killed when the test ends.
+    """
+    yield
+    while _STARTED:
+        process = _STARTED.pop()
+        if process.poll() is None:
+            for pid in [*descendants(process.pid), process.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            process.wait()
+
+
 @pytest.fixture(scope="session")
-def workdir() -> Iterator[Path]:
-    """A world-readable scratch directory (pytest's own tmp dirs are private to root)."""
-    path = Path(tempfile.mkdtemp(prefix="singpy-tests-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def workdir() -> Path:
+    """This session's world-readable scratch directory, /tmp/singpy-tests-XXXXXXXX (removed at the end).
+
+    It holds the images, singpy's TMPDIR (`tmp`, sticky and world-writable like /tmp, watched by
+    tests.support.leftovers), the caches and the wrapper's mount point (`.hostsim`).
+    """
+    path = _SESSION["workdir"]
+    tmp = path / "tmp"
+    tmp.mkdir(exist_ok=True)
+    tmp.chmod(0o1777)
+    watch_tmpdir(tmp)
+    (path / ".hostsim").mkdir(mode=0o755, exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -89,7 +212,7 @@ def env_image(workdir: Path) -> Path:
 @pytest.fixture(scope="session", params=["root", "user"])
 def singpy(request: pytest.FixtureRequest, workdir: Path) -> Singpy:
     runner = Singpy(request.param, workdir)
-    if runner.uid != 0:
+    if runner.uid != os.geteuid():
         for needed in (SINGPY, sys.executable, str(workdir)):
             if not can_reach(ensure_test_user(), needed):
                 pytest.fail(f"the test user cannot reach {needed}: clone the repository where other users can read it")
@@ -106,9 +229,20 @@ def as_user(workdir: Path) -> Singpy:
     return Singpy("user", workdir)
 
 
-def host_state() -> tuple[str, frozenset[str], frozenset[str]]:
-    """What a failed run must leave unchanged: mounts, /tmp entries, singpy processes."""
-    mounts = Path("/proc/self/mountinfo").read_text()
-    tmp = frozenset(name for name in os.listdir("/tmp") if not name.startswith("cc"))  # not gcc's temp files
-    procs = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout.splitlines()
-    return mounts, tmp, frozenset(line for line in procs if SINGPY in line)
+# /dev/fuse usable by users ("open") or by root only ("closed"), for the singpy runs of one test.
+# Test modules may declare their own with sifs.fuse_mode; these are for the others.
+
+
+@pytest.fixture(params=["open", "closed"])
+def fuse(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from sifs.fuse_mode(request.param)
+
+
+@pytest.fixture
+def fuse_open() -> Iterator[str]:
+    yield from sifs.fuse_mode("open")
+
+
+@pytest.fixture
+def fuse_closed() -> Iterator[str]:
+    yield from sifs.fuse_mode("closed")

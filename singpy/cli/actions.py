@@ -44,12 +44,11 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
 
     host = host_module.capture(env)
     config = sysconf.load(global_values.get("config") or sysconf.default_path(env))
-    request = build_request(action, values, positionals, host.cwd, console.level())
+    request = build_request(action, values, positionals, host.cwd)
     return launch.run(request, config, host, dry_run=bool(values.get("dry_run")))
 
 
-def build_request(action: str, values: Mapping[str, Any], positionals: list[str], cwd: str,
-                  level: int) -> LaunchRequest:
+def build_request(action: str, values: Mapping[str, Any], positionals: list[str], cwd: str) -> LaunchRequest:
     from singpy.environ import parse_env_option
     from singpy.mounts.parse import parse_bind_list
     from singpy.planner import LaunchRequest
@@ -68,7 +67,7 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         no_home=bool(values.get("no_home")),
         pwd=values.get("pwd"),
         writable_tmpfs=bool(values.get("writable_tmpfs")),
-        hostname=values.get("hostname"),
+        hostname=values.get("hostname") or None,  # --hostname '' sets nothing, as in Apptainer
         pid=containall or bool(values.get("pid")),
         ipc=containall or bool(values.get("ipc")),
         uts=bool(values.get("uts")),
@@ -86,20 +85,17 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         no_privs=bool(values.get("no_privs")),
         add_caps=tuple(values.get("add_caps", [])),
         drop_caps=tuple(values.get("drop_caps", [])),
-        verbosity=level,
     )
 
 
 def _read_env_files(paths: list[str]) -> list[tuple[str, str]]:
+    """The files' variables, later files winning; each a regular UTF-8 file of at most 1 MiB."""
     from singpy.environ import parse_env_file
+    from singpy.errors import SingpyError
+    from singpy.hostfiles import read_text, shown
 
     merged: dict[str, str] = {}
     for value in paths:
         for path in value.split(","):
-            try:
-                with open(path) as handle:
-                    text = handle.read()
-            except OSError as error:
-                raise UsageError(f"can't read --env-file {path}: {error.strerror}") from None
-            merged.update(parse_env_file(text, path))
+            merged.update(parse_env_file(read_text(path, what="--env-file", error=SingpyError), shown(path)))
     return list(merged.items())

@@ -6,33 +6,54 @@ normally dispatched to the fast parser before typer is imported.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
+from typing import Any
+
 import typer
 
+# typer 0.28 (pinned in pyproject.toml) carries click inside it; its exceptions are caught by type here.
+from typer._click import exceptions as click_errors
+
 from singpy import __version__
-from singpy.cli.options import ACTIONS
+from singpy.cli.options import ACTIONS, GLOBAL_OPTIONS, Option
+
+_HELP = next(option for option in GLOBAL_OPTIONS if option.dest == "help")
 
 app = typer.Typer(
     name="singpy",
     help="Run programs in Singularity/Apptainer container images, unprivileged.",
     no_args_is_help=True,
     add_completion=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": [name for name in (_HELP.long, _HELP.short) if name]},
 )
 
 
-@app.callback()
-def _global(
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="only print errors"),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="print each step"),
-    debug: bool = typer.Option(False, "--debug", "-d", help="print debugging messages and tracebacks"),
-    config: str = typer.Option("", "--config", help="read this singpy.conf instead of the default"),
-    version: bool = typer.Option(False, "--version", help="print the version and exit"),
-) -> None:
-    """Run programs in Singularity/Apptainer container images, unprivileged."""
-    from singpy import console
-    from singpy.cli.actions import verbosity
+def _global_callback(options: tuple[Option, ...]) -> Callable[..., None]:
+    """The typer callback of the global flags, made from `options` (GLOBAL_OPTIONS): declared once.
 
-    console.set_level(verbosity({"quiet": quiet, "verbose": verbose, "debug": debug}))
+    singpy.cli.main has already acted on them (split_global: --version, the
+    verbosity, --config for run/exec/shell); typer only has to accept them in
+    front of its own commands and list them in `singpy --help`.
+    """
+
+    def callback(**values: Any) -> None:
+        from singpy import console
+        from singpy.cli.actions import verbosity
+
+        console.set_level(verbosity(values))
+
+    callback.__doc__ = app.info.help
+    callback.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+        inspect.Parameter(option.dest, inspect.Parameter.KEYWORD_ONLY, annotation=str if option.value else bool,
+                          default=typer.Option("" if option.value else False,
+                                               *(name for name in (option.long, option.short) if name),
+                                               help=option.help, metavar=option.value or None))
+        for option in options if option is not _HELP])
+    return callback
+
+
+app.callback()(_global_callback(GLOBAL_OPTIONS))
 
 
 def _action_command(action: str) -> None:
@@ -71,6 +92,8 @@ def version() -> None:
 
 
 def run_app(args: list[str]) -> int:
+    """Run a typer command; click's own errors become singpy's one line (exit 1), by their type."""
+    from singpy import console
     from singpy.errors import ExitCode
 
     try:
@@ -79,15 +102,12 @@ def run_app(args: list[str]) -> int:
             return status
     except typer.Exit as done:
         return int(done.exit_code)
-    except Exception as error:  # click's usage errors: one line, exit 1
-        name = type(error).__name__
-        if name in ("NoSuchOption", "UsageError", "BadParameter", "NoArgsIsHelpError", "MissingParameter"):
-            if name == "NoArgsIsHelpError":
-                return int(ExitCode.USAGE)
-            from singpy import console
-
-            message = error.format_message() if hasattr(error, "format_message") else str(error)
-            console.fatal(message)
-            return int(ExitCode.USAGE)
-        raise
+    except click_errors.NoArgsIsHelpError:  # the help was printed: `singpy`, `singpy cache`
+        return int(ExitCode.USAGE)
+    except click_errors.ClickException as error:  # NoSuchOption, BadParameter, MissingParameter, ...
+        console.fatal(error.format_message())
+        return int(ExitCode.USAGE)
+    except typer.Abort:  # end of input at a prompt
+        console.fatal("aborted")
+        return int(ExitCode.USAGE)
     return 0

@@ -30,14 +30,14 @@ def main(argv: list[str] | None = None) -> int:
     from singpy.errors import SingpyError
 
     debug = "-d" in args[:3] or "--debug" in args[:3]
+    if debug:
+        import traceback  # noqa: F401  now: see _print_traceback
     try:
         _refuse_setuid()
         return _dispatch(args)
     except SingpyError as error:
         if debug or console.level() >= console.DEBUG:
-            import traceback
-
-            traceback.print_exc()
+            _print_traceback(error)
         console.fatal(error.message)
         if error.hint and (console.level() >= console.VERBOSE or error.exit_code == 1):
             console.hint(error.hint)
@@ -65,6 +65,29 @@ def _dispatch(args: list[str]) -> int:
     from singpy.cli.app import run_app
 
     return run_app(args)
+
+
+def _print_traceback(error: BaseException) -> None:
+    """The traceback at -d, importing nothing: the error may come from inside the container root.
+
+    Once the container is the root (pivot_root), the package and the standard
+    library are out of reach: an import there fails, or finds the image's own
+    Python. `traceback` is imported before the launch when -d is among the
+    first arguments (main); otherwise (`-d` given later on the command line)
+    the frames are written here, without source lines.
+    """
+    traceback = sys.modules.get("traceback")
+    if traceback is not None:
+        traceback.print_exception(error)
+        return
+    lines = ["Traceback (most recent call last):\n"]
+    frame = error.__traceback__
+    while frame is not None:
+        code = frame.tb_frame.f_code
+        lines.append(f'  File "{code.co_filename}", line {frame.tb_lineno}, in {code.co_name}\n')
+        frame = frame.tb_next
+    lines.append(f"{type(error).__module__}.{type(error).__qualname__}: {error}\n")
+    sys.stderr.write("".join(lines))
 
 
 def _exit_now(status: int) -> NoReturn:

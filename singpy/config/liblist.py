@@ -51,12 +51,12 @@ def parse_liblist(text: str) -> LibList:
 
 def load_liblist(path: str) -> LibList:
     """Read and parse a liblist file; an unreadable file is a `ConfigError`."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except OSError as exc:
+    from singpy.hostfiles import read_text
+
+    try:  # a regular UTF-8 file of at most 1 MiB: never a FIFO that blocks, nor a device without end
+        text = read_text(path, what="GPU library list", error=ConfigError, unreadable=f"could not read {path}")
+    except ConfigError as error:
         raise ConfigError(
-            f"could not read {path}: {exc.strerror or exc}",
-            hint="check the path of the GPU library list (nvliblist.conf / rocmliblist.conf)",
-        ) from exc
+            error.message, hint="check the path of the GPU library list (nvliblist.conf / rocmliblist.conf)"
+        ) from None
     return parse_liblist(text)

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 
 from singpy.errors import ConfigError
+from singpy.hostfiles import path_problem, read_text, shown
 from singpy.record import Record
 
 BOOL, CHOICE, STRING, LIST, INT = "bool", "choice", "string", "list", "int"
@@ -66,6 +67,7 @@ DIRECTIVES: tuple[Directive, ...] = (
 )
 
 _BY_NAME = {directive.name: directive for directive in DIRECTIVES}
+_PROGRAM_PATHS = ("nvidia-container-cli path", "ldconfig path")  # run by singpy: checked like bind paths
 _TRUE, _FALSE = ("yes", "true", "1"), ("no", "false", "0")
 
 
@@ -104,13 +106,12 @@ def default_path(env: Mapping[str, str]) -> str:
 
 
 def load(path: str) -> SysConfig:
-    """Read and check `path`; a missing file is an error (an admin pointed at it)."""
-    try:
-        with open(path) as handle:
-            text = handle.read()
-    except OSError as error:
-        raise ConfigError(f"can't read configuration {path}: {error.strerror}") from None
-    return parse(text, path)
+    """Read and check `path`; a missing file is an error (an admin pointed at it).
+
+    A FIFO, a device, a file over 1 MiB or one that is not UTF-8 text is
+    refused with one line (singpy.hostfiles), never read without end.
+    """
+    return parse(read_text(path, what="configuration", error=ConfigError), path)
 
 
 def parse(text: str, origin: str) -> SysConfig:
@@ -124,14 +125,40 @@ def parse(text: str, origin: str) -> SysConfig:
         key, sep, value = line.partition("=")
         directive = _BY_NAME.get(" ".join(key.split()))
         if not sep or directive is None:
-            raise ConfigError(f"{where}: unknown directive {key.strip()!r}")
+            raise ConfigError(f"{where}: unknown directive {shown(key.strip())!r}")
         value = value.strip()
+        if directive.name == "bind path":
+            _check_bind_path(value, where)
+        elif directive.name in _PROGRAM_PATHS and path_problem(value):
+            raise ConfigError(f"{where}: {directive.name} {shown(value)!r}: {path_problem(value)}")
         if directive.kind == LIST:
             lists.setdefault(directive.name, []).append(value)
         else:
             values[directive.name] = _convert(directive, value, where)
     values.update({name: tuple(items) for name, items in lists.items()})
     return SysConfig(origin, values)
+
+
+def _check_bind_path(value: str, where: str) -> None:
+    """`src[:dest]`, both absolute, usable by the kernel, and not the container's root itself.
+
+    Checked here, with the line, because a relative path has no meaning for a
+    bind made inside the container's root, and a path the kernel refuses
+    (ENAMETOOLONG) would only fail, less clearly, in the middle of the launch.
+    """
+    parts = value.split(":")
+    if len(parts) > 2 or not parts[0]:
+        raise ConfigError(f"{where}: bind path must be src[:dest] (absolute paths), not {shown(value)!r}")
+    for role, path in zip(("source", "destination"), parts, strict=False):
+        if role == "destination" and not path:  # `src:` means the same path inside
+            break
+        if not path.startswith("/"):
+            raise ConfigError(f"{where}: bind path {role} {shown(path)!r} is not an absolute path")
+        problem = path_problem(path)
+        if problem:
+            raise ConfigError(f"{where}: bind path {role} {shown(path)!r}: {problem}")
+    if os.path.normpath(parts[-1] or parts[0]).lstrip("/") == "":
+        raise ConfigError(f"{where}: bind path {shown(value)!r} would replace the container's root directory /")
 
 
 def _convert(directive: Directive, value: str, where: str) -> object:

@@ -12,10 +12,38 @@ type its arguments even when no GPU flag is given.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from singpy.plan import MountSpec
+from singpy.constants import LIBS_DIR
+from singpy.plan import MountOp, MountSpec
 from singpy.record import Record
+
+
+class GpuHost(Record):
+    """The host as --nv and --rocm look at it, read by `singpy.gpu.request.gpu_host`.
+
+    Every path has its real default and can be pointed elsewhere: that is how
+    the tests put a simulated GPU host in place of this one.
+    """
+
+    env: Mapping[str, str]  # the launcher's environment (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES...)
+    path_env: str  # PATH searched for the tools (nvidia-smi, rocminfo...)
+    nvliblist: str  # nvliblist.conf
+    rocmliblist: str  # rocmliblist.conf
+    nvidia_container_cli: str | None = None  # its path when singpy.conf lets it be used
+    dev_dir: str = "/dev"
+    ldconfig: str = "/sbin/ldconfig"  # the fallback when the ld cache can't be read directly
+    ld_cache_file: str | None = None  # the ld cache read directly (None: /etc/ld.so.cache)
+    persistenced_socket: str = "/var/run/nvidia-persistenced/socket"
+    proc_driver_version: str = "/proc/driver/nvidia/version"
+    inherited_libs_dir: str = LIBS_DIR  # a parent container's GPU libraries (nested singpy)
+
+
+class ImageHints(Record):
+    """What the GPU checks read from the image before the launch (only from an image that is a directory)."""
+
+    glibc: str | None = None  # its glibc release ("2.36"), None for none or not known
+    env: Mapping[str, str] | None = None  # CUDA_VERSION / NVIDIA_REQUIRE_CUDA as its env scripts set them
 
 
 class GpuContribution(Record):
@@ -34,12 +62,17 @@ def merge(*contribs: GpuContribution) -> GpuContribution:
 
     The first mount for a destination wins, so the one tmpfs at
     /.singularity.d/libs stays ahead of every library bind and a library
-    listed by both vendors (libOpenCL.so, libdrm.so) is bound once.
+    listed by both vendors (libOpenCL.so, libdrm.so) is bound once. Seals
+    come last, once every vendor's libraries are in place below them.
     """
     mounts: dict[str, MountSpec] = {}
+    seals: dict[str, MountSpec] = {}
     notes: list[str] = []
     for contrib in contribs:
         for spec in contrib.mounts:
+            if spec.op is MountOp.SEAL:
+                seals.setdefault(spec.dest, spec)
+                continue
             kept = mounts.setdefault(spec.dest, spec)
             if kept is not spec and kept != spec:
                 notes.append(f"{spec.dest}: keeping {kept.source or kept.op.value}, ignoring {spec.source}")
@@ -48,7 +81,7 @@ def merge(*contribs: GpuContribution) -> GpuContribution:
         for name, value in contrib.env:
             env.setdefault(name, value)
     return GpuContribution(
-        mounts=tuple(mounts.values()),
+        mounts=(*mounts.values(), *seals.values()),
         env=tuple(env.items()),
         keep_host_env=_unique(name for contrib in contribs for name in contrib.keep_host_env),
         libs_dir_used=any(contrib.libs_dir_used for contrib in contribs),

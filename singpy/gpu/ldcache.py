@@ -25,13 +25,16 @@ import os
 import struct
 from collections.abc import Iterable, Mapping
 
+from singpy.config.liblist import LibList
+from singpy.constants import LIBS_DIR, SYSTEM_PATH
 from singpy.errors import GpuError
+from singpy.gpu import GpuHost
 from singpy.gpu.elf import ElfIdentity, elf_identity, host_elf_identity, required_glibc
 from singpy.gpu.versions import major_minor
+from singpy.hostfiles import which
 from singpy.plan import MountOp, MountSpec, Stage
 from singpy.record import Record
 
-LIBS_DIR = "/.singularity.d/libs"  # where Apptainer puts host libraries in the container
 LdCache = Mapping[str, tuple[str, ...]]  # library name -> host paths, in `ldconfig -p` order
 
 # "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"; the flags may
@@ -116,7 +119,7 @@ def run_ldconfig(ldconfig: str, cache_file: str | None) -> dict[str, tuple[str, 
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, errors="replace", timeout=30,
-            env={"LC_ALL": "C", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, check=False,
+            env={"LC_ALL": "C", "PATH": SYSTEM_PATH}, check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise GpuError(f"could not retrieve ld cache: {' '.join(argv)}: {exc}") from exc
@@ -179,16 +182,18 @@ class HostFiles(Record):
     notes: tuple[str, ...] = ()  # verbose-level messages
 
     def mounts(self) -> tuple[MountSpec, ...]:
-        """Read-only binds; one tmpfs at /.singularity.d/libs first when there are libraries."""
+        """Read-only binds; with libraries, a tmpfs at /.singularity.d/libs first and its seal last."""
         specs: list[MountSpec] = []
         if self.libraries:
-            specs.append(MountSpec(op=MountOp.TMPFS, dest=LIBS_DIR, readonly=True, stage=Stage.GPU))
+            specs.append(MountSpec(op=MountOp.TMPFS, dest=LIBS_DIR, stage=Stage.GPU))
         targets = [(path, f"{LIBS_DIR}/{name}") for name, path in self.libraries]
         targets += [(path, f"/usr/bin/{name}") for name, path in self.binaries]
         targets += [(path, path) for path in self.files]
         specs += [
             MountSpec(op=MountOp.BIND, source=src, dest=dst, readonly=True, stage=Stage.GPU) for src, dst in targets
         ]
+        if self.libraries:  # one recursive read-only switch, not one remount per library (singpy.mounts.apply)
+            specs.append(MountSpec(op=MountOp.SEAL, dest=LIBS_DIR, stage=Stage.GPU))
         return tuple(specs)
 
     def bind_notes(self) -> tuple[str, ...]:
@@ -241,15 +246,6 @@ def _absolute_candidates(path: str) -> list[tuple[str, ...]]:
     return [(candidate,) for candidate in (path, *so_links(path))]
 
 
-def which(name: str, path_env: str) -> str | None:
-    """The first executable `name` on `path_env` (shutil.which without importing shutil)."""
-    for directory in path_env.split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-            return candidate
-    return None
-
-
 def resolve_binaries(names: Iterable[str], path_env: str) -> tuple[list[tuple[str, str]], list[str]]:
     """Binary names -> ([(name, host path)], missing names), looked up on `path_env`."""
     found: list[tuple[str, str]] = []
@@ -299,31 +295,25 @@ def _parse_glibc(version: str | None) -> tuple[int, int] | None:
     return major_minor(version or "")
 
 
-def find_host_files(
-    *, libraries: Iterable[str], binaries: Iterable[str], files: Iterable[str], platform: str,
-    ldconfig: str, ld_cache_file: str | None, path_env: str, image_glibc: str | None = None,
-    host: ElfIdentity | None = None, inherited_libs_dir: str = LIBS_DIR,
-) -> HostFiles:
+def find_host_files(wanted: LibList, platform: str, host: GpuHost, image_glibc: str | None) -> HostFiles:
     """The shared legacy lookup for --nv and --rocm (`platform` is "nv" or "rocm", as in warnings)."""
-    host = host or host_elf_identity()
     notes: list[str] = []
     warnings: list[str] = []
-    libraries = tuple(libraries)
     try:
-        cache: LdCache = read_ld_cache(ldconfig, ld_cache_file) if libraries else {}
+        cache: LdCache = read_ld_cache(host.ldconfig, host.ld_cache_file) if wanted.libraries else {}
     except GpuError as exc:
         warnings.append(f"while finding {platform} bind points: {exc.message}")
         cache = {}
     found_libs, missing_libs, lib_notes = resolve_libraries(
-        libraries, cache, host, inherited=inherited_libraries(inherited_libs_dir)
+        wanted.libraries, cache, host_elf_identity(), inherited=inherited_libraries(host.inherited_libs_dir)
     )
     notes += lib_notes + [f"{platform} library {name} not found on this host" for name in missing_libs]
-    if libraries and not found_libs:
+    if wanted.libraries and not found_libs:
         warnings.append(f"could not find any {platform} libraries on this host")
-    found_bins, missing_bins = resolve_binaries(binaries, path_env)
+    found_bins, missing_bins = resolve_binaries(wanted.binaries, host.path_env)
     notes += [f"{platform} binary {name} not found on PATH" for name in missing_bins]
-    present = tuple(path for path in files if os.path.exists(path))
-    notes += [f"{platform} file {path} not found" for path in files if path not in present]
+    present = tuple(path for path in wanted.files if os.path.exists(path))
+    notes += [f"{platform} file {path} not found" for path in wanted.files if path not in present]
     result = HostFiles(
         libraries=tuple(found_libs), binaries=tuple(found_bins), files=present,
         warnings=tuple(warnings), notes=tuple(notes),

@@ -19,17 +19,16 @@ from collections.abc import Mapping
 
 from singpy.config.liblist import load_liblist
 from singpy.errors import ConfigError
-from singpy.gpu import GpuContribution
+from singpy.gpu import GpuContribution, GpuHost, ImageHints
 from singpy.gpu.elf import elf_identity, host_elf_identity
 from singpy.gpu.ldcache import (
-    LIBS_DIR,
     HostFiles,
     drop_newer_glibc,
     find_host_files,
     so_links,
-    which,
 )
 from singpy.gpu.versions import after, dotted, major_minor
+from singpy.hostfiles import which
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
 
@@ -64,36 +63,20 @@ CUDA_MIN_DRIVER: tuple[tuple[tuple[int, int], tuple[int, ...]], ...] = (
 )
 
 
-def discover(
-    *,
-    liblist_path: str,
-    dev_dir: str = "/dev",
-    ldconfig: str = "/sbin/ldconfig",
-    ld_cache_file: str | None = None,
-    path_env: str,
-    nvidia_container_cli: str | None,
-    contain: bool,
-    host_env: Mapping[str, str],
-    image_env: Mapping[str, str] | None = None,
-    persistenced_socket: str = "/var/run/nvidia-persistenced/socket",
-    proc_driver_version: str = "/proc/driver/nvidia/version",
-    image_glibc: str | None = None,
-    inherited_libs_dir: str = LIBS_DIR,
-) -> GpuContribution:
+def discover(host: GpuHost, *, contain: bool, image: ImageHints | None = None) -> GpuContribution:
     """Everything --nv binds, as data.  Never raises for host facts; see module doc."""
-    devices = device_mounts(dev_dir=dev_dir, contain=contain, host_env=host_env, path_env=path_env)
-    files = _host_files(
-        liblist_path=liblist_path, ldconfig=ldconfig, ld_cache_file=ld_cache_file, path_env=path_env,
-        cli=nvidia_container_cli, image_glibc=image_glibc, inherited_libs_dir=inherited_libs_dir,
-    )
-    if os.path.exists(persistenced_socket):
-        files = files.replace(files=(*files.files, persistenced_socket))
+    devices = device_mounts(dev_dir=host.dev_dir, contain=contain, host_env=host.env, path_env=host.path_env)
+    image = image or ImageHints()
+    files = _host_files(host, image.glibc)
+    socket = host.persistenced_socket
+    if os.path.exists(socket):
+        files = files.replace(files=(*files.files, socket))
     else:
-        files = files.replace(notes=(*files.notes, f"persistenced socket {persistenced_socket} not found"))
-    cuda_warning = check_cuda_version(proc_driver_version, image_env or {}, host_env)
+        files = files.replace(notes=(*files.notes, f"persistenced socket {socket} not found"))
+    cuda_warning = check_cuda_version(host.proc_driver_version, image.env or {}, host.env)
     return GpuContribution(
         mounts=devices.mounts + files.mounts(),
-        keep_host_env=tuple(name for name in SELECT_VARS if name in host_env),
+        keep_host_env=tuple(name for name in SELECT_VARS if name in host.env),
         libs_dir_used=bool(files.libraries),
         warnings=devices.warnings + files.warnings + cuda_warning,
         notes=devices.notes + files.notes + files.bind_notes(),
@@ -129,7 +112,7 @@ def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], p
     kept = [n for n in names if (i := gpu_index(n)) is None or wanted is None or i in wanted]
     mounts = tuple(
         MountSpec(op=MountOp.BIND, source=os.path.join(dev_dir, name), dest=f"/dev/{name}", dev=True,
-                  missing=Missing.CREATE, stage=Stage.GPU)
+                  missing=Missing.REQUIRED, stage=Stage.GPU)
         for name in kept
     )
     notes += [f"binding {spec.source} -> {spec.dest}" for spec in mounts]
@@ -210,28 +193,22 @@ def gpu_uuids(path_env: str, warnings: list[str]) -> dict[str, int]:
 # --- libraries and binaries -------------------------------------------------------------
 
 
-def _host_files(
-    *, liblist_path: str, ldconfig: str, ld_cache_file: str | None, path_env: str,
-    cli: str | None, image_glibc: str | None, inherited_libs_dir: str,
-) -> HostFiles:
+def _host_files(host: GpuHost, image_glibc: str | None) -> HostFiles:
     """From nvidia-container-cli when configured and it works, else from the liblist."""
     fallback_warning: tuple[str, ...] = ()
+    cli = host.nvidia_container_cli
     if cli is not None and os.path.isfile(cli) and os.access(cli, os.X_OK):
         import subprocess
 
         try:
             return drop_newer_glibc(files_from_container_cli(cli), image_glibc)
         except (OSError, subprocess.SubprocessError) as exc:
-            fallback_warning = (f"nvidia-container-cli list failed ({_why(exc)}); using {liblist_path} instead",)
+            fallback_warning = (f"nvidia-container-cli list failed ({_why(exc)}); using {host.nvliblist} instead",)
     try:
-        liblist = load_liblist(liblist_path)
+        liblist = load_liblist(host.nvliblist)
     except ConfigError as exc:
         return HostFiles(warnings=(*fallback_warning, f"while finding nv bind points: {exc.message}"))
-    files = find_host_files(
-        libraries=liblist.libraries, binaries=liblist.binaries, files=liblist.files, platform="nv",
-        ldconfig=ldconfig, ld_cache_file=ld_cache_file, path_env=path_env, image_glibc=image_glibc,
-        inherited_libs_dir=inherited_libs_dir,
-    )
+    files = find_host_files(liblist, "nv", host, image_glibc)
     return files.replace(warnings=fallback_warning + files.warnings)
 
 

@@ -12,11 +12,16 @@ import os
 from collections.abc import Mapping
 
 from singpy.config.sysconf import SysConfig, confdir
-from singpy.gpu import GpuContribution, merge
-from singpy.gpu.ldcache import which
+from singpy.constants import ENV_DIR
+from singpy.errors import PathError
+from singpy.gpu import GpuContribution, GpuHost, ImageHints, merge
 from singpy.gpu.versions import major_minor
+from singpy.hostfiles import which
+from singpy.mounts.rootpath import Tree
 
 _CUDA_VARIABLES = ("CUDA_VERSION", "NVIDIA_REQUIRE_CUDA")
+_SCRIPT_LIMIT = 16 << 20  # env scripts are a few KB
+_LIBC_LIMIT = 64 << 20  # glibc's libc.so.6 is 2 MB
 _GLIBC_RELEASE = b"release version "
 _LIBC_PATHS = ("lib/x86_64-linux-gnu/libc.so.6", "lib/aarch64-linux-gnu/libc.so.6", "lib64/libc.so.6",
                "lib/powerpc64le-linux-gnu/libc.so.6", "usr/lib64/libc.so.6", "lib/libc.so.6")
@@ -25,25 +30,26 @@ _LIBC_PATHS = ("lib/x86_64-linux-gnu/libc.so.6", "lib/aarch64-linux-gnu/libc.so.
 def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, host_env: Mapping[str, str],
                   rootfs: str | None) -> GpuContribution:
     """Devices, libraries, binaries and warnings for the requested vendors."""
-    path_env = host_env.get("PATH", os.defpath)
-    ldconfig = config.text("ldconfig path")
-    image_env = image_env_hints(rootfs) if rootfs else None
-    glibc = image_glibc(rootfs) if rootfs else None
+    host = gpu_host(config, host_env)
+    image = ImageHints(glibc=image_glibc(rootfs), env=image_env_hints(rootfs)) if rootfs else ImageHints()
     parts = []
     if nv:
         from singpy.gpu import nvidia
 
-        parts.append(nvidia.discover(
-            liblist_path=os.path.join(confdir(config), "nvliblist.conf"), ldconfig=ldconfig, path_env=path_env,
-            nvidia_container_cli=_container_cli(config, path_env), contain=contain, host_env=host_env,
-            image_env=image_env, image_glibc=glibc))
+        parts.append(nvidia.discover(host, contain=contain, image=image))
     if rocm:
         from singpy.gpu import rocm as amd
 
-        parts.append(amd.discover(
-            liblist_path=os.path.join(confdir(config), "rocmliblist.conf"), ldconfig=ldconfig, path_env=path_env,
-            contain=contain, host_env=host_env, image_glibc=glibc))
+        parts.append(amd.discover(host, contain=contain, image=image))
     return merge(*parts)
+
+
+def gpu_host(config: SysConfig, host_env: Mapping[str, str]) -> GpuHost:
+    """This host, as singpy.conf and the environment describe it to the GPU modules."""
+    path_env = host_env.get("PATH", os.defpath)
+    return GpuHost(env=host_env, path_env=path_env, nvliblist=os.path.join(confdir(config), "nvliblist.conf"),
+                   rocmliblist=os.path.join(confdir(config), "rocmliblist.conf"),
+                   nvidia_container_cli=_container_cli(config, path_env), ldconfig=config.text("ldconfig path"))
 
 
 def _container_cli(config: SysConfig, path_env: str) -> str | None:
@@ -54,35 +60,51 @@ def _container_cli(config: SysConfig, path_env: str) -> str | None:
 
 
 def image_env_hints(rootfs: str) -> dict[str, str]:
-    """CUDA_VERSION / NVIDIA_REQUIRE_CUDA as the image's env scripts set them (a text scan, no shell)."""
+    """CUDA_VERSION / NVIDIA_REQUIRE_CUDA as the image's env scripts set them (a text scan, no shell).
+
+    Read through the one door (singpy.mounts.rootpath): links stay inside the
+    image, and what is not a small regular file is not read. These are hints:
+    a file that can't be read is passed over.
+    """
     found: dict[str, str] = {}
-    env_dir = os.path.join(rootfs, ".singularity.d", "env")
     try:
-        names = sorted(os.listdir(env_dir))
-    except OSError:
+        image = Tree(rootfs)
+    except PathError:
         return found
-    for name in names:
+    with image:
         try:
-            with open(os.path.join(env_dir, name), errors="replace") as handle:
-                found.update(_cuda_assignments(handle.read()))
-        except OSError:
-            continue
+            names = sorted(image.listdir(ENV_DIR))
+        except PathError:
+            return found
+        for name in names:
+            text = _image_file(image, f"{ENV_DIR}/{name}", _SCRIPT_LIMIT)
+            if text is not None:
+                found.update(_cuda_assignments(text.decode(errors="replace")))
     return found
 
 
 def image_glibc(rootfs: str) -> str | None:
     """The image's glibc release ("2.36"), read from its libc.so.6; None when it has none (busybox)."""
-    for relative in _LIBC_PATHS:
-        try:
-            with open(os.path.join(rootfs, relative), "rb") as handle:
-                data = handle.read()
-        except OSError:
-            continue
-        start = data.find(_GLIBC_RELEASE)
-        version = major_minor(data[start + len(_GLIBC_RELEASE):start + 32].decode("ascii", "replace"))
-        if start >= 0 and version:
-            return f"{version[0]}.{version[1]}"
+    try:
+        image = Tree(rootfs)
+    except PathError:
+        return None
+    with image:
+        for relative in _LIBC_PATHS:
+            data = _image_file(image, relative, _LIBC_LIMIT) or b""
+            start = data.find(_GLIBC_RELEASE)
+            version = major_minor(data[start + len(_GLIBC_RELEASE):start + 32].decode("ascii", "replace"))
+            if start >= 0 and version:
+                return f"{version[0]}.{version[1]}"
     return None
+
+
+def _image_file(image: Tree, guest: str, limit: int) -> bytes | None:
+    """A file of the image for a hint: None when it is missing, special or too large."""
+    try:
+        return image.read(guest, limit=limit)
+    except PathError:
+        return None
 
 
 def _cuda_assignments(script: str) -> list[tuple[str, str]]:

@@ -14,12 +14,11 @@ ROCR_VISIBLE_DEVICES for AMD GPU jobs).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from singpy.config.liblist import load_liblist
 from singpy.errors import ConfigError
-from singpy.gpu import GpuContribution
-from singpy.gpu.ldcache import LIBS_DIR, HostFiles, find_host_files
+from singpy.gpu import GpuContribution, GpuHost, ImageHints
+from singpy.gpu.ldcache import HostFiles, find_host_files
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 
 SELECT_VARS = ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")  # kept through --cleanenv
@@ -27,33 +26,19 @@ DEVICES = ("kfd", "dri")  # /dev/kfd (char device), /dev/dri (directory)
 NO_DEVICES = "no AMD GPU devices found (no /dev/kfd or /dev/dri): the container will run without GPU access"
 
 
-def discover(
-    *,
-    liblist_path: str,
-    dev_dir: str = "/dev",
-    ldconfig: str = "/sbin/ldconfig",
-    ld_cache_file: str | None = None,
-    path_env: str,
-    contain: bool,
-    host_env: Mapping[str, str],
-    image_glibc: str | None = None,
-    inherited_libs_dir: str = LIBS_DIR,
-) -> GpuContribution:
+def discover(host: GpuHost, *, contain: bool, image: ImageHints | None = None) -> GpuContribution:
     """Everything --rocm binds, as data.  Never raises for host facts.
 
-    `contain` does not change what is returned: the device binds are needed
-    with a minimal /dev and harmless over a full one.
+    `contain` changes only a note: the device binds are needed with a minimal
+    /dev and harmless over a full one.
     """
-    devices, warnings, notes = device_mounts(dev_dir)
-    files = _host_files(
-        liblist_path=liblist_path, ldconfig=ldconfig, ld_cache_file=ld_cache_file, path_env=path_env,
-        image_glibc=image_glibc, inherited_libs_dir=inherited_libs_dir,
-    )
+    devices, warnings, notes = device_mounts(host.dev_dir)
+    files = _host_files(host, (image or ImageHints()).glibc)
     if not contain and devices:
         notes = (*notes, "without --contain the whole host /dev is visible; the /dev/kfd and /dev/dri binds are no-ops")
     return GpuContribution(
         mounts=devices + files.mounts(),
-        keep_host_env=tuple(name for name in SELECT_VARS if name in host_env),
+        keep_host_env=tuple(name for name in SELECT_VARS if name in host.env),
         libs_dir_used=bool(files.libraries),
         warnings=warnings + files.warnings,
         notes=notes + files.notes + files.bind_notes(),
@@ -65,7 +50,7 @@ def device_mounts(dev_dir: str) -> tuple[tuple[MountSpec, ...], tuple[str, ...],
     present = [name for name in DEVICES if os.path.exists(os.path.join(dev_dir, name))]
     mounts = tuple(
         MountSpec(op=MountOp.BIND, source=os.path.join(dev_dir, name), dest=f"/dev/{name}", dev=True,
-                  missing=Missing.CREATE, stage=Stage.GPU)
+                  missing=Missing.REQUIRED, stage=Stage.GPU)
         for name in present
     )
     warnings: tuple[str, ...] = ()
@@ -81,17 +66,9 @@ def device_mounts(dev_dir: str) -> tuple[tuple[MountSpec, ...], tuple[str, ...],
     return mounts, warnings, notes
 
 
-def _host_files(
-    *, liblist_path: str, ldconfig: str, ld_cache_file: str | None, path_env: str,
-    image_glibc: str | None, inherited_libs_dir: str,
-) -> HostFiles:
+def _host_files(host: GpuHost, image_glibc: str | None) -> HostFiles:
     try:
-        liblist = load_liblist(liblist_path)
+        liblist = load_liblist(host.rocmliblist)
     except ConfigError as exc:
         return HostFiles(warnings=(f"while finding rocm bind points: {exc.message}",))
-    files = find_host_files(
-        libraries=liblist.libraries, binaries=liblist.binaries, files=liblist.files, platform="rocm",
-        ldconfig=ldconfig, ld_cache_file=ld_cache_file, path_env=path_env, image_glibc=image_glibc,
-        inherited_libs_dir=inherited_libs_dir,
-    )
-    return files
+    return find_host_files(liblist, "rocm", host, image_glibc)

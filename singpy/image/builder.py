@@ -19,38 +19,65 @@ from collections.abc import Mapping
 
 from singpy import __version__, console
 from singpy.errors import ImageError
+from singpy.hostfiles import path_problem, shown
 from singpy.image import cache, tools
 from singpy.image.detect import classify, host_arch, sif_partition
 
 
 def build(target: str, source: str, *, force: bool, env: Mapping[str, str]) -> str:
-    """Build `target` from `source`; the kind of source decides the kind of target. Returns a summary."""
+    """Build `target` from `source`; the kind of source decides the kind of target. Returns a summary.
+
+    Whatever happens (a tool fails, the disk fills up, SIGTERM, SIGHUP or
+    SIGINT arrives), nothing is left behind: no scratch directory next to the
+    target, no partial target, no tool still running; an existing target
+    (--force) is replaced only by a complete one.
+    """
     image = classify(source)
     target = os.path.abspath(target)
+    problem = path_problem(target)
+    if problem:
+        raise ImageError(f"can't write {shown(target)}: {problem}")
     if os.path.lexists(target) and not force:
         raise ImageError(f"{target} already exists (use --force to overwrite it)")
-    if image.kind == "sandbox":
-        if os.path.isdir(target):
-            raise ImageError(f"{target} is a directory: a SIF built from a sandbox needs a file name")
-        build_sif(target, image.path, env=env)
-        return f"built SIF image {target}"
-    unpack(target, image.path, env=env)
-    return f"unpacked {image.path} into the sandbox {target}"
+    with tools.Interruptible():
+        try:
+            if image.kind == "sandbox":
+                if os.path.isdir(target):
+                    raise ImageError(f"{target} is a directory: a SIF built from a sandbox needs a file name")
+                build_sif(target, image.path, env=env)
+                return f"built SIF image {target}"
+            unpack(target, image.path, env=env)
+            return f"unpacked {image.path} into the sandbox {target}"
+        except tools.Interrupted as interrupted:
+            raise tools.Interrupted(f"build of {target} {interrupted.message}: nothing was written") from None
+        except ImageError as error:
+            if tools.out_of_space(error, os.path.dirname(target)):
+                raise ImageError(f"can't build {target}: no space left on device in {os.path.dirname(target)}",
+                                 hint="free some space there, or build into another directory") from None
+            raise
+
+
+def _scratch(target: str, prefix: str) -> str:
+    """A private directory next to `target`, for what becomes it (same filesystem: a rename publishes it)."""
+    import tempfile
+
+    try:
+        return tempfile.mkdtemp(prefix=prefix, dir=os.path.dirname(target))
+    except OSError as error:
+        raise ImageError(f"can't write {target}: {error.strerror} ({os.path.dirname(target)})") from None
 
 
 def build_sif(target: str, sandbox: str, *, env: Mapping[str, str]) -> None:
-    import tempfile
-
     from singpy.image.metadata import read_tree
     from singpy.image.sifwrite import build_sif_from_squashfs
 
     mksquashfs = tools.require_tool("mksquashfs", env, "build a SIF image")
     arch = host_arch()
     deffile = f"bootstrap: localimage\nfrom: {sandbox}\n"
-    attributes = read_tree(f"{sandbox}/.singularity.d")
+    attributes = read_tree(sandbox)
     attributes["labels"] = {**attributes.get("labels", {}), **_build_labels(arch, sandbox)}
     attributes.setdefault("deffile", deffile)
-    scratch = tempfile.mkdtemp(prefix=".singpy-build-", dir=os.path.dirname(target))
+    scratch = _scratch(target, ".singpy-build-")
     try:
         squashfs = f"{scratch}/rootfs.squashfs"
         owner = [] if os.getuid() == 0 else ["-all-root"]
@@ -82,21 +109,34 @@ def unpack(target: str, image: str, *, env: Mapping[str, str]) -> None:
     leaves no half-written sandbox; an existing target (--force) is replaced
     only once the new tree is complete.
     """
-    import tempfile
-
     kind = classify(image).kind
     offset = sif_partition(image, check_arch=False).offset if kind == "sif" else 0
     unsquashfs = tools.require_tool("unsquashfs", env, "unpack a squashfs image")
     root = os.getuid() == 0
-    scratch = tempfile.mkdtemp(prefix=".singpy-unpack-", dir=os.path.dirname(target))
+    scratch = _scratch(target, ".singpy-unpack-")
     try:
         tree = f"{scratch}/root"
         tools.run_tool([unsquashfs, *cache.unpack_options(offset, tree, root=root), image,
                         *cache.unpack_filter(root)], label=f"Unpacking {os.path.basename(image)}",
                        failure=f"can't unpack {image}")
-        os.makedirs(f"{tree}/dev", mode=0o755, exist_ok=True)
-        if os.path.lexists(target):
-            os.rename(target, f"{scratch}/old")
-        os.rename(tree, target)
+        try:
+            if not os.path.lexists(f"{tree}/dev"):  # the image's own dev, even a link, is left as it is
+                os.mkdir(f"{tree}/dev", 0o755)
+            _publish(tree, target, f"{scratch}/old")
+        except OSError as error:
+            raise ImageError(f"can't write {target}: {error.strerror}") from None
     finally:
         cache.remove_tree(scratch)
+
+
+def _publish(tree: str, target: str, old: str) -> None:
+    """Rename `tree` to `target`; an existing target goes to `old`, and comes back if the swap is cut short."""
+    if not os.path.lexists(target):
+        os.rename(tree, target)
+        return
+    os.rename(target, old)
+    try:
+        os.rename(tree, target)
+    except BaseException:
+        os.rename(old, target)
+        raise

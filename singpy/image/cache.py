@@ -1,7 +1,8 @@
 """The per-user extraction cache: squashfs partitions unpacked once, reused by later runs.
 
-Layout, under `$SINGPY_CACHEDIR`, else `$XDG_CACHE_HOME/singpy`, else
-`~/.cache/singpy` (mode 0700)::
+Layout, under `$SINGPY_CACHEDIR`, else `$APPTAINER_CACHEDIR/singpy` (or
+`$SINGULARITY_CACHEDIR/singpy`: where Apptainer users already put their caches),
+else `$XDG_CACHE_HOME/singpy`, else `~/.cache/singpy` (mode 0700)::
 
     rootfs/<sha256>/              a complete tree: the partition with that digest, unpacked
     rootfs/<sha256>.json          where it came from (for `singpy cache list`)
@@ -36,10 +37,20 @@ ROOTFS, INDEX = "rootfs", "index"
 _HASH_CHUNK = 1 << 20
 
 
+CACHEDIR_HINT = "set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a directory on a filesystem with room"
+
+
 def cache_dir(env: Mapping[str, str], home: str) -> str:
-    """The invoking user's cache directory (not created here)."""
+    """The invoking user's cache directory (not created here).
+
+    Apptainer keeps its own cache in `$APPTAINER_CACHEDIR/cache`; singpy's
+    goes beside it, in `singpy/`, so that the two never mix.
+    """
     if env.get("SINGPY_CACHEDIR"):
         return os.path.abspath(env["SINGPY_CACHEDIR"])
+    for name in ("APPTAINER_CACHEDIR", "SINGULARITY_CACHEDIR"):
+        if env.get(name):
+            return os.path.join(os.path.abspath(env[name]), "singpy")
     if env.get("XDG_CACHE_HOME"):
         return os.path.join(os.path.abspath(env["XDG_CACHE_HOME"]), "singpy")
     return os.path.join(home, ".cache", "singpy")
@@ -61,24 +72,54 @@ def lookup(cache: str, path: str, offset: int, length: int) -> str | None:
 
 
 def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str, root: bool) -> str:
-    """Unpack the partition into the cache unless an identical one is there; return the tree."""
+    """Unpack the partition into the cache unless an identical one is there; return the tree.
+
+    Every failure is one `ImageError`; a full filesystem says so, naming the
+    cache directory and how to choose another. SIGTERM, SIGHUP and SIGINT
+    during the extraction stop unsquashfs and remove the temporary tree.
+    """
     for sub in ("", ROOTFS, INDEX):
         _make_private_dirs(f"{cache}/{sub}")
     console.verbose(f"computing the digest of {path} (offset {offset}, {length} bytes)")
     digest = _digest(path, offset, length)
     entry = f"{cache}/{ROOTFS}/{digest}"
     if not os.path.isdir(entry):
-        lock_path = f"{cache}/{ROOTFS}/.{digest}.lock"
-        lock = _lock(lock_path, wait=f"another singpy to finish unpacking {path}")
-        assert lock is not None
-        try:
-            if not os.path.isdir(entry):  # the run we waited for may have made it
-                _extract(path, offset, digest, entry, unsquashfs=unsquashfs, root=root)
-        finally:
-            os.unlink(lock_path)  # while locked, so that it is safe (see _lock): no lock file stays behind
-            os.close(lock)
+        from singpy.image import tools
+
+        with tools.Interruptible():
+            try:
+                _populate_locked(path, offset, digest, entry, unsquashfs=unsquashfs, root=root)
+            except tools.Interrupted as interrupted:
+                raise tools.Interrupted(f"unpacking {path} into the cache {interrupted.message}") from None
+            except OSError as error:
+                raise _cache_error(ImageError(f"can't unpack {path} into the cache {cache}: {error.strerror}"),
+                                   cache) from None
+            except ImageError as error:
+                raise _cache_error(error, cache) from None
     _write_index(cache, _index_key(path, offset, length), digest)
     return entry
+
+
+def _populate_locked(path: str, offset: int, digest: str, entry: str, *, unsquashfs: str, root: bool) -> None:
+    lock_path = f"{os.path.dirname(entry)}/.{digest}.lock"
+    lock = _lock(lock_path, wait=f"another singpy to finish unpacking {path}")
+    assert lock is not None
+    try:
+        if not os.path.isdir(entry):  # the run we waited for may have made it
+            _extract(path, offset, digest, entry, unsquashfs=unsquashfs, root=root)
+    finally:
+        os.unlink(lock_path)  # while locked, so that it is safe (see _lock): no lock file stays behind
+        os.close(lock)
+
+
+def _cache_error(error: ImageError, cache: str) -> ImageError:
+    """`error`, or, when the cache's filesystem is full, the error that says so and what to do."""
+    from singpy.image import tools
+
+    if tools.out_of_space(error, cache):
+        return ImageError(f"no space left on device in {cache} (the cache of unpacked images): "
+                          f"{CACHEDIR_HINT}", hint="`singpy cache clean` removes unpacked images")
+    return error
 
 
 def _lock(path: str, *, wait: str | None) -> int | None:
@@ -111,26 +152,31 @@ def _make_private_dirs(path: str) -> None:
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as error:
-        raise ImageError(f"can't create the cache directory {path}: {error.strerror}",
-                         hint="set SINGPY_CACHEDIR to a writable directory") from None
+        from singpy.hostfiles import shown
+
+        raise ImageError(f"can't create the cache directory {shown(path)}: {error.strerror}",
+                         hint="set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a writable directory") from None
 
 
 def _digest(path: str, offset: int, length: int) -> str:
     import hashlib
 
+    from singpy.hostfiles import open_regular
+
     digest = hashlib.sha256()
+    fd = open_regular(path, what="image", error=ImageError)
     try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            remaining = length
-            while remaining > 0:
-                chunk = handle.read(min(_HASH_CHUNK, remaining))
-                if not chunk:
-                    raise ImageError(f"can't read image {path}: the partition is truncated")
-                digest.update(chunk)
-                remaining -= len(chunk)
+        remaining = length
+        while remaining > 0:
+            chunk = os.pread(fd, min(_HASH_CHUNK, remaining), offset + length - remaining)
+            if not chunk:
+                raise ImageError(f"can't read image {path}: the partition is truncated")
+            digest.update(chunk)
+            remaining -= len(chunk)
     except OSError as error:
         raise ImageError(f"can't read image {path}: {error.strerror}") from None
+    finally:
+        os.close(fd)
     return digest.hexdigest()
 
 
@@ -151,8 +197,8 @@ def _extract(path: str, offset: int, digest: str, entry: str, *, unsquashfs: str
         console.verbose(f"unpacking {path} into the cache ({entry})")
         tools.run_tool([unsquashfs, *unpack_options(offset, tree, root=root), path, *unpack_filter(root)],
                        label=f"Unpacking {os.path.basename(path)}", failure=f"can't unpack {path}")
-        if not root:
-            os.makedirs(f"{tree}/dev", mode=0o755, exist_ok=True)
+        if not root and not os.path.lexists(f"{tree}/dev"):  # unpacked without dev (unpack_filter)
+            os.mkdir(f"{tree}/dev", 0o755)
         _write_info(f"{entry}.json", path, offset)
         os.rename(tree, entry)
     finally:
@@ -226,11 +272,18 @@ def entry_info(cache: str, digest: str, *, size: bool = True) -> dict[str, objec
     """What `_write_info` recorded about an entry, plus (`size`) its size on disk in bytes."""
     import json
 
-    try:
-        with open(f"{cache}/{ROOTFS}/{digest}.json") as handle:
-            info: dict[str, object] = json.load(handle)
-    except (OSError, ValueError):
-        info = {}
+    from singpy.errors import SingpyError
+    from singpy.hostfiles import read_text
+
+    info: dict[str, object] = {}
+    try:  # written by _write_info, but the cache is the user's: anything may be there instead
+        data = json.loads(read_text(f"{cache}/{ROOTFS}/{digest}.json", what="cache record", error=SingpyError,
+                                    limit=1 << 16))
+    except (SingpyError, ValueError, RecursionError):
+        data = {}
+    if isinstance(data, dict):  # only the fields _write_info writes, of the types it writes
+        info = {key: data[key] for key, kind in (("source", str), ("offset", int), ("created", int))
+                if isinstance(data.get(key), kind) and not isinstance(data.get(key), bool)}
     if size:
         info["size"] = sum(_blocks(parent, names) for parent, _, names in os.walk(f"{cache}/{ROOTFS}/{digest}"))
     return info

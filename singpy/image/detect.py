@@ -18,6 +18,8 @@ import os
 import stat
 import struct
 
+from singpy import hostfiles
+from singpy.constants import ARCHES, MACHINE_ARCH
 from singpy.errors import ImageError, SifError
 from singpy.plan import ImageSpec
 
@@ -31,11 +33,6 @@ _PARTITION = 0x4004
 _PRIMSYS = 2
 _FS_NAMES = {1: "squashfs", 2: "ext3", 3: "immutable object", 4: "raw", 5: "encrypted squashfs",
              6: "gocryptfs squashfs"}
-# Go arch names by SIF code (sif.md section 3), and the kernel's machine names for them.
-ARCHES = ("unknown", "386", "amd64", "arm", "arm64", "ppc64", "ppc64le", "mips", "mipsle", "mips64",
-          "mips64le", "s390x", "riscv64", "loong64")
-_MACHINES = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "ppc64": "ppc64", "s390x": "s390x",
-             "riscv64": "riscv64", "loongarch64": "loong64", "i686": "386"}
 
 
 def detect(reference: str) -> ImageSpec:
@@ -45,38 +42,41 @@ def detect(reference: str) -> ImageSpec:
 
 
 def classify(reference: str) -> ImageSpec:
-    """The kind of image `reference` is (sandbox, sif or squashfs), from its content alone."""
+    """The kind of image `reference` is (sandbox, sif or squashfs), from its content alone.
+
+    Only a directory or a regular file can be an image: a FIFO or a device is
+    refused from its stat(), before any open() that could block or never end.
+    """
     path = os.path.abspath(reference)
+    shown = hostfiles.shown(reference)
     try:
         info = os.stat(path)
     except FileNotFoundError:
-        raise ImageError(f"image {reference} does not exist") from None
-    except OSError as error:
-        raise ImageError(f"can't read image {reference}: {error.strerror}") from None
+        raise ImageError(f"image {shown} does not exist") from None
+    except (OSError, ValueError) as error:
+        raise ImageError(f"can't read image {shown}: {_reason(error)}") from None
     if stat.S_ISDIR(info.st_mode):
         return _sandbox(path, reference)
-    head = _read_head(path, reference)
+    if not stat.S_ISREG(info.st_mode):
+        raise ImageError(f"{shown} is not a container image ({hostfiles.kind_name(info.st_mode)})")
+    head = _read_at(path, 0, 64, reference)
     if head[_SIF_MAGIC_AT:_SIF_MAGIC_AT + len(SIF_MAGIC)] == SIF_MAGIC:
         return ImageSpec(kind="sif", path=path)
     if head[:4] == SQUASHFS_MAGIC:
         return ImageSpec(kind="squashfs", path=path, size=info.st_size)
-    raise ImageError(f"{reference} is not a container image (not a directory, SIF or squashfs file)")
+    raise ImageError(f"{shown} is not a container image (not a directory, SIF or squashfs file)")
 
 
 def _sandbox(path: str, reference: str) -> ImageSpec:
     if not os.access(path, os.R_OK | os.X_OK):
-        raise ImageError(f"can't read image {reference}: permission denied")
+        raise ImageError(f"can't read image {hostfiles.shown(reference)}: permission denied")
     if not os.path.isdir(os.path.join(path, "bin")) and not os.path.isdir(os.path.join(path, "usr")):
-        raise ImageError(f"{reference} is not a container image (a directory without bin/ or usr/)")
+        raise ImageError(f"{hostfiles.shown(reference)} is not a container image (a directory without bin/ or usr/)")
     return ImageSpec(kind="sandbox", path=path, rootfs=path)
 
 
-def _read_head(path: str, reference: str) -> bytes:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read(64)
-    except OSError as error:
-        raise ImageError(f"can't read image {reference}: {error.strerror}") from None
+def _reason(error: OSError | ValueError) -> str:
+    return (error.strerror if isinstance(error, OSError) else None) or str(error)
 
 
 def sif_partition(path: str, *, check_arch: bool = True) -> ImageSpec:
@@ -106,21 +106,26 @@ def _scan(path: str) -> tuple[int, int, int, str] | None:
     descriptor table inside the file, every used object inside the file.
     """
     try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            head = handle.read(_HEADER.size)
-            if len(head) < _HEADER.size:
-                return None
-            fields = _HEADER.unpack(head)
-            total, table_at, table_size = fields[8], fields[9], fields[10]
-            if (fields[1] != b"SIF_MAGIC\0" or fields[2] != b"01\0" or not 0 <= total <= 0xFFFFFFFF
-                    or table_size != total * _DESCRIPTOR.size or table_at < _HEADER.size
-                    or table_at + table_size > size or fields[11] < 0):
-                return None
-            handle.seek(table_at)
-            table = handle.read(table_size)
+        fd = _open(path)
     except OSError:
         return None
+    try:
+        info = os.fstat(fd)
+        size = info.st_size
+        head = os.pread(fd, _HEADER.size, 0)
+        if not stat.S_ISREG(info.st_mode) or len(head) < _HEADER.size:
+            return None
+        fields = _HEADER.unpack(head)
+        total, table_at, table_size = fields[8], fields[9], fields[10]
+        if (fields[1] != b"SIF_MAGIC\0" or fields[2] != b"01\0" or not 0 <= total <= 0xFFFFFFFF
+                or table_size != total * _DESCRIPTOR.size or table_at < _HEADER.size
+                or table_at + table_size > size or fields[11] < 0):
+            return None
+        table = os.pread(fd, table_size, table_at)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if len(table) != table_size:
         return None
     found = None
@@ -130,11 +135,12 @@ def _scan(path: str) -> tuple[int, int, int, str] | None:
         if offset < 0 or length < 0 or offset + length > size:
             return None
         if datatype == _PARTITION and found is None and struct.unpack_from("<i", extra, 4)[0] == _PRIMSYS:
-            found = (offset, length, struct.unpack_from("<i", extra)[0], _arch_name(extra[8:11]))
+            found = (offset, length, struct.unpack_from("<i", extra)[0], arch_name(extra[8:11]))
     return found
 
 
-def _arch_name(code: bytes) -> str:
+def arch_name(code: bytes) -> str:
+    """Go arch name for a 3-byte SIF arch code ("02\\0" is amd64); "unknown" for anything else."""
     if len(code) == 3 and code[2] == 0 and code[:2].isdigit() and int(code[:2]) < len(ARCHES):
         return ARCHES[int(code[:2])]
     return "unknown"
@@ -143,17 +149,36 @@ def _arch_name(code: bytes) -> str:
 def host_arch() -> str:
     """This host's architecture, named as SIF partitions name it (Go's GOARCH)."""
     machine = os.uname().machine
-    if machine in _MACHINES:
-        return _MACHINES[machine]
-    from singpy.image.sif import host_arch as full  # the rarer machines (arm, mips, i386...)
+    if machine in MACHINE_ARCH:
+        return MACHINE_ARCH[machine]
+    if machine.startswith("arm"):
+        return "arm"
+    if machine.startswith("mips"):
+        import sys  # only reached on MIPS hosts, where endianness picks the name
 
-    return full()
+        suffix = "le" if sys.byteorder == "little" else ""
+        return ("mips64" if "64" in machine else "mips") + suffix
+    return machine
 
 
-def _read_at(path: str, offset: int, length: int) -> bytes:
+def _open(path: str) -> int:
+    """O_NONBLOCK: should a FIFO replace the file between two opens, the open does not wait for a writer."""
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+
+
+def _read_at(path: str, offset: int, length: int, reference: str | None = None) -> bytes:
+    """Up to `length` bytes at `offset` of the regular file `path`."""
+    shown = hostfiles.shown(reference or path)
     try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            return handle.read(length)
+        fd = _open(path)
     except OSError as error:
-        raise ImageError(f"can't read image {path}: {error.strerror}") from None
+        raise ImageError(f"can't read image {shown}: {_reason(error)}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ImageError(f"{shown} is not a container image ({hostfiles.kind_name(mode)})")
+        return os.pread(fd, length, offset)
+    except OSError as error:
+        raise ImageError(f"can't read image {shown}: {_reason(error)}") from None
+    finally:
+        os.close(fd)

@@ -8,6 +8,13 @@ and in Singularity 3.4-3.5 images a Labels object). The objects are read
 without touching the partition; only what they lack is read from the root
 filesystem, by unpacking /.singularity.d alone into a temporary directory
 (no mount, so this works unprivileged and for any architecture).
+
+The image is untrusted input: its files are read through the one door
+(singpy.mounts.rootpath), so a link is resolved inside the image and a
+`runscript -> /etc/shadow` shows the image's /etc/shadow or nothing, never the
+host's. A link that leads to nothing in the image, or to something that is
+not a regular file (a FIFO, /dev/zero), is reported in a warning and left
+out. The JSON objects are checked against the shape Apptainer writes.
 """
 
 from __future__ import annotations
@@ -17,19 +24,23 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from singpy.errors import ImageError
+from singpy import console
+from singpy.constants import ENV_DIR, SINGULARITY_D
+from singpy.errors import ImageError, PathError
+from singpy.mounts.rootpath import Tree
 from singpy.plan import ImageSpec
 
 FIELDS = ("labels", "deffile", "runscript", "startscript", "test", "helpfile", "environment")
 _FILES = {"deffile": "Singularity", "runscript": "runscript", "startscript": "startscript", "test": "test",
           "helpfile": "runscript.help"}
 _MAX_OBJECT = 16 << 20  # metadata objects are small; refuse to load a huge one into memory
+_LINK_ROUNDS = 4  # unsquashfs rounds to fetch what /.singularity.d links to (links to links included)
 
 
 def read_metadata(image: ImageSpec, env: Mapping[str, str]) -> dict[str, Any]:
     """The attributes of Apptainer's `inspect --json`, for a sandbox, SIF or squashfs image."""
     if image.kind == "sandbox":
-        return read_tree(f"{image.path}/.singularity.d")
+        return read_tree(image.path)
     attributes: dict[str, Any] = {}
     if image.kind == "sif":
         attributes, complete = _from_sif_objects(image.path)
@@ -46,56 +57,135 @@ def _from_sif_objects(path: str) -> tuple[dict[str, Any], bool]:
     attributes: dict[str, Any] = {}
     recorded = image.find(sif.DATA_GENERIC_JSON, "inspect-metadata.json")
     for desc in recorded:
-        document = _json(image.read_object(desc, max_size=_MAX_OBJECT), path)
-        found = document.get("data", {}).get("attributes", {}) if isinstance(document, dict) else {}
-        attributes.update({key: value for key, value in found.items() if key in FIELDS and value})
+        document = _json(image.read_object(desc, max_size=_MAX_OBJECT), path, "inspect-metadata.json")
+        attributes.update(_attributes(document, path))
     for desc in image.find(sif.DATA_LABELS):
-        labels = _json(image.read_object(desc, max_size=_MAX_OBJECT), path)
-        if isinstance(labels, dict):
-            attributes["labels"] = {**labels, **attributes.get("labels", {})}
+        labels = _labels(_json(image.read_object(desc, max_size=_MAX_OBJECT), path, "labels object"),
+                         f"{path}: the labels object")
+        attributes["labels"] = {**labels, **attributes.get("labels", {})}
     for desc in image.find(sif.DATA_DEFFILE)[:1]:
         attributes.setdefault("deffile", image.read_object(desc, max_size=_MAX_OBJECT).decode(errors="replace"))
     return attributes, bool(recorded)
 
 
-def _json(data: bytes, path: str) -> Any:
+def _json(data: bytes, path: str, what: str) -> Any:
     try:
         return json.loads(data)
+    except RecursionError:
+        raise ImageError(f"{path}: the {what} is nested too deeply to be metadata") from None
     except ValueError:
-        raise ImageError(f"{path}: a metadata object is not valid JSON") from None
+        raise ImageError(f"{path}: the {what} is not valid JSON") from None
 
 
-def read_tree(directory: str) -> dict[str, Any]:
-    """Metadata from a root filesystem's /.singularity.d (missing files are left out)."""
+def _attributes(document: Any, path: str) -> dict[str, Any]:
+    """data.attributes of an inspect-metadata.json, each field of the type Apptainer writes."""
+    where = f"{path}: inspect-metadata.json"
+    data = document.get("data", {}) if isinstance(document, dict) else None
+    found = data.get("attributes", {}) if isinstance(data, dict) else None
+    if not isinstance(found, dict):
+        raise ImageError(f"{where} is malformed: data.attributes must be an object")
     attributes: dict[str, Any] = {}
-    try:
-        with open(f"{directory}/labels.json") as handle:
-            attributes["labels"] = json.load(handle)
-    except (OSError, ValueError):
-        pass
-    for field, name in _FILES.items():
-        try:
-            with open(f"{directory}/{name}", errors="replace") as handle:
-                attributes[field] = handle.read()
-        except OSError:
+    for key, value in found.items():
+        if key not in FIELDS or not value:
             continue
-    environment = {}
-    try:
-        names = sorted(name for name in os.listdir(f"{directory}/env") if name.endswith(".sh"))
-    except OSError:
-        names = []
-    for name in names:
-        try:
-            with open(f"{directory}/env/{name}", errors="replace") as handle:
-                environment[f"/.singularity.d/env/{name}"] = handle.read()
-        except OSError:
-            continue
-    if environment:
-        attributes["environment"] = environment
+        if key == "labels":
+            attributes[key] = _labels(value, f"{where}: data.attributes.labels")
+        elif key == "environment":
+            attributes[key] = _environment(value, where)
+        elif isinstance(value, str):
+            attributes[key] = value
+        else:
+            raise ImageError(f"{where} is malformed: data.attributes.{key} must be a string")
     return attributes
 
 
+def _labels(value: Any, where: str) -> dict[str, str]:
+    """A JSON object of labels; numbers and booleans are shown as text, anything nested is refused."""
+    if not isinstance(value, dict):
+        raise ImageError(f"{where} must be an object of labels")
+    labels = {}
+    for key, text in value.items():
+        if isinstance(text, (dict, list)):
+            raise ImageError(f"{where}: label {key!r} must be a string")
+        labels[str(key)] = text if isinstance(text, str) else json.dumps(text)
+    return labels
+
+
+def _environment(value: Any, where: str) -> dict[str, str]:
+    """An object of env script path -> its text (Apptainer's pkg/inspect `Environment map[string]string`)."""
+    if isinstance(value, dict) and all(isinstance(text, str) for text in value.values()):
+        return {str(name): text for name, text in value.items()}
+    raise ImageError(f"{where} is malformed: data.attributes.environment must be an object of strings")
+
+
+META, _ENV = SINGULARITY_D, ENV_DIR
+
+
+def read_tree(root: str) -> dict[str, Any]:
+    """Metadata from the /.singularity.d of image root `root` (missing files are left out)."""
+    with Tree(root) as image:
+        attributes: dict[str, Any] = {}
+        labels = _read(image, f"{META}/labels.json")
+        if labels is not None:
+            try:
+                attributes["labels"] = _labels(json.loads(labels), f"the image's {META}/labels.json")
+            except (ValueError, RecursionError):
+                console.warning(f"the image's {META}/labels.json is not valid JSON: labels left out")
+            except ImageError as error:
+                console.warning(f"{error.message}: labels left out")
+        for field, name in _FILES.items():
+            text = _read(image, f"{META}/{name}")
+            if text is not None:
+                attributes[field] = text.decode(errors="replace")
+        environment = {}
+        for guest in _env_scripts(image):
+            text = _read(image, guest)
+            if text is not None:
+                environment[guest] = text.decode(errors="replace")
+        if environment:
+            attributes["environment"] = environment
+        return attributes
+
+
+def _wanted(image: Tree) -> list[str]:
+    """Every file of /.singularity.d that metadata is read from."""
+    return [f"{META}/labels.json", *(f"{META}/{name}" for name in _FILES.values()), *_env_scripts(image)]
+
+
+def _env_scripts(image: Tree) -> list[str]:
+    try:
+        return [f"{_ENV}/{name}" for name in sorted(image.listdir(_ENV)) if name.endswith(".sh")]
+    except PathError as error:
+        console.warning(f"can't read the image's {_ENV}: {error.message}")
+        return []
+
+
+def _read(image: Tree, guest: str) -> bytes | None:
+    """A metadata file of the image, or None (with a warning when a link or a special file is in the way)."""
+    try:
+        data = image.read(guest, limit=_MAX_OBJECT)
+    except PathError as error:
+        console.warning(f"left out the image's {guest}: {error.message}")
+        return None
+    if data is None and (target := _dangling(image, guest)) is not None:
+        console.warning(f"left out the image's {guest}: it is a link to {target}, which is not in the image")
+    return data
+
+
+def _dangling(image: Tree, guest: str) -> str | None:
+    """Where `guest` leads when it is a link to nothing in the image (None otherwise)."""
+    try:
+        found = image.lookup(guest)
+    except PathError:
+        return None
+    if found.fd is not None:
+        os.close(found.fd)
+        return None
+    return found.path if found.path != guest else None
+
+
 def _from_partition(image: ImageSpec, env: Mapping[str, str]) -> dict[str, Any]:
+    """Metadata read from the squashfs: /.singularity.d unpacked alone, then what its links lead to."""
     import tempfile
 
     from singpy.image import cache, tools
@@ -107,9 +197,19 @@ def _from_partition(image: ImageSpec, env: Mapping[str, str]) -> dict[str, Any]:
     try:
         tree = f"{scratch}/root"
         # Like the cache's extraction, minus /dev: only /.singularity.d is wanted here.
-        options = ["-o", str(part.offset), "-d", tree, "-no-xattrs", "-q"]
-        tools.run_tool([unsquashfs, *options, part.path, ".singularity.d"], label="Reading metadata",
+        options = ["-o", str(part.offset), "-d", tree, "-no-xattrs", "-no-wildcards", "-q"]
+        tools.run_tool([unsquashfs, *options, part.path, META.lstrip("/")], label="Reading metadata",
                        failure=f"can't read the metadata of {image.path}")
-        return read_tree(f"{tree}/.singularity.d")
+        tried: set[str] = set()
+        for _ in range(_LINK_ROUNDS):  # a link to a link: one more file each round
+            with Tree(tree) as unpacked:
+                targets = {target for guest in _wanted(unpacked) if (target := _dangling(unpacked, guest))}
+            if not targets - tried:
+                break
+            tried |= targets
+            # Missing names are skipped by unsquashfs: what is not in the image stays missing.
+            tools.run_tool([unsquashfs, *options, "-f", part.path, *(path.lstrip("/") for path in sorted(targets))],
+                           label="Reading metadata", failure=f"can't read the metadata of {image.path}")
+        return read_tree(tree)
     finally:
         cache.remove_tree(scratch)

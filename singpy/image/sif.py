@@ -34,7 +34,12 @@ import struct
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from singpy.constants import ARCHES
 from singpy.errors import SifError
+
+# Shared with the fast detector, which the start-up path loads anyway; re-exported for the reader's users.
+from singpy.image.detect import arch_name as arch_name
+from singpy.image.detect import host_arch as host_arch
 
 HEADER = struct.Struct("<32s10s3s3s16s8q")  # 128 bytes
 DESCRIPTOR = struct.Struct("<i?III7q128s384s")  # 585 bytes
@@ -101,42 +106,7 @@ class RawDescriptor(NamedTuple):
     extra: bytes = b""
 
 
-# Go (GOARCH) names, indexed by the two-digit code stored in header/partitions.
-_ARCHES = (
-    "unknown", "386", "amd64", "arm", "arm64", "ppc64", "ppc64le",
-    "mips", "mipsle", "mips64", "mips64le", "s390x", "riscv64", "loong64",
-)
-ARCH_CODES = {name: b"%02d\0" % i for i, name in enumerate(_ARCHES) if i}
-
-# os.uname().machine -> Go arch, for the names the kernel actually reports.
-_MACHINE_ARCH = {
-    "x86_64": "amd64", "amd64": "amd64", "i386": "386", "i486": "386",
-    "i586": "386", "i686": "386", "aarch64": "arm64", "arm64": "arm64",
-    "ppc64le": "ppc64le", "ppc64": "ppc64", "s390x": "s390x",
-    "riscv64": "riscv64", "loongarch64": "loong64",
-}
-
-
-def arch_name(code: bytes) -> str:
-    """Go arch name for a 3-byte SIF arch code; "unknown" for anything else."""
-    if code in ARCH_CODES.values():
-        return _ARCHES[int(code[:2])]
-    return "unknown"
-
-
-def host_arch() -> str:
-    """The host's architecture as a Go arch name (what SIF partitions record)."""
-    machine = os.uname().machine
-    if machine in _MACHINE_ARCH:
-        return _MACHINE_ARCH[machine]
-    if machine.startswith("arm"):
-        return "arm"
-    if machine.startswith("mips"):
-        import sys  # only reached on MIPS hosts, where endianness picks the name
-
-        suffix = "le" if sys.byteorder == "little" else ""
-        return ("mips64" if "64" in machine else "mips") + suffix
-    return machine
+ARCH_CODES = {name: b"%02d\0" % i for i, name in enumerate(ARCHES) if i}  # the codes a writer may store
 
 
 def _cstr(raw: bytes) -> str:

@@ -11,25 +11,26 @@ last message on stderr.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Mapping
 
 from singpy import console
 from singpy.errors import ImageError
+from singpy.hostfiles import which
 from singpy.kernel import syscalls as k
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     import subprocess
 
+_MAX_ERRORS = 1 << 16  # of a tool's stderr kept for the error line: a failing unsquashfs may repeat itself
+
 
 def find_tool(name: str, env: Mapping[str, str]) -> str | None:
     """Absolute path of program `name` on the host's PATH, as the user's shell would find it."""
-    for directory in env.get("PATH", os.defpath).split(":"):
-        candidate = os.path.join(directory or ".", name)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-            return os.path.abspath(candidate)
-    return None
+    found = which(name, env.get("PATH", os.defpath))
+    return os.path.abspath(found) if found else None
 
 
 def require_tool(name: str, env: Mapping[str, str], purpose: str) -> str:
@@ -40,8 +41,49 @@ def require_tool(name: str, env: Mapping[str, str], purpose: str) -> str:
     return path
 
 
-def _die_with_parent() -> None:
+def _die_with(parent: int, mask: set[int | signal.Signals]) -> None:
+    """In the child, before exec: die (SIGKILL) when `parent` does; the signal mask back to `mask`.
+
+    The death signal is armed only now; if the parent died between the fork
+    and this point, nothing would ever be sent, so a parent other than the
+    one that forked us means it is gone already.
+    """
     k.prctl(k.PR_SET_PDEATHSIG, 9)  # SIGKILL
+    if os.getppid() != parent:
+        os._exit(1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+class Interrupted(ImageError):
+    """SIGTERM, SIGHUP or SIGINT arrived inside `with Interruptible()`."""
+
+
+def _raise_interrupted(number: int, frame: object) -> None:
+    for other in _SIGNALS:  # a second signal must not cut the clean-up short
+        signal.signal(other, signal.SIG_IGN)
+    raise Interrupted(f"interrupted by {signal.Signals(number).name}")
+
+
+_SIGNALS = (15, 1, 2)  # SIGTERM, SIGHUP, SIGINT
+
+
+class Interruptible:
+    """`with Interruptible():` turns SIGTERM, SIGHUP and SIGINT into `Interrupted` inside the block.
+
+    By default SIGTERM and SIGHUP end Python at once, skipping every
+    `finally`: a build's scratch directory next to its target (hundreds of
+    MB) and an extraction's temporary tree would stay. As an exception, the
+    signal unwinds through them: `run_tool` kills and reaps its child, the
+    scratch directories are removed, and the command ends with one line.
+    (A class rather than contextlib: extraction is on the path of a first run.)
+    """
+
+    def __enter__(self) -> None:
+        self.previous = {number: signal.signal(number, _raise_interrupted) for number in _SIGNALS}
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
 
 
 def show_progress() -> bool:
@@ -62,18 +104,67 @@ def run_tool(argv: list[str], *, label: str, failure: str) -> None:
         last = os.path.basename(argv[0]) == "mksquashfs"
         argv = [*argv, "-no-progress"] if last else [argv[0], "-no-progress", *argv[1:]]
     console.debug(f"running {argv}")
+    parent = os.getpid()
+    # Blocked while Popen runs: a signal that came once the tool runs but before Popen returns would
+    # unwind with no child object to kill. Unblocked just after, it is taken with the child known.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    child: subprocess.Popen[bytes] | None = None
     try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if progress else
-                                 subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
-    except OSError as error:
-        raise ImageError(f"{failure}: can't run {argv[0]}: {error.strerror}") from None
-    assert child.stderr is not None
-    if progress:
-        _follow(child, label)
-    errors = child.stderr.read().decode(errors="replace")
-    if child.wait() != 0:
-        reason = _reason(errors) or f"{os.path.basename(argv[0])} exited with status {child.returncode}"
-        raise ImageError(f"{failure}: {reason}")
+        try:
+            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if progress else
+                                     subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     preexec_fn=lambda: _die_with(parent, mask))
+        except OSError as error:
+            raise ImageError(f"{failure}: can't run {argv[0]}: {error.strerror}") from None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        assert child.stderr is not None
+        if progress:
+            _follow(child, label)
+        errors = _drain(child.stderr.fileno())
+        status = child.wait()
+    except BaseException:  # Interrupted, KeyboardInterrupt: the tool must not outlive us, nor stay a zombie
+        if child is not None:
+            child.kill()
+            child.wait()
+        raise
+    finally:
+        for stream in (child.stdout, child.stderr) if child is not None else ():
+            if stream is not None:
+                stream.close()
+    if status != 0:
+        reason = _reason(errors) or f"{os.path.basename(argv[0])} exited with status {status}"
+        raise ToolError(f"{failure}: {reason}", output=errors)
+
+
+def _drain(fd: int) -> str:
+    """All the tool writes on stderr until it exits, of which the first _MAX_ERRORS bytes are kept."""
+    kept: list[bytes] = []
+    size = 0
+    while chunk := os.read(fd, 1 << 16):
+        if size < _MAX_ERRORS:
+            kept.append(chunk)
+            size += len(chunk)
+    return b"".join(kept)[:_MAX_ERRORS].decode(errors="replace")
+
+
+class ToolError(ImageError):
+    """A squashfs-tools program failed; `output` is what it wrote on stderr."""
+
+    def __init__(self, message: str, *, output: str) -> None:
+        super().__init__(message)
+        self.output = output
+
+
+def out_of_space(error: ImageError, directory: str) -> bool:
+    """Whether `error` (a tool's failure, or an OSError turned into one) came from a full filesystem."""
+    if "No space left on device" in (getattr(error, "output", "") or error.message):
+        return True
+    try:
+        info = os.statvfs(directory)
+    except OSError:
+        return False
+    return info.f_bavail == 0 or info.f_bfree == 0 or (info.f_files > 0 and info.f_favail == 0)
 
 
 def _reason(errors: str) -> str:

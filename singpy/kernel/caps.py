@@ -24,10 +24,8 @@ python-prctl (the hot path, benchmarks/README.md):
 
 from __future__ import annotations
 
-import ctypes
-import os
-
 from singpy.errors import ConfigError, SingpyError
+from singpy.kernel import syscalls as k
 from singpy.plan import Privileges
 
 # capability.h, in number order (CAP_CHOWN is 0, CAP_CHECKPOINT_RESTORE is 40).
@@ -40,7 +38,6 @@ NAMES = ("CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "
          "CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF",
          "CAP_CHECKPOINT_RESTORE")
 NUMBER = {name: number for number, name in enumerate(NAMES)}
-PR_CAPBSET_DROP = 24
 
 
 class CapabilityError(SingpyError):
@@ -97,15 +94,18 @@ def read_capability_file(path: str, user: str) -> tuple[str, ...]:
     A missing file grants nothing, as in Apptainer before `capability add` is run.
     """
     import json
+    import os.path
 
-    try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
+    from singpy.hostfiles import read_text
+
+    if not os.path.lexists(path):
         return ()
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"can't read {path}: {error}") from None
-    granted = data.get("users", {}).get(user, []) if isinstance(data, dict) else None
+    try:  # a regular UTF-8 file of at most 1 MiB (singpy.hostfiles), holding JSON
+        data = json.loads(read_text(path, what="capability file", error=ConfigError))
+    except (ValueError, RecursionError) as error:
+        raise ConfigError(f"can't read {path}: not JSON ({error})") from None
+    users = data.get("users", {}) if isinstance(data, dict) else None
+    granted = users.get(user, []) if isinstance(users, dict) else None
     if not isinstance(granted, list) or not all(isinstance(name, str) for name in granted):
         raise ConfigError(f"{path}: users.{user} must be a list of capability names")
     try:
@@ -138,14 +138,8 @@ def apply(privileges: Privileges) -> None:
         raise SingpyError(f"can't drop capabilities: {error.strerror}") from None
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
 def _drop_bounding_set() -> None:
-    """Empty the bounding set; numbers past the kernel's last capability fail with EINVAL and end the loop."""
+    """Empty the bounding set; the first number past the kernel's last capability ends the loop."""
     for number in range(64):
-        if _libc.prctl(ctypes.c_int(PR_CAPBSET_DROP), ctypes.c_ulong(number), 0, 0, 0) != 0:
-            errno = ctypes.get_errno()
-            if errno == 22:  # EINVAL: past CAP_LAST_CAP
-                return
-            raise SingpyError(f"can't drop capability {number} from the bounding set: {os.strerror(errno)}")
+        if not k.capbset_drop(number):
+            return

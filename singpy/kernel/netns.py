@@ -27,13 +27,13 @@ user namespace afterwards (its child does, being single-threaded after fork).
 Leftovers: when the container's namespace dies, the kernel deletes the veth
 pair with it; a killed launcher takes its child down (PR_SET_PDEATHSIG), so
 its namespace dies too. What can remain is a veth whose launcher died before
-the child joined, removed by the next `attach` (its pid is dead), and an empty
-bridge, removed by the next `detach`.
+the child joined, or a bridge it died before marking as singpy's (made as
+singpyb-<pid>, renamed once marked), both removed by the next `attach` (their
+pid is dead), and an empty bridge, removed by the next `detach`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 from singpy import console, network
@@ -49,11 +49,9 @@ if TYPE_CHECKING:
 LOCK_DIR = "/run/singpy"
 LOCK = f"{LOCK_DIR}/network.lock"
 HOST_PREFIX = "singpy-"  # host veth ends: singpy-<pid of the launcher that owns it>
+NEW_BRIDGE_PREFIX = "singpyb-"  # a bridge being made, not yet marked: singpyb-<pid> (15 bytes at most)
 MARK = "singpy"  # ifalias of a bridge singpy created; host veth ends carry "singpy <address>"
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
 
 def loopback_up() -> None:
     """Called in a new network namespace: `lo` up (the kernel then adds 127.0.0.1 and ::1 itself)."""
@@ -72,8 +70,7 @@ def loopback_up() -> None:
 
 def join(fd: int) -> None:
     """setns(2) into the network namespace `fd` refers to."""
-    if _libc.setns(ctypes.c_int(fd), ctypes.c_int(k.CLONE_NEWNET)) != 0:
-        raise KernelError(f"can't enter the container's network namespace: {os.strerror(ctypes.get_errno())}")
+    k.setns(fd, k.CLONE_NEWNET, "the container's network namespace")
 
 
 class Attachment(Record):
@@ -148,12 +145,13 @@ def _remove(ipr: Any, attachment: Attachment) -> None:
 
 
 def sweep(ipr: Any) -> None:
-    """Delete host veth ends whose launcher is dead (killed between creating and handing them over)."""
+    """Delete host veth ends and unmarked bridges whose launcher is dead (killed while making them)."""
     for link in ipr.get_links():
         name = link.get_attr("IFLA_IFNAME") or ""
-        owner = name.removeprefix(HOST_PREFIX)
-        if name.startswith(HOST_PREFIX) and owner.isdigit() and not _alive(int(owner)):
-            _delete(ipr, name)
+        for prefix in (HOST_PREFIX, NEW_BRIDGE_PREFIX):
+            owner = name.removeprefix(prefix)
+            if name.startswith(prefix) and owner.isdigit() and not _alive(int(owner)):
+                _delete(ipr, name)
 
 
 def taken_addresses(ipr: Any) -> set[str]:
@@ -207,9 +205,13 @@ def _ensure_bridge(ipr: Any, name: str, gateway: str, subnet: str) -> int:
     found = ipr.link_lookup(ifname=name)
     if found:
         return int(found[0])
-    ipr.link("add", ifname=name, kind="bridge")
-    index = _index(ipr, name)
+    # The kernel takes no alias at creation: made under a name of ours, a bridge we die before
+    # marking is one `sweep` removes (its pid is dead); marked, it gets its real name.
+    unmarked = f"{NEW_BRIDGE_PREFIX}{os.getpid()}"
+    ipr.link("add", ifname=unmarked, kind="bridge")
+    index = _index(ipr, unmarked)
     ipr.link("set", index=index, ifalias=MARK)
+    ipr.link("set", index=index, ifname=name)
     ipr.addr("add", index=index, address=gateway, prefixlen=network.prefix_length(subnet))
     ipr.link("set", index=index, state="up")
     return index

@@ -35,18 +35,25 @@ MS_RELATIME = 0x200000
 MNT_DETACH = 0x2
 
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 
 # pivot_root(2) has no glibc wrapper; its number depends on the architecture.
 _SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "riscv64": 41, "s390x": 217}
 
+# The one libc handle of the package: every wrapper below (and singpy.kernel.caps/netns) goes
+# through it and through `_check`, so every failure reads the same way.
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:
     if result != 0:
-        errno = ctypes.get_errno()
-        raise KernelError(f"can't {what}: {os.strerror(errno)}")
+        raise KernelError(f"can't {what}: {os.strerror(ctypes.get_errno())}")
+
+
+def _errno_of(result: int) -> int:
+    """0 when a call succeeded, else its errno (for callers that treat some errors as answers)."""
+    return 0 if result == 0 else ctypes.get_errno()
 
 
 def _b(path: str | None) -> bytes | None:
@@ -58,10 +65,32 @@ def unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), "create namespaces (unshare)")
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    """mount(2); `source` None for pseudo filesystems and flag-only changes."""
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None, *,
+          shown: str | None = None) -> None:
+    """mount(2); `source` None for pseudo filesystems and flag-only changes.
+
+    `shown` names the target in an error message when `target` is a descriptor's
+    path (`fd_path`), which would mean nothing to a user.
+    """
     result = _libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data))
-    _check(result, f"mount {source or fstype} on {target}")
+    _check(result, f"mount {source or fstype} on {shown or target}")
+
+
+def fd_path(fd: int, proc: str = "/proc") -> str:
+    """A path naming exactly the file `fd` refers to (for calls that take no descriptor, as mount(2)).
+
+    The kernel follows /proc/self/fd/N to that very dentry and mount, without a
+    second lookup by name, so nothing can swap a symlink in between
+    ([1] proc(5), /proc/pid/fd; runc does the same for untrusted mount targets).
+    `proc` is where procfs is mounted as seen by the caller (/oldroot/proc in
+    the staging root).
+    """
+    return f"{proc}/self/fd/{fd}"
+
+
+def setns(fd: int, nstype: int, what: str) -> None:
+    """setns(2): join the namespace `fd` refers to."""
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), f"enter {what}")
 
 
 def umount(target: str, flags: int = 0) -> None:
@@ -76,6 +105,7 @@ def pivot_root(new_root: str, put_old: str) -> None:
 
 
 AT_FDCWD = -100
+AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
 _SYS_MOUNT_SETATTR = 442  # one number on every architecture (the unified table of Linux >= 5.3)
@@ -86,21 +116,21 @@ class _MountAttr(ctypes.Structure):
                 ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64))
 
 
-def seal_tree(path: str) -> bool:
-    """Make `path` and every mount below it read-only, nosuid and nodev in one call.
+def seal_tree(fd: int, what: str) -> bool:
+    """Make the mount `fd` is the root of, and every mount below it, read-only, nosuid and nodev.
 
-    mount_setattr(2) with AT_RECURSIVE (Linux >= 5.12). Returns False where the
-    kernel lacks it, so the caller can remount each mount instead.
+    mount_setattr(2) with AT_EMPTY_PATH | AT_RECURSIVE (Linux >= 5.12). Returns
+    False where the kernel lacks it, so the caller can remount each mount instead.
     """
     attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
-    result = _libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(AT_FDCWD), _b(path),
-                           ctypes.c_uint(AT_RECURSIVE), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)))
-    if result == 0:
-        return True
-    errno = ctypes.get_errno()
+    errno = _errno_of(_libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(fd), b"",
+                                    ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
+                                    ctypes.c_size_t(ctypes.sizeof(attr))))
     if errno in (38, 22):  # ENOSYS, EINVAL: an older kernel
         return False
-    raise KernelError(f"can't make {path} read-only: {os.strerror(errno)}")
+    if errno:
+        raise KernelError(f"can't make {what} read-only: {os.strerror(errno)}")
+    return True
 
 
 def sethostname(name: str) -> None:
@@ -110,3 +140,13 @@ def sethostname(name: str) -> None:
 
 def prctl(option: int, value: int) -> None:
     _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
+
+
+def capbset_drop(number: int) -> bool:
+    """Drop capability `number` from the bounding set; False past the kernel's last capability (EINVAL)."""
+    errno = _errno_of(_libc.prctl(ctypes.c_int(PR_CAPBSET_DROP), ctypes.c_ulong(number), 0, 0, 0))
+    if errno == 22:
+        return False
+    if errno:
+        raise KernelError(f"can't drop capability {number} from the bounding set: {os.strerror(errno)}")
+    return True

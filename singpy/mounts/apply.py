@@ -4,78 +4,55 @@ Called in the staging root (see singpy.rootfs), with the host tree at
 /oldroot and the container root at /newroot, holding CAP_SYS_ADMIN over the
 mount namespace. Every `MountOp` is handled in the single `match` below;
 `assert_never` makes a new op fail type-checking until it is handled here.
+
+The image is untrusted, and so is every path in it (singpy.mounts.rootpath):
+
+* A destination is resolved inside the container root, in the container as
+  it stands when that mount is made (a bind below an earlier bind lands in
+  it, as with Apptainer), and the mount is made on the descriptor that walk
+  returned (/proc/self/fd/N), never on a path the kernel would resolve again.
+* A missing mount point is created only in a filesystem this launch made
+  for the container: a tmpfs mounted here, or the writable overlay of
+  --writable-tmpfs. Those the image lacks were put in the overlay's lower
+  layer beforehand (`missing_mount_points`). Never in a directory bound from
+  the host, even when an image link leads there (`/dev -> /etc`): the mount is
+  then refused (`Missing.REQUIRED`: one FATAL line) or left out
+  (`Missing.SKIP`: a --verbose note, where Apptainer would skip it too).
+* What is read from the image (/etc/passwd and /etc/group, to merge the
+  user's entry in) is read from the image alone (`image`, a Tree on its own
+  root, where nothing from the host is mounted): a regular file, bounded.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import stat
 
 from singpy import console
-from singpy.errors import BindSpecError
+from singpy.errors import BindSpecError, ImageError, PathError
 from singpy.kernel import syscalls as k
-from singpy.mounts.rootpath import Resolver, is_under, resolve
+from singpy.mounts.rootpath import Lookup, Resolver, Tree, is_under
 from singpy.plan import Missing, MountOp, MountSpec
-from singpy.rootfs import HOST, NEWROOT, SCRATCH, host_path, remount
+from singpy.rootfs import HOST, NEWROOT, PROC, SCRATCH, host_path, remount
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import NoReturn
 
-_STICKY_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")
+IDENTITY_LIMIT = 16 << 20  # /etc/passwd and /etc/group of an image: LDAP-sized files are a few MB
 
 
-def apply_mounts(specs: tuple[MountSpec, ...]) -> None:
-    guest, host = Resolver(NEWROOT), Resolver(HOST)  # the host tree never changes under /oldroot
-    sealed = _Sealed(spec.dest for spec in specs if spec.op is MountOp.TMPFS and spec.readonly)
-    for number, spec in enumerate(specs):
-        match spec.op:
-            case MountOp.BIND:
-                _bind(spec, guest(spec.dest), host, sealed)
-            case MountOp.TMPFS:
-                mode = "1777" if spec.dest in _STICKY_TMPFS else "0755"
-                _fresh(spec, guest(spec.dest), "tmpfs", k.MS_NOSUID | k.MS_NODEV, f"mode={mode}")
-            case MountOp.PROC:
-                _fresh(spec, guest(spec.dest), "proc", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, None)
-            case MountOp.DEVPTS:
-                _fresh(spec, guest(spec.dest), "devpts", k.MS_NOSUID | k.MS_NOEXEC,
-                       "newinstance,ptmxmode=0666,mode=0620")
-            case MountOp.MQUEUE:
-                _fresh(spec, guest(spec.dest), "mqueue", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, None)
-            case MountOp.FILE:
-                _merged_file(spec, guest(spec.dest), number)
-            case MountOp.SYMLINK:
-                _symlink(spec, guest(spec.dest))
-            case _:
-                assert_never(spec.op)
-        guest.forget(spec.dest)
-    sealed.seal(guest)
-
-
-class _Sealed:
-    """Read-only tmpfs trees (/.singularity.d/libs): sealed once, when all is mounted below them.
-
-    One recursive mount_setattr instead of a read-only remount for each of the
-    ~70 libraries --nv binds there; on kernels without it, each bind is
-    remounted as any other read-only bind.
-    """
-
-    def __init__(self, roots: Iterable[str]) -> None:
-        self.roots = tuple(roots)
-        self.pending: list[tuple[str, int]] = []  # (host path, flags) of binds left for `seal`
-
-    def defer(self, guest: str, dest: str, flags: int) -> bool:
-        if not any(is_under(guest, root) for root in self.roots):
-            return False
-        self.pending.append((dest, flags))
-        return True
-
-    def seal(self, guest: Resolver) -> None:
-        for root in self.roots:
-            if not k.seal_tree(guest(root)):
-                for dest, flags in self.pending:
-                    remount(dest, flags)
-                return
+def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bool) -> None:
+    """Apply `specs` in order on NEWROOT; `image` is the image's own root, for what is read from it."""
+    with Tree(NEWROOT, proc=PROC) as container:
+        applier = _Applier(container, image, specs, writable_root=writable_root)
+        for number, spec in enumerate(specs):
+            try:
+                applier.apply(number, spec)
+            except PathError as error:
+                if spec.missing is Missing.REQUIRED:
+                    raise PathError(f"can't {_doing(spec)}: {error.message}", hint=error.hint) from None
+                console.verbose(f"can't {_doing(spec)} (left out): {error.message}")
 
 
 def assert_never(value: NoReturn) -> NoReturn:
@@ -83,29 +60,248 @@ def assert_never(value: NoReturn) -> NoReturn:
     raise AssertionError(f"unhandled mount op {value!r}")
 
 
-def missing_mount_points(specs: tuple[MountSpec, ...], rootfs: str) -> list[tuple[str, bool]]:
-    """Mount points the plan needs that the image lacks, as (path below the root, is_dir).
+class _Applier:
+    """The container being assembled: what singpy mounted so far, and where it may create files."""
 
-    Destinations below an earlier tmpfs or bind are left to that mount. `rootfs`
-    is the image root as seen from the staging root; image symlinks are followed.
+    def __init__(self, container: Tree, image: Tree, specs: tuple[MountSpec, ...], *, writable_root: bool) -> None:
+        self.container = container
+        self.image = image
+        self.host = Resolver(HOST)  # the host tree never changes under /oldroot
+        # Filesystems made for this container, where a missing mount point may be created.
+        self.owned: set[int] = {os.fstat(container.fd).st_dev} if writable_root else set()
+        self.host_binds: list[tuple[str, str]] = []  # (resolved destination, source) of host binds, for messages
+        self.to_seal = {spec.dest for spec in specs if spec.op is MountOp.SEAL}
+        self.sealing: set[int] = set()  # devices of tmpfs a SEAL will make read-only, with all below them
+        self.deferred: list[tuple[str, int]] = []  # (resolved dest, flags) of read-only binds the seal covers
+
+    def apply(self, number: int, spec: MountSpec) -> None:
+        match spec.op:
+            case MountOp.BIND:
+                self._bind(spec)
+            case MountOp.TMPFS:
+                self._fresh(spec, "tmpfs", k.MS_NOSUID | k.MS_NODEV, f"mode={spec.mode}")
+            case MountOp.PROC:
+                self._fresh(spec, "proc", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, None)
+            case MountOp.DEVPTS:
+                self._fresh(spec, "devpts", k.MS_NOSUID | k.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+            case MountOp.MQUEUE:
+                self._fresh(spec, "mqueue", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, None)
+            case MountOp.FILE:
+                self._file(spec, number)
+            case MountOp.SYMLINK:
+                self._symlink(spec)
+            case MountOp.SEAL:
+                self._seal(spec)
+            case _:
+                assert_never(spec.op)
+
+    def _target(self, dest: str, *, directory: bool) -> tuple[Lookup, int]:
+        """Where to mount `dest`: an existing file or directory, or one created where that is safe.
+
+        Returns the lookup and a descriptor of the target, which the caller closes.
+        """
+        found = self.container.lookup(dest)
+        if found.fd is None:
+            self._check_may_create(found)
+            found.fd = self.container.make(found, directory=directory)
+        if not found.name:
+            os.close(found.fd)
+            raise PathError("it is the container's root directory")
+        return found, found.fd
+
+    def _check_may_create(self, found: Lookup) -> None:
+        if os.fstat(found.parent).st_dev in self.owned:
+            return
+        where = found.path[:-len("/".join(found.missing)) - 1] or "/"
+        binds = [(path, source) for path, source in self.host_binds if is_under(where, path)]
+        if binds:
+            path, source = max(binds, key=lambda bind: len(bind[0]))
+            reason = f"the host's {source} is bound on {path}"
+        else:
+            reason = f"nothing may be created in {where}"
+        raise PathError(f"{found.path} does not exist and can't be made ({reason}; singpy creates nothing "
+                        "outside the container's own filesystems)",
+                        hint=f"create {found.path} on the host first, or choose a destination the image has"
+                        if binds else None)
+
+    def _bind(self, spec: MountSpec) -> None:
+        assert spec.source is not None
+        source = self.host(spec.source)
+        try:
+            is_dir = stat.S_ISDIR(os.stat(source).st_mode)
+        except OSError:
+            if spec.missing is Missing.SKIP:
+                console.debug(f"skipping bind of {spec.source}: not on this host")
+                return
+            raise BindSpecError(f"bind source {spec.source} does not exist") from None
+        found, target = self._target(spec.dest, directory=is_dir)
+        try:
+            console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
+            k.mount(source, k.fd_path(target, PROC), None, k.MS_BIND | k.MS_REC, shown=spec.dest)
+            flags = k.MS_NOSUID | (0 if spec.dev else k.MS_NODEV) | (k.MS_RDONLY if spec.readonly else 0)
+            if spec.readonly and os.fstat(found.parent).st_dev in self.sealing:
+                self.deferred.append((found.path, flags))  # the SEAL below makes it read-only, in one call
+            else:
+                self._remount(found, flags, spec.dest)
+        finally:
+            os.close(target)
+        self.host_binds.append((found.path, spec.source))
+        self.container.forget(found.path)
+
+    def _fresh(self, spec: MountSpec, fstype: str, flags: int, data: str | None) -> None:
+        found, target = self._target(spec.dest, directory=True)
+        try:
+            console.verbose(f"mounting {fstype} on {spec.dest}")
+            k.mount(fstype, k.fd_path(target, PROC), fstype, flags, data, shown=spec.dest)
+            if fstype == "tmpfs":
+                mounted = self.container.reopen(found)
+                device = os.fstat(mounted).st_dev
+                os.close(mounted)
+                self.owned.add(device)
+                if spec.dest in self.to_seal:
+                    self.sealing.add(device)
+        finally:
+            os.close(target)
+        self.container.forget(found.path)
+
+    def _file(self, spec: MountSpec, number: int) -> None:
+        """A file the launcher writes (passwd, group, resolv.conf), bound read-only over the image's."""
+        assert spec.content is not None
+        lines: list[bytes] = []
+        if spec.merge:  # the image's own lines, but those keyed like ours (the user's passwd entry)
+            key = spec.content.split(":", 1)[0].encode() + b":"
+            lines = [line for line in self._image_file(spec.dest).splitlines() if not line.startswith(key)]
+        staged = f"{SCRATCH}/file{number}"
+        handle = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(handle, b"\n".join([*lines, spec.content.encode()]) + b"\n")
+        finally:
+            os.close(handle)
+        found, target = self._target(spec.dest, directory=False)
+        try:
+            console.verbose(f"writing {spec.dest} with an entry for {spec.content.split(':', 1)[0]}"
+                            if spec.merge else f"writing {spec.dest}")
+            k.mount(staged, k.fd_path(target, PROC), None, k.MS_BIND, shown=spec.dest)
+            self._remount(found, k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV, spec.dest)
+        finally:
+            os.close(target)
+        self.container.forget(found.path)
+
+    def _image_file(self, dest: str) -> bytes:
+        """The image's own `dest` (empty if it has none), from the image alone.
+
+        A link to nothing in the image is refused too: in the assembled container
+        it would lead elsewhere (`/etc/group -> /dev/zero`: the host's /dev).
+        """
+        try:
+            data = self.image.read(dest, limit=IDENTITY_LIMIT)
+            if data is None:
+                found = self.image.lookup(dest)
+                if found.fd is not None:  # appeared meanwhile: not worth a second try
+                    os.close(found.fd)
+                if found.path != dest:
+                    raise PathError(f"it is a link to {found.path}, which is not in the image")
+        except PathError as error:
+            raise ImageError(f"can't use the image's {dest}: {error.message}") from None
+        return data or b""
+
+    def _symlink(self, spec: MountSpec) -> None:
+        assert spec.source is not None
+        found = self.container.lookup(spec.dest, follow=False)
+        if found.fd is not None:
+            os.close(found.fd)
+            raise PathError(f"{found.path} exists already")
+        if len(found.missing) > 1:
+            raise PathError(f"{found.path.rsplit('/', 1)[0]} does not exist")
+        self._check_may_create(found)
+        os.symlink(spec.source, found.name, dir_fd=found.parent)
+
+    def _seal(self, spec: MountSpec) -> None:
+        """`dest` (a tmpfs) and every bind below it: read-only, nosuid, nodev."""
+        found = self.container.lookup(spec.dest)
+        if found.fd is None:
+            raise PathError(f"{found.path} does not exist")
+        try:
+            console.debug(f"sealing {spec.dest} read-only")
+            if k.seal_tree(found.fd, spec.dest):
+                return
+            # No mount_setattr (Linux < 5.12): each bind, then the tmpfs itself, one remount each.
+            for path, flags in self.deferred:
+                below = self.container.lookup(path)
+                if below.fd is not None:
+                    try:
+                        self._remount(below, flags, path, reopen=False)
+                    finally:
+                        os.close(below.fd)
+            self._remount(found, k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV, spec.dest, reopen=False)
+        finally:
+            if found.fd is not None:
+                os.close(found.fd)
+
+    def _remount(self, found: Lookup, flags: int, shown: str, *, reopen: bool = True) -> None:
+        """Add `flags` to what was just mounted on `found` (reopened: its descriptor is the mount point below)."""
+        mounted = self.container.reopen(found) if reopen else found.fd
+        assert mounted is not None
+        try:
+            remount(k.fd_path(mounted, PROC), flags, shown=shown)
+        finally:
+            if reopen:
+                os.close(mounted)
+
+
+def _doing(spec: MountSpec) -> str:
+    """What a spec does, for "can't ..." messages."""
+    match spec.op:
+        case MountOp.BIND:
+            return f"bind {spec.source} on {spec.dest}"
+        case MountOp.FILE:
+            return f"write {spec.dest}"
+        case MountOp.SYMLINK:
+            return f"make the link {spec.dest}"
+        case MountOp.SEAL:
+            return f"make {spec.dest} read-only"
+        case _:
+            return f"mount {spec.op.value} on {spec.dest}"
+
+
+class Survey:
+    """The plan's destinations, resolved in the image alone (links followed inside it), before any mount."""
+
+    def __init__(self) -> None:
+        self.missing: list[tuple[str, bool]] = []  # mount points the image lacks: (path below the root, is_dir)
+        self.covering: set[str] = set()  # resolved destinations: what the container will not take from the image
+
+    def covers(self, path: str) -> bool:
+        """Whether a mount of the plan hides resolved path `path` of the image."""
+        return _is_covered(path, self.covering)
+
+
+def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
+    """Where the plan's mounts land in the image, and the mount points it lacks.
+
+    A destination that an earlier mount covers is left to the moment that
+    mount is there (`_Applier._target`); one that leads nowhere (a link loop,
+    a file where a directory must be) is left for apply_mounts to report with
+    its policy.
     """
-    missing = []
-    covering: set[str] = set()
+    found_all = Survey()
     for spec in specs:
-        if spec.op is not MountOp.SYMLINK and not _is_covered(spec.dest, covering):
-            path = resolve(rootfs, spec.dest)
-            if not os.path.lexists(path):
-                missing.append((os.path.relpath(path, rootfs), _wants_directory(spec)))
-        if spec.op in (MountOp.TMPFS, MountOp.BIND, MountOp.PROC, MountOp.DEVPTS):
-            covering.add(spec.dest)
-    return missing
+        if spec.op in (MountOp.SYMLINK, MountOp.SEAL):
+            continue
+        try:
+            found = image.locate(spec.dest)
+        except PathError:
+            continue
+        if found.missing and not found_all.covers(found.path):
+            found_all.missing.append((found.path.lstrip("/"), _wants_directory(spec)))
+        found_all.covering.add(found.path)
+    return found_all
 
 
-def _is_covered(dest: str, covering: set[str]) -> bool:
-    """Whether `dest` or one of its ancestors is mounted on (a walk up, not a scan of every mount)."""
-    path = dest
+def _is_covered(path: str, covering: set[str]) -> bool:
+    """Whether `path` or one of its ancestors is mounted on (a walk up, not a scan of every mount)."""
     while path not in covering:
-        if path == "/":
+        if path in ("/", ""):
             return False
         path = path.rsplit("/", 1)[0] or "/"
     return True
@@ -118,62 +314,3 @@ def _wants_directory(spec: MountSpec) -> bool:
         assert spec.source is not None
         return os.path.isdir(host_path(spec.source))
     return True
-
-
-def _bind(spec: MountSpec, dest: str, host: Resolver, sealed: _Sealed) -> None:
-    assert spec.source is not None
-    source = host(spec.source)
-    if not os.path.exists(source):
-        if spec.missing is Missing.SKIP:
-            console.debug(f"skipping bind of {spec.source}: not on this host")
-            return
-        raise BindSpecError(f"bind source {spec.source} does not exist")
-    _ensure_mount_point(dest, spec.dest, directory=os.path.isdir(source))
-    console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
-    k.mount(source, dest, None, k.MS_BIND | k.MS_REC)
-    flags = k.MS_NOSUID | (0 if spec.dev else k.MS_NODEV) | (k.MS_RDONLY if spec.readonly else 0)
-    if not (spec.readonly and sealed.defer(spec.dest, dest, flags)):
-        remount(dest, flags)
-
-
-def _fresh(spec: MountSpec, dest: str, fstype: str, flags: int, data: str | None) -> None:
-    _ensure_mount_point(dest, spec.dest, directory=True)
-    console.verbose(f"mounting {fstype} on {spec.dest}")
-    k.mount(fstype, dest, fstype, flags, data)
-
-
-def _merged_file(spec: MountSpec, dest: str, number: int) -> None:
-    """The container's file (passwd, group) with our entry replacing any of the same name."""
-    assert spec.content is not None
-    key = spec.content.split(":", 1)[0] + ":"
-    try:
-        with open(dest) as handle:
-            lines = [line for line in handle.read().splitlines() if not line.startswith(key) and spec.merge]
-    except OSError:
-        lines = []
-    staged = f"{SCRATCH}/file{number}"
-    with open(staged, "w") as handle:
-        handle.write("\n".join([*lines, spec.content]) + "\n")
-    os.chmod(staged, 0o644)
-    _ensure_mount_point(dest, spec.dest, directory=False)
-    console.verbose(f"writing {spec.dest} with an entry for {key[:-1]}" if spec.merge else f"writing {spec.dest}")
-    k.mount(staged, dest, None, k.MS_BIND)
-    remount(dest, k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV)
-
-
-def _symlink(spec: MountSpec, dest: str) -> None:
-    assert spec.source is not None
-    os.symlink(spec.source, dest)
-
-
-def _ensure_mount_point(path: str, guest: str, *, directory: bool) -> None:
-    if os.path.lexists(path):
-        return
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        if directory:
-            os.mkdir(path)
-        else:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-    except OSError as error:
-        raise BindSpecError(f"can't create mount point {guest} in the container: {error.strerror}") from None

@@ -2,6 +2,11 @@
 
 Each function returns `MountSpec`s for one concern; the planner chains them in
 `Stage` order. Nothing here touches the kernel or the image.
+
+Where Apptainer skips a default mount that can't be made (its kernel, files,
+tmp, cwd, hostfs and bind-path mounts: a warning, and the container starts),
+the spec says `Missing.SKIP`; the home directory and the user's own binds are
+`Missing.REQUIRED`, as there ([1] Apptainer container_linux.go, mountGeneric).
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ def kernel_mounts(*, new_pid: bool, proc: bool, sys: bool, dev: str, devpts: boo
         # A fresh procfs needs a PID namespace owned by our user namespace;
         # otherwise the host's /proc is bound, as Apptainer does.
         op = MountOp.PROC if new_pid else MountOp.BIND
-        specs.append(MountSpec(op=op, source=None if new_pid else "/proc", dest="/proc", stage=Stage.KERNEL))
+        specs.append(MountSpec(op=op, source=None if new_pid else "/proc", dest="/proc", missing=Missing.SKIP,
+                               stage=Stage.KERNEL))
     if sys:
-        specs.append(MountSpec(op=MountOp.BIND, source="/sys", dest="/sys", stage=Stage.KERNEL))
+        specs.append(MountSpec(op=MountOp.BIND, source="/sys", dest="/sys", missing=Missing.SKIP, stage=Stage.KERNEL))
     if dev == "yes":
-        specs.append(MountSpec(op=MountOp.BIND, source="/dev", dest="/dev", dev=True, stage=Stage.KERNEL))
+        specs.append(MountSpec(op=MountOp.BIND, source="/dev", dest="/dev", dev=True, missing=Missing.SKIP,
+                               stage=Stage.KERNEL))
     elif dev == "minimal":
         specs += minimal_dev(devpts=devpts)
     return specs
@@ -36,14 +43,15 @@ def kernel_mounts(*, new_pid: bool, proc: bool, sys: bool, dev: str, devpts: boo
 
 def minimal_dev(*, devpts: bool = True) -> list[MountSpec]:
     """A tmpfs /dev with the usual nodes, a private devpts (`mount devpts`) and /dev/shm."""
-    specs = [MountSpec(op=MountOp.TMPFS, dest="/dev", stage=Stage.KERNEL)]
+    specs = [MountSpec(op=MountOp.TMPFS, dest="/dev", missing=Missing.SKIP, stage=Stage.KERNEL)]
     specs += [MountSpec(op=MountOp.BIND, source=f"/dev/{name}", dest=f"/dev/{name}", dev=True,
                         missing=Missing.SKIP, stage=Stage.KERNEL) for name in MINIMAL_DEV_NODES]
     if devpts:
-        specs.append(MountSpec(op=MountOp.DEVPTS, dest="/dev/pts", stage=Stage.KERNEL))
-    specs.append(MountSpec(op=MountOp.TMPFS, dest="/dev/shm", stage=Stage.KERNEL))
-    specs += [MountSpec(op=MountOp.SYMLINK, source=target, dest=f"/dev/{name}", stage=Stage.KERNEL)
-              for name, target in DEV_LINKS if devpts or name != "ptmx"]
+        specs.append(MountSpec(op=MountOp.DEVPTS, dest="/dev/pts", missing=Missing.SKIP, stage=Stage.KERNEL))
+    specs.append(MountSpec(op=MountOp.TMPFS, dest="/dev/shm", mode="1777", missing=Missing.SKIP,
+                           stage=Stage.KERNEL))
+    specs += [MountSpec(op=MountOp.SYMLINK, source=target, dest=f"/dev/{name}", missing=Missing.SKIP,
+                        stage=Stage.KERNEL) for name, target in DEV_LINKS if devpts or name != "ptmx"]
     return specs
 
 
@@ -52,10 +60,10 @@ def identity_files(*, passwd_entry: str | None, group_entry: str | None) -> list
     specs = []
     if passwd_entry:
         specs.append(MountSpec(op=MountOp.FILE, dest="/etc/passwd", content=passwd_entry, readonly=True,
-                               stage=Stage.SYSTEM_FILES))
+                               missing=Missing.SKIP, stage=Stage.SYSTEM_FILES))
     if group_entry:
         specs.append(MountSpec(op=MountOp.FILE, dest="/etc/group", content=group_entry, readonly=True,
-                               stage=Stage.SYSTEM_FILES))
+                               missing=Missing.SKIP, stage=Stage.SYSTEM_FILES))
     return specs
 
 
@@ -86,7 +94,8 @@ def tmp_mounts(*, contain: bool, enabled: bool) -> list[MountSpec]:
     if not enabled:
         return []
     if contain:
-        return [MountSpec(op=MountOp.TMPFS, dest=path, stage=Stage.HOME_TMP) for path in ("/tmp", "/var/tmp")]
+        return [MountSpec(op=MountOp.TMPFS, dest=path, mode="1777", missing=Missing.SKIP, stage=Stage.HOME_TMP)
+                for path in ("/tmp", "/var/tmp")]
     return [MountSpec(op=MountOp.BIND, source=path, dest=path, missing=Missing.SKIP, stage=Stage.HOME_TMP)
             for path in ("/tmp", "/var/tmp")]
 

@@ -19,7 +19,7 @@ Nothing here is a mock.  `build_nvidia_host` creates, under one directory:
   inode), a Vulkan ICD JSON, and ``etc/nvliblist.conf`` naming all of it.
 
 Every path is in the returned `SimHost`, so the same host can be handed to
-`discover(...)` directly or bound over /dev and /etc/ld.so.cache inside a
+`discover(GpuHost(...))` directly or bound over /dev and /etc/ld.so.cache inside a
 private mount namespace by integration tests.  mknod needs CAP_MKNOD (root).
 """
 
@@ -70,14 +70,14 @@ class SimHost:
     """Paths of one simulated host; everything lives under `root`."""
 
     root: Path
-    dev_dir: Path  # hand to discover(dev_dir=...)
+    dev_dir: Path  # GpuHost.dev_dir
     lib_dir: Path  # 64-bit libraries
     lib32_dir: Path | None  # i386 libraries, None when gcc -m32 cannot link here
     ld_conf: Path  # the directories ldconfig scanned
-    ld_cache: Path  # discover(ld_cache_file=...)
+    ld_cache: Path  # GpuHost.ld_cache_file
     ldconfig: str  # the real ldconfig binary
     bin_dir: Path
-    path_env: str  # discover(path_env=...)
+    path_env: str  # GpuHost.path_env
     liblist: Path  # a liblist naming the simulated files
     libs: dict[str, Path]  # soname -> real file, 64-bit
     lib32: dict[str, Path]  # soname -> real file, i386

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from singpy.gpu import GpuContribution, merge, nvidia, rocm
+from singpy.gpu import GpuContribution, GpuHost, ImageHints, merge, nvidia, rocm
 from singpy.gpu.elf import elf_identity
 from singpy.plan import Missing, MountOp, Stage
 
@@ -57,36 +57,31 @@ def rocm_host(tmp_path: Path) -> SimHost:
     return build_rocm_host(tmp_path)
 
 
-def discover_nv(host: SimHost, **overrides: Any) -> GpuContribution:
-    """nvidia.discover pointed at the simulated host; keyword overrides win."""
-    args: dict[str, Any] = {
-        "liblist_path": str(host.liblist),
+def sim_gpu_host(host: SimHost, **fields: Any) -> GpuHost:
+    """The simulated host as the GPU modules see it; keyword fields win."""
+    values: dict[str, Any] = {
+        "env": {},
+        "path_env": host.path_env,
+        "nvliblist": str(host.liblist),
+        "rocmliblist": str(host.liblist),
         "dev_dir": str(host.dev_dir),
         "ldconfig": host.ldconfig,
         "ld_cache_file": str(host.ld_cache),
-        "path_env": host.path_env,
-        "nvidia_container_cli": None,
-        "contain": False,
-        "host_env": {},
         "persistenced_socket": str(host.persistenced_socket),
         "proc_driver_version": str(host.proc_version),
         "inherited_libs_dir": str(host.root / "no-parent-container"),
     }
-    return nvidia.discover(**{**args, **overrides})
+    return GpuHost(**{**values, **fields})
 
 
-def discover_rocm(host: SimHost, **overrides: Any) -> GpuContribution:
-    args: dict[str, Any] = {
-        "liblist_path": str(host.liblist),
-        "dev_dir": str(host.dev_dir),
-        "ldconfig": host.ldconfig,
-        "ld_cache_file": str(host.ld_cache),
-        "path_env": host.path_env,
-        "contain": True,
-        "host_env": {},
-        "inherited_libs_dir": str(host.root / "no-parent-container"),
-    }
-    return rocm.discover(**{**args, **overrides})
+def discover_nv(host: SimHost, *, contain: bool = False, image: ImageHints | None = None,
+                **fields: Any) -> GpuContribution:
+    """nvidia.discover pointed at the simulated host."""
+    return nvidia.discover(sim_gpu_host(host, **fields), contain=contain, image=image)
+
+
+def discover_rocm(host: SimHost, *, contain: bool = True, **fields: Any) -> GpuContribution:
+    return rocm.discover(sim_gpu_host(host, **fields), contain=contain)
 
 
 def binds(contrib: GpuContribution) -> dict[str, str]:
@@ -134,7 +129,7 @@ def test_every_nvidia_node_is_a_dev_bind(nv_host: SimHost) -> None:
     contrib = discover_nv(nv_host)
     assert dev_dests(contrib) == CONTROL_NODES | {"/dev/nvidia0", "/dev/nvidia1"}
     for spec in (m for m in contrib.mounts if m.dev):
-        assert spec.op is MountOp.BIND and spec.missing is Missing.CREATE and spec.stage is Stage.GPU
+        assert spec.op is MountOp.BIND and spec.missing is Missing.REQUIRED and spec.stage is Stage.GPU
         assert spec.source == str(nv_host.dev_dir / spec.dest.removeprefix("/dev/"))
     assert f"binding {nv_host.dev_dir}/nvidia0 -> /dev/nvidia0" in contrib.notes
     assert not contrib.warnings
@@ -156,16 +151,16 @@ def test_every_nvidia_node_is_a_dev_bind(nv_host: SimHost) -> None:
 def test_contain_selects_gpu_nodes(tmp_path: Path, value: str | None, gpus: set[int]) -> None:
     host = build_nvidia_host(tmp_path, gpus=3)
     env = {} if value is None else {"NVIDIA_VISIBLE_DEVICES": value}
-    contrib = discover_nv(host, contain=True, host_env=env)
+    contrib = discover_nv(host, contain=True, env=env)
     assert dev_dests(contrib) == CONTROL_NODES | {f"/dev/nvidia{i}" for i in gpus}
     assert not contrib.warnings
 
 
 def test_contain_selects_gpus_by_uuid_through_nvidia_smi(nv_host: SimHost) -> None:
     env = {"NVIDIA_VISIBLE_DEVICES": nv_host.uuids[1]}
-    contrib = discover_nv(nv_host, contain=True, host_env=env)
+    contrib = discover_nv(nv_host, contain=True, env=env)
     assert dev_dests(contrib) == CONTROL_NODES | {"/dev/nvidia1"}
-    mixed = discover_nv(nv_host, contain=True, host_env={"NVIDIA_VISIBLE_DEVICES": f"0,{nv_host.uuids[1]}"})
+    mixed = discover_nv(nv_host, contain=True, env={"NVIDIA_VISIBLE_DEVICES": f"0,{nv_host.uuids[1]}"})
     assert dev_dests(mixed) == CONTROL_NODES | {"/dev/nvidia0", "/dev/nvidia1"}
 
 
@@ -173,7 +168,7 @@ def test_uuid_without_nvidia_smi_warns_and_binds_no_gpu(nv_host: SimHost, tmp_pa
     empty_path = tmp_path / "empty-bin"
     empty_path.mkdir()
     env = {"NVIDIA_VISIBLE_DEVICES": nv_host.uuids[0]}
-    contrib = discover_nv(nv_host, contain=True, host_env=env, path_env=str(empty_path))
+    contrib = discover_nv(nv_host, contain=True, env=env, path_env=str(empty_path))
     assert dev_dests(contrib) == CONTROL_NODES
     assert any("nvidia-smi is not on PATH" in w for w in contrib.warnings)
 
@@ -187,13 +182,13 @@ def test_uuid_without_nvidia_smi_warns_and_binds_no_gpu(nv_host: SimHost, tmp_pa
     ],
 )
 def test_unusable_selection_entries_warn(nv_host: SimHost, value: str, expected: str) -> None:
-    contrib = discover_nv(nv_host, contain=True, host_env={"NVIDIA_VISIBLE_DEVICES": value})
+    contrib = discover_nv(nv_host, contain=True, env={"NVIDIA_VISIBLE_DEVICES": value})
     assert dev_dests(contrib) == CONTROL_NODES
     assert any(expected in w for w in contrib.warnings)
 
 
 def test_selection_needs_contain(nv_host: SimHost) -> None:
-    contrib = discover_nv(nv_host, contain=False, host_env={"NVIDIA_VISIBLE_DEVICES": "1"})
+    contrib = discover_nv(nv_host, contain=False, env={"NVIDIA_VISIBLE_DEVICES": "1"})
     assert {"/dev/nvidia0", "/dev/nvidia1"} <= dev_dests(contrib)
     assert any("only with --contain" in note for note in contrib.notes)
 
@@ -240,7 +235,7 @@ def test_library_binds_follow_one_tmpfs_and_are_read_only(nv_host: SimHost) -> N
     assert len(tmpfs) == 1 and mounts[tmpfs[0]].dest == LIBS and mounts[tmpfs[0]].stage is Stage.GPU
     lib_indices = [i for i, m in enumerate(mounts) if m.dest.startswith(LIBS + "/")]
     assert lib_indices and min(lib_indices) > tmpfs[0]
-    assert all(mounts[i].readonly and mounts[i].missing is Missing.CREATE for i in lib_indices)
+    assert all(mounts[i].readonly and mounts[i].missing is Missing.REQUIRED for i in lib_indices)
 
 
 def test_32bit_and_foreign_libraries_are_skipped(nv_host: SimHost) -> None:
@@ -257,7 +252,7 @@ def test_32bit_absolute_library_is_not_bound(nv_host: SimHost) -> None:
     if nv_host.lib32_dir is None:
         pytest.skip("gcc -m32 cannot link on this host")
     liblist = write_file(nv_host.root / "lib32.conf", f"{nv_host.lib32['libcuda.so.1']}\n")
-    contrib = discover_nv(nv_host, liblist_path=str(liblist))
+    contrib = discover_nv(nv_host, nvliblist=str(liblist))
     assert not lib_binds(contrib)
     assert "could not find any nv libraries on this host" in contrib.warnings
 
@@ -291,13 +286,13 @@ def test_per_library_miss_is_a_note_not_a_warning(nv_host: SimHost) -> None:
 
 def test_no_library_found_warning(nv_host: SimHost) -> None:
     liblist = write_file(nv_host.root / "absent.conf", "libnvidia-does-not-exist.so\nlibnvfake.so\n")
-    contrib = discover_nv(nv_host, liblist_path=str(liblist))
+    contrib = discover_nv(nv_host, nvliblist=str(liblist))
     assert contrib.warnings == ("could not find any nv libraries on this host",)
     assert not contrib.libs_dir_used and not any(m.op is MountOp.TMPFS for m in contrib.mounts)
 
 
 def test_unreadable_liblist_is_a_warning(nv_host: SimHost) -> None:
-    contrib = discover_nv(nv_host, liblist_path=str(nv_host.root / "missing.conf"))
+    contrib = discover_nv(nv_host, nvliblist=str(nv_host.root / "missing.conf"))
     (warning,) = contrib.warnings
     assert warning.startswith("while finding nv bind points: could not read ") and "missing.conf" in warning
     assert dev_dests(contrib)  # devices are still bound
@@ -312,7 +307,7 @@ def test_broken_ldconfig_is_a_warning(nv_host: SimHost, tmp_path: Path) -> None:
 
 
 def test_shipped_nvliblist_finds_the_simulated_driver(nv_host: SimHost) -> None:
-    libs = lib_binds(discover_nv(nv_host, liblist_path=str(SHIPPED_NV)))
+    libs = lib_binds(discover_nv(nv_host, nvliblist=str(SHIPPED_NV)))
     assert libs["libcuda.so.1"] == str(nv_host.lib_dir / "libcuda.so.1")
     assert libs["libnvidia-ml.so.1"] == str(nv_host.lib_dir / "libnvidia-ml.so.1")
 
@@ -338,7 +333,7 @@ def test_parent_container_libraries_win(nv_host: SimHost) -> None:
     ],
 )
 def test_library_needing_newer_glibc_is_skipped(nv_host: SimHost, image_glibc: str | None, skipped: bool) -> None:
-    contrib = discover_nv(nv_host, image_glibc=image_glibc)
+    contrib = discover_nv(nv_host, image=ImageHints(glibc=image_glibc))
     glcore = f"libnvidia-glcore.so.{DRIVER}"
     assert (glcore not in lib_binds(contrib)) is skipped
     assert "libcuda.so.1" in lib_binds(contrib)
@@ -418,7 +413,7 @@ def test_absent_container_cli_uses_liblist_silently(nv_host: SimHost) -> None:
 )  # fmt: skip
 def test_cuda_newer_than_driver(nv_host: SimHost, image_env: Mapping[str, str], driver: str, warns: bool) -> None:
     write_file(nv_host.proc_version, proc_version_text(driver))
-    contrib = discover_nv(nv_host, image_env=image_env)
+    contrib = discover_nv(nv_host, image=ImageHints(env=image_env))
     cuda = [w for w in contrib.warnings if w.startswith("the image needs CUDA")]
     assert bool(cuda) is warns
     if warns:
@@ -427,7 +422,7 @@ def test_cuda_newer_than_driver(nv_host: SimHost, image_env: Mapping[str, str], 
 
 
 def test_cuda_warning_text(nv_host: SimHost) -> None:
-    contrib = discover_nv(nv_host, image_env={"CUDA_VERSION": "12.6.3"})
+    contrib = discover_nv(nv_host, image=ImageHints(env={"CUDA_VERSION": "12.6.3"}))
     assert contrib.warnings == (
         f"the image needs CUDA 12.6 but the host NVIDIA driver {DRIVER} supports CUDA up to 12.4: "
         "CUDA programs may fail with 'CUDA driver version is insufficient for CUDA runtime version' "
@@ -462,7 +457,7 @@ def test_driver_version_parsing(tmp_path: Path, text: str, version: tuple[int, .
 
 def test_no_proc_driver_file_means_no_cuda_check(nv_host: SimHost) -> None:
     nv_host.proc_version.unlink()
-    contrib = discover_nv(nv_host, image_env={"CUDA_VERSION": "13.0.0"})
+    contrib = discover_nv(nv_host, image=ImageHints(env={"CUDA_VERSION": "13.0.0"}))
     assert not contrib.warnings
 
 
@@ -480,7 +475,7 @@ def test_no_proc_driver_file_means_no_cuda_check(nv_host: SimHost) -> None:
     ],
 )  # fmt: skip
 def test_keep_host_env(nv_host: SimHost, host_env: dict[str, str], kept: tuple[str, ...]) -> None:
-    contrib = discover_nv(nv_host, host_env=host_env)
+    contrib = discover_nv(nv_host, env=host_env)
     assert contrib.keep_host_env == kept
     assert contrib.env == ()
 
@@ -492,7 +487,7 @@ def test_rocm_devices_libraries_and_binaries(rocm_host: SimHost) -> None:
     contrib = discover_rocm(rocm_host)
     assert dev_dests(contrib) == {"/dev/kfd", "/dev/dri"}
     assert binds(contrib)["/dev/dri"] == str(rocm_host.dev_dir / "dri")
-    assert all(m.missing is Missing.CREATE and m.stage is Stage.GPU for m in contrib.mounts)
+    assert all(m.missing is Missing.REQUIRED and m.stage is Stage.GPU for m in contrib.mounts)
     assert lib_binds(contrib) == {
         "libamdocl64.so": str(rocm_host.lib_dir / "libamdocl64.so"),
         "librocr_debug_agent64.so.2": str(rocm_host.lib_dir / "librocr_debug_agent64.so.2"),
@@ -505,7 +500,7 @@ def test_rocm_devices_libraries_and_binaries(rocm_host: SimHost) -> None:
 
 
 def test_rocm_shipped_liblist_finds_the_simulated_libraries(rocm_host: SimHost) -> None:
-    libs = lib_binds(discover_rocm(rocm_host, liblist_path=str(SHIPPED_ROCM)))
+    libs = lib_binds(discover_rocm(rocm_host, rocmliblist=str(SHIPPED_ROCM)))
     assert libs["libamdocl64.so"] == str(rocm_host.lib_dir / "libamdocl64.so")
     assert libs["librocr_debug_agent64.so.2"] == str(rocm_host.lib_dir / "librocr_debug_agent64.so.2")
 
@@ -527,20 +522,20 @@ def test_rocm_dri_without_kfd_warns(tmp_path: Path) -> None:
 
 def test_rocm_no_libraries_warning(rocm_host: SimHost) -> None:
     liblist = write_file(rocm_host.root / "absent.conf", "rocminfo\nlibhsa-nothing.so\n")
-    contrib = discover_rocm(rocm_host, liblist_path=str(liblist))
+    contrib = discover_rocm(rocm_host, rocmliblist=str(liblist))
     assert contrib.warnings == ("could not find any rocm libraries on this host",)
     assert binds(contrib)["/usr/bin/rocminfo"] == str(rocm_host.bin_dir / "rocminfo")
 
 
 def test_rocm_foreign_library_skipped(rocm_host: SimHost) -> None:
     liblist = write_file(rocm_host.root / "foreign.conf", f"{rocm_host.foreign_lib}\nlibamdocl64.so\n")
-    libs = lib_binds(discover_rocm(rocm_host, liblist_path=str(liblist)))
+    libs = lib_binds(discover_rocm(rocm_host, rocmliblist=str(liblist)))
     assert libs == {"libamdocl64.so": str(rocm_host.lib_dir / "libamdocl64.so")}
 
 
 def test_rocm_keep_host_env(rocm_host: SimHost) -> None:
     env = {"ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0", "PATH": "/bin"}
-    assert discover_rocm(rocm_host, host_env=env).keep_host_env == ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+    assert discover_rocm(rocm_host, env=env).keep_host_env == ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
 
 
 # --- merge ----------------------------------------------------------------------------------------
@@ -549,13 +544,15 @@ def test_rocm_keep_host_env(rocm_host: SimHost) -> None:
 def test_merge_nv_and_rocm(tmp_path: Path) -> None:
     nv_host = build_nvidia_host(tmp_path / "nv")
     rocm_host = build_rocm_host(tmp_path / "rocm")
-    nv = discover_nv(nv_host, host_env={"CUDA_VISIBLE_DEVICES": "0"})
-    amd = discover_rocm(rocm_host, host_env={"ROCR_VISIBLE_DEVICES": "0"}, contain=False)
+    nv = discover_nv(nv_host, env={"CUDA_VISIBLE_DEVICES": "0"})
+    amd = discover_rocm(rocm_host, env={"ROCR_VISIBLE_DEVICES": "0"}, contain=False)
     both = merge(nv, amd)
     tmpfs = [i for i, m in enumerate(both.mounts) if m.op is MountOp.TMPFS]
     assert len(tmpfs) == 1
     assert all(i > tmpfs[0] for i, m in enumerate(both.mounts) if m.dest.startswith(LIBS + "/"))
-    dests = [m.dest for m in both.mounts]
+    assert [m.dest for m in both.mounts if m.op is MountOp.SEAL] == [LIBS]
+    assert both.mounts[-1].op is MountOp.SEAL  # after every vendor's libraries
+    dests = [m.dest for m in both.mounts if m.op is not MountOp.SEAL]
     assert len(dests) == len(set(dests))
     assert {"libcuda.so.1", "libamdocl64.so"} <= set(lib_binds(both))
     assert {"/dev/nvidia0", "/dev/kfd", "/dev/dri"} <= dev_dests(both)
@@ -566,7 +563,7 @@ def test_merge_nv_and_rocm(tmp_path: Path) -> None:
 def test_merge_keeps_first_of_a_duplicate_destination(nv_host: SimHost) -> None:
     first = discover_nv(nv_host)
     liblist = write_file(nv_host.root / "other.conf", f"{nv_host.lib_dir / 'libcuda.so.1'}\n")
-    second = discover_nv(nv_host, liblist_path=str(liblist), contain=True)
+    second = discover_nv(nv_host, nvliblist=str(liblist), contain=True)
     both = merge(first, second)
     assert lib_binds(both)["libcuda.so.1"] == lib_binds(first)["libcuda.so.1"]
     assert merge() == GpuContribution()

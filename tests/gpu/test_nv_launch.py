@@ -246,12 +246,13 @@ def test_always_use_nv(nv: SimHostRun, image: Path) -> None:
 
 
 def test_dry_run_reports_without_starting(nv: SimHostRun, image: Path) -> None:
-    report = json.loads(nv.ok("exec", "--nv", "--dry-run", str(image), "touch", "/tmp/never"))
+    never = nv.runner.tmpdir / f"never-{nv.runner.profile}"  # sticky and world-writable, seen inside through /tmp
+    report = json.loads(nv.ok("exec", "--nv", "--dry-run", str(image), "touch", str(never)))
     assert "/dev/nvidia0" in report["gpu"]["devices"]
     assert any(path.endswith("libcuda.so.550.54.14") or path.endswith("libcuda.so.1")
                for path in report["gpu"]["libraries"])
     assert any(path.endswith("/nvidia-smi") for path in report["gpu"]["binaries"])
-    assert not Path("/tmp/never").exists()
+    assert not never.exists()
 
 
 def test_verbose_names_each_bind(nv: SimHostRun, image: Path) -> None:

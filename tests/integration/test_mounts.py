@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Singpy
-
-
-def tree_digest(root: Path) -> str:
-    """A digest of every path, mode and file content under root (symlinks not followed)."""
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*")):
-        info = path.lstat()
-        digest.update(f"{path.relative_to(root)} {info.st_mode} {info.st_uid}".encode())
-        if path.is_file() and not path.is_symlink():
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+from tests.support.images import tree_digest
 
 
 def test_system_mounts_present(singpy: Singpy, image: Path) -> None:
@@ -41,7 +30,7 @@ def test_home_cwd_and_tmp_are_shared_with_the_host(singpy: Singpy, image: Path, 
 
 
 def test_file_written_in_home_appears_on_host(singpy: Singpy, image: Path) -> None:
-    name = f"written-by-{singpy.profile}"
+    name = f"written-by-{singpy.profile}-{os.getpid()}"  # the home is shared with other runs of the suite
     singpy.ok("exec", str(image), "sh", "-c", f"echo hello > $HOME/{name}")
     written = Path(singpy.home) / name
     try:

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Singpy, host_state
-from tests.support.users import TEST_USER
+from tests.conftest import Singpy
+from tests.support import hostsim
+from tests.support.leftovers import settled, traces, wait_for_descendants, wait_until_gone
+from tests.support.users import is_root
 
 ALL_CAPS = (1 << 41) - 1  # CAP_CHOWN .. CAP_CHECKPOINT_RESTORE: a user namespace's full set
 NET_RAW, SYS_ADMIN, CHOWN = 1 << 13, 1 << 21, 1 << 0
@@ -25,7 +27,7 @@ def caps_of(status: str) -> dict[str, int]:
 
 
 def container_caps(singpy: Singpy, *args: str, **kwargs: object) -> dict[str, int]:
-    return caps_of(singpy.ok("exec", *args, "cat", "/proc/self/status", **kwargs))  # type: ignore[arg-type]
+    return caps_of(singpy.ok("exec", *args, "cat", "/proc/self/status", **kwargs))
 
 
 HOST_BOUNDING = caps_of(Path("/proc/self/status").read_text())["CapBnd"]  # what root has to begin with
@@ -55,19 +57,11 @@ def test_killed_launcher_takes_the_container_down(singpy: Singpy, image: Path) -
     launcher = singpy.popen(["exec", "--pid", str(image), "sh", "-c", f"echo up; exec sleep {marker}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert launcher.stdout is not None and launcher.stdout.readline() == "up\n"
-    payload = _pids_of(f"sleep {marker}")
+    payload = wait_for_descendants(launcher.pid, f"sleep {marker}")  # this launcher's, no other sleep
     assert payload
     launcher.kill()
     launcher.communicate(timeout=30)
-    deadline = time.monotonic() + 10
-    while set(payload) & set(_pids_of(f"sleep {marker}")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not set(payload) & set(_pids_of(f"sleep {marker}")), "the payload outlived its launcher"
-
-
-def _pids_of(command: str) -> list[int]:
-    listed = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in listed.splitlines() if line.split(None, 1)[1:] == [command]]
+    assert wait_until_gone(payload, f"sleep {marker}") == [], "the payload outlived its launcher"
 
 
 # --- root: Apptainer's model ----------------------------------------------------------------------------------
@@ -130,44 +124,49 @@ ERRORS = {
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
-def test_capability_errors(singpy: Singpy, image: Path, case: str) -> None:
+def test_capability_errors(singpy: Singpy, image: Path, workdir: Path, case: str) -> None:
     profile, flags, message = ERRORS[case]
     if profile not in ("both", singpy.profile):
         pytest.skip(f"{case}: {profile} only")
-    before = host_state()[0]
+    before = traces(image, workdir)
     result = singpy.run("exec", *flags, str(image), "true")
     assert result.returncode == 255, result.stderr
     lines = [line for line in result.stderr.splitlines() if not line.startswith("HINT:")]
     assert len(lines) == 1 and lines[0].startswith("FATAL:") and message in lines[0], result.stderr
-    assert host_state()[0] == before
+    assert settled(before, image, workdir) == before
 
 
 # --- --fakeroot ---------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
-def subids() -> Iterator[Callable[[bool], None]]:
-    """Give the test user subordinate ranges (or none) for one test; the files are restored afterwards."""
-    files = [Path("/etc/subuid"), Path("/etc/subgid")]
-    saved = {path: path.read_text() if path.exists() else None for path in files}
+def subids(as_user: Singpy, workdir: Path, request: pytest.FixtureRequest) -> Iterator[Callable[[bool], None]]:
+    """Give the test user subordinate ranges (or none) for one test's singpy runs.
 
-    def set_ranges(present: bool) -> None:
-        for path in files:
-            kept = [line for line in (saved[path] or "").splitlines(keepends=True)
-                    if not line.startswith(TEST_USER + ":")]
-            path.write_text("".join(kept))
-        if present:
-            subprocess.run(["usermod", "--add-subuids", "200000-265535", "--add-subgids", "200000-265535",
-                            TEST_USER], check=True)
+    The host's /etc/subuid and /etc/subgid are never written: private copies, with the user's
+    lines replaced, are bound over them in a private mount namespace (tests.support.hostsim).
+    """
+    if not is_root():
+        pytest.skip("subordinate ranges are simulated with files bound over /etc/subuid: needs root")
+    missing = [path for path in hostsim.SUBID_FILES if not os.path.exists(path)]
+    if missing:
+        pytest.skip(f"{missing[0]} does not exist on this host: nothing to bind a private copy over")
+    with contextlib.ExitStack() as stack:
 
-    try:
+        def set_ranges(present: bool) -> None:
+            copies = []
+            for public in hostsim.SUBID_FILES:
+                kept = [line for line in Path(public).read_text().splitlines(keepends=True)
+                        if not line.startswith((f"{as_user.user}:", f"{as_user.uid}:"))]  # by name or by uid
+                if present:
+                    kept.append(f"{as_user.user}:200000:65536\n")
+                copy = workdir / f"{request.node.name}{public.replace('/', '-')}"
+                copy.write_text("".join(kept))
+                copy.chmod(0o644)
+                copies.append(str(copy))
+            stack.enter_context(hostsim.subid_files(*copies))
+
         yield set_ranges
-    finally:
-        for path, text in saved.items():
-            if text is None:
-                path.unlink(missing_ok=True)
-            else:
-                path.write_text(text)
 
 
 @pytest.fixture
@@ -224,7 +223,7 @@ def test_fakeroot_without_ranges_maps_one_id(as_user: Singpy, own_image: Path, u
     assert lines[:4] == ["0", "0", str(as_user.uid), "1"]
     assert "rc=1" in result.stdout and "owner=" not in result.stdout  # uid 1234 does not exist inside
     assert (user_dir / "single-inside").stat().st_uid == as_user.uid
-    assert "fakeroot: no range for singpy-test in /etc/subuid: single mapping" in result.stderr
+    assert f"fakeroot: no range for {as_user.user} in /etc/subuid: single mapping" in result.stderr
 
 
 def test_fakeroot_capabilities_can_be_dropped(as_user: Singpy, image: Path) -> None:

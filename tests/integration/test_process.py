@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Singpy, host_state
+from tests.conftest import Singpy
+from tests.support.leftovers import in_pid_namespace, settled, traces
 
 WAIT_FOR_TERM = 'trap "echo got-$1; exit 3" {sig}; echo ready; while :; do sleep 0.05; done'
 
@@ -60,12 +61,17 @@ def test_no_file_descriptors_leak(singpy: Singpy, image: Path) -> None:
 
 
 def test_no_process_survives(singpy: Singpy, image: Path) -> None:
-    before = host_state()[2]
-    singpy.ok("exec", "--pid", str(image), "sh", "-c", "sleep 30 & sleep 31 & echo started")
-    time.sleep(0.2)
-    leftover = subprocess.run(["pgrep", "-f", "sleep 3[01]"], capture_output=True, text=True).stdout
-    assert leftover == ""
-    assert host_state()[2] == before
+    """The payload's background processes end with the container's PID namespace (found by its id, not by name)."""
+    before = traces(image, singpy.workdir)
+    out = singpy.ok("exec", "--pid", str(image), "sh", "-c", "readlink /proc/self/ns/pid; sleep 30 & sleep 31 & "
+                    "echo started")
+    namespace, started = out.split()
+    assert namespace.startswith("pid:[") and started == "started"
+    deadline = time.monotonic() + 5
+    while in_pid_namespace(namespace) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert in_pid_namespace(namespace) == []
+    assert settled(before, image, singpy.workdir) == before
 
 
 def test_interactive_shell_gets_the_terminal(singpy: Singpy, image: Path) -> None:
@@ -73,16 +79,19 @@ def test_interactive_shell_gets_the_terminal(singpy: Singpy, image: Path) -> Non
     import pty
 
     pid, fd = pty.fork()
-    if pid == 0:
-        import sys
+    if pid == 0:  # a copy of pytest: it must never return into the test session, whatever fails
+        try:
+            import sys
 
-        env = singpy.env()
-        if singpy.uid:
-            os.setgroups([])
-            os.setgid(singpy.gid)
-            os.setuid(singpy.uid)
-        os.chdir(singpy.workdir)
-        os.execve(str(Path(sys.executable).parent / "singpy"), ["singpy", "shell", str(image)], env)
+            env = singpy.env()
+            if singpy.uid != os.geteuid():
+                os.setgroups([])
+                os.setgid(singpy.gid)
+                os.setuid(singpy.uid)
+            os.chdir(singpy.workdir)
+            os.execve(str(Path(sys.executable).parent / "singpy"), ["singpy", "shell", str(image)], env)
+        finally:
+            os._exit(127)
     os.write(fd, b"tty; exit 7\n")
     output = b""
     while True:
@@ -96,3 +105,81 @@ def test_interactive_shell_gets_the_terminal(singpy: Singpy, image: Path) -> Non
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 7
     assert b"/dev/pts/" in output
+
+
+# --- the payload's signal state, and commands that can't run ---------------------------------------------------------
+
+SIGNAL_BITS = {name: 1 << (getattr(signal, name) - 1) for name in
+               ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2", "SIGQUIT", "SIGALRM", "SIGPIPE", "SIGXFSZ")}
+SHOW_SIGNALS = ["grep", "-E", "^Sig(Blk|Ign):", "/proc/self/status"]  # exec'd directly: a shell changes its own
+
+
+def signal_masks(out: str) -> dict[str, int]:
+    """{"SigBlk": mask, "SigIgn": mask} from SHOW_SIGNALS's output."""
+    return {name.rstrip(":"): int(value, 16) for name, value in (line.split() for line in out.splitlines())}
+
+
+def names(mask: int) -> list[str]:
+    return sorted(name for name, bit in SIGNAL_BITS.items() if mask & bit)
+
+
+def payload_signals(singpy: Singpy, args: list[str], ignored: tuple[signal.Signals, ...]) -> dict[str, int]:
+    """The payload's masks when singpy starts with exactly `ignored` ignored (the test's own caller may ignore more)."""
+    def start_state() -> None:
+        for name in SIGNAL_BITS:
+            sig = getattr(signal, name)
+            signal.signal(sig, signal.SIG_IGN if sig in ignored else signal.SIG_DFL)
+
+    process = singpy.popen([*args, *SHOW_SIGNALS], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=start_state)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err
+    return signal_masks(out)
+
+
+@pytest.mark.parametrize("flags", [[], ["--pid"]], ids=["no-pidns", "pidns"])
+def test_payload_starts_with_default_signal_actions(singpy: Singpy, image: Path, flags: list[str]) -> None:
+    """Nothing blocked, nothing of the launcher's ignored: Python ignores SIGPIPE, and execve keeps that."""
+    masks = payload_signals(singpy, ["exec", *flags, str(image)], ignored=())
+    assert names(masks["SigBlk"]) == []
+    assert names(masks["SigIgn"]) == []
+    result = singpy.run("exec", *flags, str(image), "sh", "-c", "yes | head -n 1")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "y\n", "")  # `yes` killed by SIGPIPE, quietly
+
+
+@pytest.mark.parametrize("flags", [[], ["--pid"]], ids=["no-pidns", "pidns"])
+def test_signals_ignored_by_the_caller_stay_ignored(singpy: Singpy, image: Path, flags: list[str]) -> None:
+    """As under nohup (SIGHUP) or in a shell's background job (SIGINT, SIGQUIT)."""
+    ignored = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+    masks = payload_signals(singpy, ["exec", *flags, str(image)], ignored=ignored)
+    assert names(masks["SigIgn"]) == ["SIGHUP", "SIGINT", "SIGQUIT"]
+    assert names(masks["SigBlk"]) == []
+
+
+@pytest.mark.parametrize("flags", [[], ["--pid"]], ids=["no-pidns", "pidns"])
+@pytest.mark.parametrize(("command", "reason"), [("/etc", "is a directory"), ("/etc/passwd", "permission denied"),
+                                                 ("/dev/null", "permission denied"),
+                                                 ("/no/such/file", "no such file in the container")])
+@pytest.mark.parametrize("through_shell", [False, True], ids=["direct", "env-scripts"])
+def test_command_that_cannot_run_gives_one_fatal_line(singpy: Singpy, image: Path, env_image: Path, flags: list[str],
+                                                      command: str, reason: str, through_shell: bool) -> None:
+    """Whether the payload is exec'd directly or through the shell that sources the image's env scripts."""
+    result = singpy.run("exec", *flags, str(env_image if through_shell else image), command)
+    assert (result.returncode, result.stdout, result.stderr) == (255, "", f'FATAL:   "{command}": {reason}\n')
+
+
+@pytest.mark.parametrize("args", [["-d", "exec"], ["exec", "--contain", "--cleanenv", "-d"]],
+                         ids=["global-d", "action-d"])
+def test_debug_traceback_of_an_error_inside_the_container(singpy: Singpy, image: Path, args: list[str]) -> None:
+    """The error comes after pivot_root, where nothing can be imported: the traceback must not need to."""
+    result = singpy.run(*args, str(image), "/etc")
+    assert result.returncode == 255
+    lines = result.stderr.splitlines()
+    assert "Traceback (most recent call last):" in lines
+    # One exception, shown once: no ModuleNotFoundError, no second traceback of the error handling itself.
+    # (Source lines may show, where the container happens to see singpy's sources, as under /tmp.)
+    assert lines.count("Traceback (most recent call last):") == 1
+    raised = [line for line in lines if "Error: " in line or line.endswith("Error")]
+    assert raised == ['singpy.errors.ExecError: "/etc": is a directory'], raised
+    assert lines[-2:] == ['singpy.errors.ExecError: "/etc": is a directory', 'FATAL:   "/etc": is a directory']
+    assert [line for line in lines if line.startswith("FATAL:")] == ['FATAL:   "/etc": is a directory']

@@ -12,13 +12,13 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Singpy
 from tests.support import sifs
+from tests.support.leftovers import traces, wait_for_descendants, wait_until_gone
 from tests.support.sifs import MAKERS, assert_restored, entries, snapshot, split_flags, strategy_args
 
 STRATEGY_NOTE = {
@@ -28,27 +28,12 @@ STRATEGY_NOTE = {
 }
 
 
-# --- fixtures --------------------------------------------------------------------------------------------------------
+# --- fixtures (fuse, fuse_open, fuse_closed: tests/conftest.py) -----------------------------------------------------
 
 
 @pytest.fixture(scope="session")
 def images(workdir: Path) -> dict[str, Path]:
     return sifs.all_images(workdir)
-
-
-@pytest.fixture(params=["open", "closed"])
-def fuse(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from sifs.fuse_mode(request.param)
-
-
-@pytest.fixture
-def fuse_open() -> Iterator[str]:
-    yield from sifs.fuse_mode("open")
-
-
-@pytest.fixture
-def fuse_closed() -> Iterator[str]:
-    yield from sifs.fuse_mode("closed")
 
 
 @pytest.fixture
@@ -151,15 +136,9 @@ def test_missing_squashfuse_falls_back(as_user: Singpy, images: dict[str, Path],
 # --- the supervisor of squashfuse ------------------------------------------------------------------------------------
 
 
-def processes(args: str) -> list[str]:
-    """Processes whose command line is exactly `args`."""
-    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if line.strip() == args]
-
-
 def squashfuse_processes(image: Path) -> list[str]:
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if "squashfuse" in line and str(image) in line]
+    """squashfuse serving `image` (its command line names the image: never another suite's)."""
+    return [line for line in traces(image).processes if "squashfuse" in line]
 
 
 def wait_for(predicate: object, timeout: float = 10) -> None:
@@ -179,11 +158,13 @@ def test_killed_launcher_leaves_nothing(as_user: Singpy, images: dict[str, Path]
     before = snapshot(workdir)
     process = as_user.popen(["exec", str(image), "sleep", "300"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for(lambda: squashfuse_processes(image))
+    payload = wait_for_descendants(process.pid, "sleep 300")
+    assert payload
     process.send_signal(getattr(__import__("signal"), how))
     process.communicate(timeout=20)
     assert process.returncode == (-9 if how == "SIGKILL" else 143)
     wait_for(lambda: not squashfuse_processes(image))
-    assert not processes("sleep 300")
+    assert wait_until_gone(payload, "sleep 300") == []
     assert_restored(before, workdir)
 
 
@@ -256,12 +237,14 @@ def test_crash_mid_extraction(singpy: Singpy, images: dict[str, Path], workdir: 
     process = singpy.popen(["exec", "--unsquash", str(images["singpy"]), "true"], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_for(marker.exists, timeout=30)
+    stalled = wait_for_descendants(process.pid, "sleep 301")
+    assert stalled
     partial = entries(cachedir)
     assert all(name.startswith(".") for name in partial)  # hidden: the lock and the unfinished tree
     assert any(".tmp-" in name for name in partial)
     process.kill()
     process.communicate(timeout=20)
-    wait_for(lambda: not processes("sleep 301"))
+    assert wait_until_gone(stalled, "sleep 301") == []
     listing = singpy.ok("cache", "list", env=singpy.env(SINGPY_CACHEDIR=str(cachedir)))
     assert listing.startswith("no unpacked images")
     result = singpy.run("-v", "exec", "--unsquash", str(images["singpy"]), "cat", "/etc/marker",
@@ -279,7 +262,7 @@ def test_progress_bar_on_a_terminal(as_user: Singpy, images: dict[str, Path], wo
     command = f"{sifs.SINGPY} exec --unsquash {images['squashfs']} cat /etc/marker"
     env = as_user.env(SINGPY_CACHEDIR=str(cache), TERM="xterm")
     result = subprocess.run(["script", "-qec", command, "/dev/null"], env=env,
-                            user=as_user.uid, group=as_user.gid, extra_groups=[], cwd=workdir,
+                            cwd=workdir, **as_user.switch(),  # type: ignore[call-overload]
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert sifs.MARKER in result.stdout

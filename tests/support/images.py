@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -49,6 +50,21 @@ def build_busybox_rootfs(root: Path, *, runscript: str | None = RUNSCRIPT,
     for name, text in (env_scripts or {}).items():
         (root / ".singularity.d" / "env" / name).write_text(text)
     return root
+
+
+def tree_digest(root: Path) -> str:
+    """A digest of every path below `root`: its mode, owner, size, modification time and content.
+
+    Symlinks are not followed. Byte for byte: a write that leaves the same content changes it too.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        digest.update(f"{path.relative_to(root)} {info.st_mode} {info.st_uid} {info.st_size} {info.st_mtime_ns}"
+                      .encode())
+        if path.is_file() and not path.is_symlink():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def main(argv: list[str]) -> int:

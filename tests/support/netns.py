@@ -2,6 +2,9 @@
 
 Every root launch that creates interfaces runs as `ip netns exec NS singpy ...`;
 its bridge, veths and addresses live in NS, which the fixture deletes at the end.
+Names are this run's own (the namespace, the bridge and the subnets carry the
+pid of the test process), so another copy of the suite on the same machine
+can neither meet ours nor be mistaken for it.
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ import time
 from pathlib import Path
 
 _names = itertools.count()
+_RUN = os.getpid()
 
-NET_CONF = """\
-network bridge name = sptest0
-network bridge subnet = 10.231.0.0/24
-network ptp subnet = 10.232.0.0/24
+NS_PREFIX = f"singpy-test-{_RUN}-"
+BRIDGE = f"spt{_RUN}"  # at most 10 characters (pids end at 4194304): within IFNAMSIZ (15)
+BRIDGE_NET = f"10.231.{_RUN % 256}"  # .0/24: .1 is the bridge, containers from .2
+PTP_NET = f"10.232.{_RUN % 256}"
+NET_CONF = f"""\
+network bridge name = {BRIDGE}
+network bridge subnet = {BRIDGE_NET}.0/24
+network ptp subnet = {PTP_NET}.0/24
 """
 
 
@@ -25,7 +33,7 @@ class NetNs:
     """One `ip netns` namespace, and singpy run inside it as root or as the test user."""
 
     def __init__(self, singpy: str, workdir: Path, env: dict[str, str]) -> None:
-        self.name = f"singpy-test-{os.getpid()}-{next(_names)}"
+        self.name = f"{NS_PREFIX}{next(_names)}"
         self.singpy = singpy
         self.workdir = workdir
         self.env = env
@@ -33,6 +41,9 @@ class NetNs:
         self.conf.write_text(NET_CONF)
         self.conf.chmod(0o644)
         subprocess.run(["ip", "netns", "add", self.name], check=True)
+
+    def exists(self) -> bool:
+        return os.path.exists(f"/run/netns/{self.name}")
 
     def delete(self) -> None:
         subprocess.run(["ip", "netns", "del", self.name], check=False)
@@ -82,8 +93,3 @@ class NetNs:
         return subprocess.Popen(["ip", "netns", "exec", self.name, *argv], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
 
-
-def namespaces() -> list[str]:
-    """`ip netns list` names (singpy must never leave one behind)."""
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return sorted(line.split()[0] for line in listed.splitlines() if line.strip())

@@ -100,3 +100,37 @@ def test_bindspec_is_a_value() -> None:
     assert (spec.source, spec.dest, spec.readonly) == ("/a", "/b", True)
     assert spec == BindSpec(source="/a", dest="/b", readonly=True)
     assert len({spec, BindSpec("/a", "/b", True)}) == 1
+
+
+@pytest.mark.parametrize("text", ["/tmp:/", "/tmp:/.", "/tmp://", "/tmp:/x/..", "/tmp:///:ro", "/", "//", "/.",
+                                  "/tmp:/../.."],
+                         ids=["root", "root-dot", "double-slash", "up-to-root", "triple-slash-ro", "src-only-root",
+                              "src-only-double", "src-only-dot", "above-root"])
+def test_a_bind_onto_the_root_is_refused(text: str) -> None:
+    with pytest.raises(BindSpecError) as caught:
+        parse_bind(text, CWD)
+    assert caught.value.message == f"bad bind specification {text!r}: --bind can't replace the container's root " \
+                                   "directory /"
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("/tmp:/" + "n" * 256, "destination a component is longer than NAME_MAX (256 bytes, 255 at most)"),
+        ("/" + "s" * 256 + ":/x", "source a component is longer than NAME_MAX (256 bytes, 255 at most)"),
+        ("/tmp:" + "/d" * 2048, "destination longer than PATH_MAX (4096 bytes, 4095 at most)"),
+        ("r" * 255, "source longer than PATH_MAX (4236 bytes, 4095 at most)"),  # fine, but the cwd is long
+    ],
+    ids=["dest-name-max", "source-name-max", "dest-path-max", "relative-made-too-long"],
+)
+def test_paths_the_kernel_cannot_use_are_refused(text: str, reason: str) -> None:
+    cwd = CWD if not text.startswith("r") else "/c" * 1990
+    with pytest.raises(BindSpecError) as caught:
+        parse_bind(text, cwd)
+    assert reason in caught.value.message
+    assert len(caught.value.message) < 300  # the spec is shortened in the message
+
+
+def test_double_slash_prefix_is_normalised() -> None:
+    assert parse_bind("//data//x/:/mnt//y/", CWD) == BindSpec("/data/x", "/mnt/y", False)
+    assert parse_bind("//data", CWD) == BindSpec("/data", "/data", False)

@@ -32,7 +32,13 @@ def squashfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ({"XDG_CACHE_HOME": "/x"}, "/x/singpy"),
     ({"XDG_CACHE_HOME": ""}, "/home/u/.cache/singpy"),
     ({}, "/home/u/.cache/singpy"),
-])
+    ({"APPTAINER_CACHEDIR": "/a", "XDG_CACHE_HOME": "/x"}, "/a/singpy"),
+    ({"SINGULARITY_CACHEDIR": "/s", "XDG_CACHE_HOME": "/x"}, "/s/singpy"),
+    ({"APPTAINER_CACHEDIR": "/a", "SINGULARITY_CACHEDIR": "/s"}, "/a/singpy"),
+    ({"SINGPY_CACHEDIR": "/c", "APPTAINER_CACHEDIR": "/a"}, "/c"),
+    ({"APPTAINER_CACHEDIR": "", "SINGULARITY_CACHEDIR": "/s"}, "/s/singpy"),
+], ids=["singpy-first", "xdg", "xdg-empty", "home", "apptainer-before-xdg", "singularity",
+        "apptainer-before-singularity", "singpy-before-apptainer", "empty-apptainer-skipped"])
 def test_cache_dir(env: dict[str, str], expected: str) -> None:
     assert cache.cache_dir(env, "/home/u") == expected
 
@@ -95,3 +101,30 @@ def test_failed_extraction_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(ImageError, match="can.t unpack"):
         populate(root, junk)
     assert os.listdir(root / "rootfs") == []
+
+
+@pytest.mark.parametrize("record", [
+    "not json", "[1, 2]", '{"created": "yesterday", "source": 5}', '{"created": true}', "[" * 100000, "\xff",
+], ids=["not-json", "a-list", "wrong-types", "bool-is-not-a-time", "deep-nesting", "not-utf8"])
+def test_entry_info_of_a_damaged_record(tmp_path: Path, record: str) -> None:
+    """`singpy cache list` shows "?" for what it can't read, never a traceback."""
+    digest = "d" * 64
+    (tmp_path / "rootfs" / digest).mkdir(parents=True)
+    (tmp_path / "rootfs" / f"{digest}.json").write_bytes(record.encode("latin-1"))
+    info = cache.entry_info(str(tmp_path), digest)
+    assert set(info) == {"size"}
+
+
+def test_entry_info_keeps_what_was_recorded(tmp_path: Path) -> None:
+    digest = "e" * 64
+    (tmp_path / "rootfs" / digest).mkdir(parents=True)
+    (tmp_path / "rootfs" / f"{digest}.json").write_text('{"source": "/i.sif", "offset": 4096, "created": 17, "x": 1}')
+    assert cache.entry_info(str(tmp_path), digest, size=False) == {"source": "/i.sif", "offset": 4096, "created": 17}
+
+
+def test_a_fifo_as_the_image_is_refused_while_hashing(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ImageError, match="is a FIFO, not a regular file"):
+        cache.populate(str(tmp_path / "cache"), str(fifo), 0, 4096, unsquashfs="/usr/bin/unsquashfs", root=False)
+

@@ -89,7 +89,7 @@ def test_parse_action_errors(action: str, argv: list[str], message: str, hint: s
         parse_action(action, argv, {})
     assert caught.value.message == message
     assert caught.value.hint == hint
-    assert caught.value.exit_code == ExitCode.USAGE == 1
+    assert caught.value.exit_code == ExitCode.USAGE and int(ExitCode.USAGE) == 1
 
 
 def test_short_option_with_equals() -> None:
@@ -259,3 +259,40 @@ def test_option_tables_have_unique_names() -> None:
         names = [name for option in table for name in (option.long, option.short) if name]
         assert len(names) == len(set(names))
         assert len({option.dest for option in table}) == len(table)
+
+
+# --- the typer side: the same global flags, click errors by type -------------------------------------------------
+
+
+def test_typer_global_flags_come_from_the_table() -> None:
+    import typer
+
+    from singpy.cli.app import app
+
+    command = typer.main.get_command(app)
+    declared = {tuple(sorted(param.opts)): param.name for param in command.params}
+    expected = {tuple(sorted(name for name in (option.long, option.short) if name)): option.dest
+                for option in GLOBAL_OPTIONS if option.dest != "help"}
+    assert {opts: name for opts, name in declared.items() if "--help" not in opts} == expected
+    assert sorted(command.get_help_option_names(command.make_context("singpy", ["version"]))) == ["--help", "-h"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "fatal"),
+    [
+        (["version"], 0, None),
+        (["-v", "--config", "/x.conf", "version"], 0, None),
+        (["inspect"], 1, "FATAL:   Missing argument 'image'."),
+        (["inspect", "--bogus", "img"], 1, "FATAL:   No such option: --bogus"),
+        (["cache", "clean", "--days", "x"], 1, "FATAL:   Invalid value for '--days': 'x' is not a valid int."),
+        (["frobnicate"], 1, "FATAL:   No such command 'frobnicate'."),
+    ],
+    ids=["version", "global-flags-accepted", "missing-argument", "unknown-option", "bad-value", "unknown-command"],
+)
+def test_run_app_errors_are_one_line(argv: list[str], status: int, fatal: str | None,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from singpy.cli.app import run_app
+
+    assert run_app(argv) == status
+    err = capsys.readouterr().err
+    assert err == ("" if fatal is None else fatal + "\n")

@@ -8,20 +8,24 @@ from pathlib import Path
 
 import pytest
 
+from singpy.constants import DEFAULT_PATH, LIBS_DIR
 from singpy.environ import (
     ACTION_SCRIPT,
-    DEFAULT_PATH,
-    LIBS_DIR,
+    REDACTED,
     EnvPlan,
+    double_quoted_body,
     final_env,
     host_passthrough,
     injected_from_host,
+    looks_secret,
+    needs_shell,
     parse_env_file,
     parse_env_option,
+    redact_secrets,
     shell_env,
     split_path_rules,
 )
-from singpy.errors import UsageError
+from singpy.errors import SingpyError, UsageError
 
 # --- injected_from_host -----------------------------------------------------------------------------------------
 
@@ -213,10 +217,11 @@ def test_parse_env_file(text: str, expected: dict[str, str]) -> None:
     ids=["no-equals", "line-number-counts-all-lines", "bad-name", "space-in-name", "empty-name", "bare-export"],
 )
 def test_parse_env_file_errors(text: str, line: int, shown: str) -> None:
-    with pytest.raises(UsageError) as caught:
+    """A bad line is an error of the file, not of the command line: exit 255, as for an unreadable file."""
+    with pytest.raises(SingpyError) as caught:
         parse_env_file(text, "/path/vars.env")
     assert caught.value.message == f"/path/vars.env:{line}: expected NAME=VALUE, got {shown!r}"
-    assert caught.value.exit_code == 1
+    assert caught.value.exit_code == 255
 
 
 # --- parse_env_option ---------------------------------------------------------------------------------------------
@@ -277,12 +282,11 @@ def run_action_script(shell: tuple[str, ...], plan: EnvPlan, env_dir: Path, work
     """The environment `env -0` sees when ACTION_SCRIPT starts it in `shell`."""
     if not os.path.exists(shell[0]):
         pytest.skip(f"{shell[0]} is not installed")
-    # The host has no /.singularity.d/env (and tests must not create one): the script reads the
-    # image's env scripts from a temporary directory instead; nothing else in it changes.
-    script = ACTION_SCRIPT.replace("/.singularity.d/env", str(env_dir))
-    assert script != ACTION_SCRIPT
-    result = subprocess.run([*shell, "-c", script, "singpy", "/usr/bin/env", "-0"], env=shell_env(plan),
-                            cwd=workdir, capture_output=True, timeout=20)
+    # The env scripts are those the launcher found in the image (singpy.image.scripts): here the
+    # *.sh of a temporary directory, in name order.
+    scripts = tuple(str(path) for path in sorted(env_dir.glob("*.sh"))) if env_dir.is_dir() else ()
+    result = subprocess.run([*shell, "-c", ACTION_SCRIPT, "singpy", "/usr/bin/env", "-0"],
+                            env=shell_env(plan, scripts), cwd=workdir, capture_output=True, timeout=20)
     assert result.returncode == 0, result.stderr.decode()
     assert result.stderr == b""
     env = {}
@@ -379,3 +383,108 @@ def test_action_script_passes_host_names_the_shell_knows(shell: tuple[str, ...],
     plan = EnvPlan(base=(("HOME", "/h"), ("PATH", DEFAULT_PATH)), injected=(), host=((name, "from-host"),))
     write_env_scripts(tmp_path / "env", {})
     assert run_action_script(shell, plan, tmp_path / "env", tmp_path) == final_env(plan)
+
+
+# --- evaluation (not --no-eval): as if written between double quotes, and never more ----------------------------
+
+@pytest.mark.parametrize(
+    ("value", "body"),
+    [
+        ("plain", "plain"),
+        ('say "hi"', 'say \\"hi\\"'),
+        ("x\\", "x\\\\"),
+        ("\\", "\\\\"),
+        ("\\\\", "\\\\"),
+        ("\\$HOME", "\\$HOME"),
+        ('\\"', '\\"'),
+        ('\\\\"', '\\\\\\"'),
+        ('a\\"b\\', 'a\\"b\\\\'),
+        ("$(cmd) `cmd` ${X}", "$(cmd) `cmd` ${X}"),
+    ],
+    ids=["plain", "quotes-escaped", "trailing-backslash", "lone-backslash", "backslash-pair", "escaped-dollar",
+         "escaped-quote-kept", "pair-then-quote", "mixed", "expansions-kept"],
+)
+def test_double_quoted_body(value: str, body: str) -> None:
+    assert double_quoted_body(value) == body
+
+
+EVAL_HOME = "/home/eval"
+# (value as given, what the payload sees): the meaning of "$VALUE" between double quotes.
+EVALUATED = [
+    ("x\\", "x\\"),
+    ("\\", "\\"),
+    ("a\\\\b", "a\\b"),
+    ("$HOME/data", f"{EVAL_HOME}/data"),
+    ("${HOME}", EVAL_HOME),
+    ("\\$HOME", "$HOME"),
+    ('say "hi"', 'say "hi"'),
+    ('\\"; touch PWNED; : \\', '"; touch PWNED; : \\'),
+    ('"; touch PWNED; echo "', '"; touch PWNED; echo "'),
+    ("'; touch PWNED; '", "'; touch PWNED; '"),
+    ("$(echo sub)", "sub"),
+    ("`echo back`", "back"),
+    ("two  spaces * ?", "two  spaces * ?"),
+    ("new\nline\n", "new\nline\n"),
+    ("%s %d", "%s %d"),
+    ("ü€", "ü€"),
+    ("", ""),
+]
+
+
+def evaluated_env(shell: tuple[str, ...], injected: tuple[tuple[str, str], ...], tmp_path: Path
+                  ) -> subprocess.CompletedProcess[bytes]:
+    if not os.path.exists(shell[0]):
+        pytest.skip(f"{shell[0]} is not installed")
+    plan = EnvPlan(base=(("HOME", EVAL_HOME), ("PATH", DEFAULT_PATH)), injected=injected, evaluate=True)
+    return subprocess.run([*shell, "-c", ACTION_SCRIPT, "singpy", "/usr/bin/env", "-0"], env=shell_env(plan),
+                          cwd=tmp_path, capture_output=True, timeout=20)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_evaluation_in_a_real_shell(shell: tuple[str, ...], tmp_path: Path) -> None:
+    injected = tuple((f"V{index}", value) for index, (value, _) in enumerate(EVALUATED))
+    result = evaluated_env(shell, injected, tmp_path)
+    assert result.returncode == 0 and result.stderr == b"", result.stderr.decode()
+    env = dict(entry.partition("=")[::2] for entry in result.stdout.decode().split("\0")[:-1])
+    assert {name: env.get(name) for name, _ in injected} == {
+        f"V{index}": expected for index, (_, expected) in enumerate(EVALUATED)}
+    assert sorted(path.name for path in tmp_path.iterdir()) == []  # nothing ran outside $(...)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("value", ["$(echo", "${X", "`echo", "$(echo 'x)"], ids=["subst", "brace", "backquote",
+                                                                               "quote-in-subst"])
+def test_unparsable_value_is_one_fatal_line(shell: tuple[str, ...], value: str, tmp_path: Path) -> None:
+    result = evaluated_env(shell, (("OK", "1"), ("BAD", value)), tmp_path)
+    assert result.returncode == 255
+    assert result.stderr.decode() == ("FATAL:   can't evaluate BAD: not valid shell text between double quotes "
+                                      "(see --no-eval)\n")
+    assert result.stdout == b""
+
+
+def test_evaluation_needs_the_shell_for_backslashes() -> None:
+    plan = EnvPlan(base=(), injected=(("A", "x\\"),), evaluate=True)
+    assert needs_shell(plan)
+    assert not needs_shell(plan.replace(evaluate=False))
+
+
+# --- --dry-run redaction ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "secret"), [
+    ("GITHUB_TOKEN", True), ("token", True), ("AWS_SECRET_ACCESS_KEY", True), ("DB_PASSWORD", True),
+    ("MYSQL_PASSWD", True), ("SSH_KEY", True), ("api_key", True), ("GOOGLE_APPLICATION_CREDENTIALS", True),
+    ("HOME", False), ("PATH", False), ("TERM", False), ("LANG", False), ("PASSAGE", False),
+])
+def test_looks_secret(name: str, secret: bool) -> None:
+    assert looks_secret(name) is secret
+
+
+def test_redact_secrets() -> None:
+    data = EnvPlan(base=(("HOME", "/h"), ("API_KEY", "base")), injected=(("DB_PASSWORD", "pw"), ("A", "1")),
+                   prepend_path="/p", host=(("GITHUB_TOKEN", "ghp_x"), ("TERM", "xterm"))).as_dict()
+    redact_secrets(data)
+    assert data["base"] == [["HOME", "/h"], ["API_KEY", REDACTED]]
+    assert data["injected"] == [["DB_PASSWORD", REDACTED], ["A", "1"]]
+    assert data["host"] == [["GITHUB_TOKEN", REDACTED], ["TERM", "xterm"]]
+    assert data["prepend_path"] == "/p"

@@ -48,7 +48,7 @@ def test_parse_liblist(text: str, expected: LibList) -> None:
 
 
 def test_shipped_nvliblist_matches_apptainer_main() -> None:
-    liblist = load_liblist(REPO / "etc/nvliblist.conf")
+    liblist = load_liblist(str(REPO / "etc/nvliblist.conf"))
     assert liblist.binaries == (
         "nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server",
     )  # fmt: skip
@@ -62,7 +62,7 @@ def test_shipped_nvliblist_matches_apptainer_main() -> None:
 
 
 def test_shipped_rocmliblist_matches_apptainer_main() -> None:
-    liblist = load_liblist(REPO / "etc/rocmliblist.conf")
+    liblist = load_liblist(str(REPO / "etc/rocmliblist.conf"))
     assert liblist.binaries == ("rocm-smi", "rocminfo")
     assert len(liblist.libraries) == 14 and liblist.files == ()
     assert "librocblas.so" not in liblist.libraries  # runtime libraries come from the image (Apptainer 1.4)
@@ -72,7 +72,7 @@ def test_shipped_rocmliblist_matches_apptainer_main() -> None:
 def test_unreadable_liblist_is_a_config_error(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     with pytest.raises(ConfigError) as info:
-        load_liblist(path)
+        load_liblist(str(path))
     assert str(path) in info.value.message
 
 

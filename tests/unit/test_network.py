@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from singpy import host as host_module
@@ -41,7 +43,7 @@ def network(uid: int = 0, conf: str = "", user: str = "alice", **fields: object)
                                                          subnet="10.22.0.0/16", address="10.22.3.4")),
 ], ids=["no --net", "root default", "user default", "root none", "root ptp", "--network implies --net",
         "user none", "IP argument"])
-def test_plan_network(uid: int, fields: dict[str, object], expected: NetworkSpec | None) -> None:
+def test_plan_network(uid: int, fields: dict[str, Any], expected: NetworkSpec | None) -> None:
     assert network(uid, **fields) == expected
 
 
@@ -76,7 +78,7 @@ def test_bridge_name_and_subnets_come_from_the_conf() -> None:
 ], ids=["unknown type", "list", "bad prefix", "host bits", "ipv6", "too small", "bad bridge name", "portmap",
         "IP outside", "IP is gateway", "IP malformed", "args with none", "user bridge", "user not listed",
         "network not listed", "allowed but unprivileged", "repeated directive"])
-def test_network_errors(uid: int, conf: str, fields: dict[str, object], message: str) -> None:
+def test_network_errors(uid: int, conf: str, fields: dict[str, Any], message: str) -> None:
     with pytest.raises(NetworkError) as raised:
         network(uid, conf, **fields)
     assert message in raised.value.message

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from singpy import host as host_module
 from singpy.config import sysconf
-from singpy.environ import DEFAULT_PATH
+from singpy.constants import DEFAULT_PATH
 from singpy.errors import BindSpecError, SingpyError
 from singpy.host import HostInfo
 from singpy.mounts.parse import parse_bind_list
@@ -358,7 +359,7 @@ def test_home_option_relative_source_uses_host_cwd(host: HostInfo, image: ImageS
     ],
     ids=["user", "root-no-userns", "pid-ipc", "uts", "hostname-implies-uts"],
 )
-def test_namespaces(host: HostInfo, image: ImageSpec, uid: int, fields: dict[str, object],
+def test_namespaces(host: HostInfo, image: ImageSpec, uid: int, fields: dict[str, Any],
                     expected: Namespaces) -> None:
     built = plan(host.replace(uid=uid), image, **fields)
     assert built.namespaces == expected
@@ -367,8 +368,8 @@ def test_namespaces(host: HostInfo, image: ImageSpec, uid: int, fields: dict[str
 
 
 def test_hostname_and_plan_fields(host: HostInfo, image: ImageSpec) -> None:
-    built = plan(host, image, hostname="box", writable_tmpfs=True, verbosity=2)
-    assert (built.hostname, built.writable_tmpfs, built.verbosity, built.image) == ("box", True, 2, image)
+    built = plan(host, image, hostname="box", writable_tmpfs=True)
+    assert (built.hostname, built.writable_tmpfs, built.image) == ("box", True, image)
     assert plan(host, image).hostname is None
 
 
@@ -456,7 +457,7 @@ def test_to_json_data(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
     host_env = {**host.env, "SINGULARITYENV_PREPEND_PATH": "/pre", "SINGULARITYENV_X": "x y"}
     built = plan(host.replace(env=host_env), image, pid=True, contain=True, hostname="box",
                  binds=parse_bind_list([f"{tmp_path}:/data:ro"], CWD))
-    data = built.to_json_data()
+    data: Any = built.to_json_data()
     text = json.dumps(data)
     assert json.loads(text) == data
     assert data["namespaces"] == {"user": True, "pid": True, "ipc": False, "uts": True, "net": False}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,62 @@ def test_real_system_path_constant() -> None:
 def test_confdir(tmp_path: Path) -> None:
     assert sysconf.confdir(sysconf.defaults()) == str(REPO / "etc")
     assert sysconf.confdir(sysconf.parse("", str(tmp_path / "site.conf"))) == str(tmp_path)
+
+
+# --- bad input: one ConfigError naming file:line, never a hang or a traceback later ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("bind path = etc/hosts", "bind path source 'etc/hosts' is not an absolute path"),
+        ("bind path = /etc/hosts:etc/hosts", "bind path destination 'etc/hosts' is not an absolute path"),
+        ("bind path = ./x", "bind path source './x' is not an absolute path"),
+        ("bind path =", "bind path must be src[:dest] (absolute paths), not ''"),
+        ("bind path = :/x", "bind path must be src[:dest] (absolute paths), not ':/x'"),
+        ("bind path = /a:/b:ro", "bind path must be src[:dest] (absolute paths), not '/a:/b:ro'"),
+        ("bind path = /tmp:/", "bind path '/tmp:/' would replace the container's root directory /"),
+        ("bind path = /tmp:/.", "bind path '/tmp:/.' would replace the container's root directory /"),
+        ("bind path = /tmp://", "bind path '/tmp://' would replace the container's root directory /"),
+        ("bind path = /", "bind path '/' would replace the container's root directory /"),
+        ("bind path = /" + "n" * 256, "a component is longer than NAME_MAX (256 bytes, 255 at most)"),
+        ("bind path = /tmp:" + "/d" * 2048, "longer than PATH_MAX (4096 bytes, 4095 at most)"),
+        ("ldconfig path = /" + "l" * 300, "a component is longer than NAME_MAX (300 bytes, 255 at most)"),
+    ],
+    ids=["relative-source", "relative-dest", "dot-relative", "empty", "empty-source", "options", "onto-root",
+         "onto-root-dot", "onto-root-double-slash", "root-itself", "name-max", "path-max", "program-path"],
+)
+def test_bad_paths_carry_file_and_line(line: str, reason: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        sysconf.parse(f"mount proc = yes\n\n{line}\n", "site.conf")
+    assert caught.value.message.startswith("site.conf:3: ")
+    assert reason in caught.value.message
+    assert len(caught.value.message) < 300  # a long path is shortened, the line stays readable
+
+
+@pytest.mark.parametrize("value", ["/etc/hosts", "/etc/hosts:", "/data:/mnt/data", "/a:/b/../c"],
+                         ids=["same-path", "empty-dest", "other-dest", "dest-normalised-later"])
+def test_good_bind_paths(value: str) -> None:
+    assert sysconf.parse(f"bind path = {value}", "t.conf").items("bind path") == (value,)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"mount proc = yes\nmount home = \xe9\n", "{path}:2: not UTF-8 text (byte 0xe9)"),
+    (b"mount proc = yes\0\n", "{path}:1: a NUL byte: not a text file"),
+    (b"#" * (2 << 20), "configuration {path} is too large (more than 1 MiB)"),
+], ids=["latin1", "nul", "too-large"])
+def test_load_refuses_what_is_not_a_configuration(tmp_path: Path, data: bytes, message: str) -> None:
+    path = tmp_path / "singpy.conf"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as caught:
+        sysconf.load(str(path))
+    assert caught.value.message == message.format(path=path)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_load_refuses_special_files_without_blocking(tmp_path: Path, kind: str) -> None:
+    path = {"fifo": tmp_path / "fifo", "device": Path("/dev/zero"), "directory": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(ConfigError, match=rf"^configuration {path} is a .*, not a regular file$"):
+        sysconf.load(str(path))  # returns at once: a FIFO is never opened for a blocking read

@@ -1,0 +1,25 @@
+"""Names and tables several modules share, each defined once.
+
+Imports nothing: this is read on the start-up path of every `singpy exec`.
+"""
+
+# Apptainer's layout inside an image ([1] Apptainer internal/pkg/build/sources/base_environment.go).
+SINGULARITY_D = "/.singularity.d"
+ENV_DIR = f"{SINGULARITY_D}/env"  # env scripts, sourced in the order of their names
+RUNSCRIPT = f"{SINGULARITY_D}/runscript"  # what `run` executes
+LIBS_DIR = f"{SINGULARITY_D}/libs"  # the host libraries of --nv/--rocm; always last on LD_LIBRARY_PATH
+
+# PATH in a container when nothing else sets one (Apptainer's action scripts).
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# PATH of the host tools singpy runs itself (squashfuse, ldconfig, newuidmap): never the user's.
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Go's GOARCH names, indexed by the two-digit code a SIF header or partition stores ([1] sif.md section 3).
+ARCHES = ("unknown", "386", "amd64", "arm", "arm64", "ppc64", "ppc64le", "mips", "mipsle", "mips64", "mips64le",
+          "s390x", "riscv64", "loong64")
+# The kernel's machine names (os.uname().machine) for them.
+MACHINE_ARCH = {
+    "x86_64": "amd64", "amd64": "amd64", "i386": "386", "i486": "386", "i586": "386", "i686": "386",
+    "aarch64": "arm64", "arm64": "arm64", "ppc64le": "ppc64le", "ppc64": "ppc64", "s390x": "s390x",
+    "riscv64": "riscv64", "loongarch64": "loong64",
+}

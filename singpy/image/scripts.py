@@ -1,0 +1,105 @@
+"""The image's own scripts, found in the image alone: env scripts and the runscript.
+
+The container's shell sources /.singularity.d/env/*.sh and `run` executes
+/.singularity.d/runscript. A link among them may lead out of the image once
+the container is assembled: a runscript linked to /tmp/run.sh would run, as
+the user, whatever another user left in the host's /tmp; an env script
+linked to /dev/zero would make the shell read forever. So they are looked up
+in the image itself (a Tree on its root, before anything is mounted on it),
+and the container is handed the paths they lead to there:
+
+* a path that a mount of the plan covers (the host's /tmp, home, /dev...) is
+  not the image's: an env script there is skipped with a warning, a
+  runscript there is refused;
+* an env script that is not a regular file is skipped with a warning, as
+  Apptainer's `[ -f "$script" ]` skips it; one over SCRIPT_LIMIT is refused;
+* a path the shell could not take as one word (spaces, glob characters) is
+  skipped: env script names are plain (`90-environment.sh`).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+
+from singpy import console
+from singpy.constants import ENV_DIR, RUNSCRIPT
+from singpy.errors import ImageError, PathError
+from singpy.hostfiles import kind_name
+from singpy.mounts.rootpath import Tree
+from singpy.record import Record
+
+SCRIPT_LIMIT = 16 << 20  # bytes; env scripts are a few KB
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-@%=,:/")
+
+
+class ImageScripts(Record):
+    """What the container runs of the image's own, as paths inside the container."""
+
+    env: tuple[str, ...] = ()  # env scripts to source, in the lexical order of their names
+    runscript: str | None = None  # the runscript (`run`), None when the image has none
+
+
+def find_scripts(image: Tree, *, covered: Callable[[str], bool], runscript: bool) -> ImageScripts:
+    """The image's env scripts (and its runscript when `runscript`), checked as the module says."""
+    env = tuple(path for name in _env_names(image) if (path := _env_script(image, f"{ENV_DIR}/{name}", covered)))
+    return ImageScripts(env=env, runscript=_runscript(image, covered) if runscript else None)
+
+
+def _env_names(image: Tree) -> list[str]:
+    try:
+        return sorted(name for name in image.listdir(ENV_DIR) if name.endswith(".sh"))
+    except PathError as error:
+        console.warning(f"can't read the image's {ENV_DIR}: {error.message}")
+        return []
+
+
+def _env_script(image: Tree, guest: str, covered: Callable[[str], bool]) -> str | None:
+    try:
+        found = image.lookup(guest)
+    except PathError as error:
+        console.warning(f"skipping the image's {guest}: {error.message}")
+        return None
+    if found.fd is None:
+        return None  # a dangling link: nothing to source, as the shell's `-f` test says
+    info = os.fstat(found.fd)
+    os.close(found.fd)
+    if not stat.S_ISREG(info.st_mode):
+        console.warning(f"skipping the image's {guest}: it {_leads(guest, found.path)}is {kind_name(info.st_mode)}")
+        return None
+    if info.st_size > SCRIPT_LIMIT:
+        raise ImageError(f"the image's {guest} is too large ({info.st_size} bytes, at most {SCRIPT_LIMIT})")
+    if covered(found.path):
+        console.warning(f"skipping the image's {guest}: it leads to {found.path}, which the container does not "
+                        "take from the image")
+        return None
+    if not set(found.path) <= _PLAIN:
+        console.warning(f"skipping the image's {guest}: it leads to {found.path!r}, not a plain path")
+        return None
+    return found.path
+
+
+def _runscript(image: Tree, covered: Callable[[str], bool]) -> str | None:
+    try:
+        found = image.lookup(RUNSCRIPT)
+    except PathError as error:
+        raise ImageError(f"can't run the image's {RUNSCRIPT}: {error.message}") from None
+    if found.fd is None:
+        if found.path != RUNSCRIPT:  # in the container it would lead elsewhere: the host's, another user's
+            raise ImageError(f"can't run the image's {RUNSCRIPT}: it is a link to {found.path}, which is not in "
+                             "the image")
+        return None
+    info = os.fstat(found.fd)
+    os.close(found.fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ImageError(f"can't run the image's {RUNSCRIPT}: it {_leads(RUNSCRIPT, found.path)}is "
+                         f"{kind_name(info.st_mode)}, not a regular file")
+    if covered(found.path):
+        raise ImageError(f"can't run the image's {RUNSCRIPT}: it leads to {found.path}, which the container does "
+                         "not take from the image")
+    return found.path
+
+
+def _leads(guest: str, path: str) -> str:
+    return "" if guest == path else f"leads to {path}, which "
