@@ -95,22 +95,24 @@ class _Applier:
             case _:
                 assert_never(spec.op)
 
-    def _target(self, dest: str, *, directory: bool) -> tuple[Lookup, int]:
+    def _target(self, dest: str, *, directory: bool) -> tuple[Lookup, int, int]:
         """Where to mount `dest`: an existing file or directory, or one created where that is safe.
 
-        Returns the lookup and a descriptor of the target, which the caller closes.
+        Returns the lookup, a descriptor of the target (the caller closes it) and
+        the device of the directory holding it.
         """
         found = self.container.lookup(dest)
+        device = os.fstat(found.parent).st_dev
         if found.fd is None:
-            self._check_may_create(found)
+            self._check_may_create(found, device)
             found.fd = self.container.make(found, directory=directory)
         if not found.name:
             os.close(found.fd)
             raise PathError("it is the container's root directory")
-        return found, found.fd
+        return found, found.fd, device
 
-    def _check_may_create(self, found: Lookup) -> None:
-        if os.fstat(found.parent).st_dev in self.owned:
+    def _check_may_create(self, found: Lookup, device: int) -> None:
+        if device in self.owned:
             return
         where = found.path[:-len("/".join(found.missing)) - 1] or "/"
         binds = [(path, source) for path, source in self.host_binds if is_under(where, path)]
@@ -134,12 +136,12 @@ class _Applier:
                 console.debug(f"skipping bind of {spec.source}: not on this host")
                 return
             raise BindSpecError(f"bind source {spec.source} does not exist") from None
-        found, target = self._target(spec.dest, directory=is_dir)
+        found, target, device = self._target(spec.dest, directory=is_dir)
         try:
             console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
             k.mount(source, k.fd_path(target, PROC), None, k.MS_BIND | k.MS_REC, shown=spec.dest)
             flags = k.MS_NOSUID | (0 if spec.dev else k.MS_NODEV) | (k.MS_RDONLY if spec.readonly else 0)
-            if spec.readonly and os.fstat(found.parent).st_dev in self.sealing:
+            if spec.readonly and device in self.sealing:
                 self.deferred.append((found.path, flags))  # the SEAL below makes it read-only, in one call
             else:
                 self._remount(found, flags, spec.dest)
@@ -149,7 +151,7 @@ class _Applier:
         self.container.forget(found.path)
 
     def _fresh(self, spec: MountSpec, fstype: str, flags: int, data: str | None) -> None:
-        found, target = self._target(spec.dest, directory=True)
+        found, target, _ = self._target(spec.dest, directory=True)
         try:
             console.verbose(f"mounting {fstype} on {spec.dest}")
             k.mount(fstype, k.fd_path(target, PROC), fstype, flags, data, shown=spec.dest)
@@ -177,7 +179,7 @@ class _Applier:
             os.write(handle, b"\n".join([*lines, spec.content.encode()]) + b"\n")
         finally:
             os.close(handle)
-        found, target = self._target(spec.dest, directory=False)
+        found, target, _ = self._target(spec.dest, directory=False)
         try:
             console.verbose(f"writing {spec.dest} with an entry for {spec.content.split(':', 1)[0]}"
                             if spec.merge else f"writing {spec.dest}")
@@ -213,7 +215,7 @@ class _Applier:
             raise PathError(f"{found.path} exists already")
         if len(found.missing) > 1:
             raise PathError(f"{found.path.rsplit('/', 1)[0]} does not exist")
-        self._check_may_create(found)
+        self._check_may_create(found, os.fstat(found.parent).st_dev)
         os.symlink(spec.source, found.name, dir_fd=found.parent)
 
     def _seal(self, spec: MountSpec) -> None:
@@ -287,6 +289,8 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
     found_all = Survey()
     for spec in specs:
         if spec.op in (MountOp.SYMLINK, MountOp.SEAL):
+            continue
+        if found_all.covers(spec.dest):  # below a mount already: a covering path has no link in it
             continue
         try:
             found = image.locate(spec.dest)

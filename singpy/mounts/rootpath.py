@@ -187,7 +187,7 @@ class Tree:
     def make(self, found: Lookup, *, directory: bool) -> int:
         """Create what `found` lacks below its parent (directories, then the last as directory or empty file).
 
-        Returns an O_PATH descriptor of the new leaf, for the caller to close;
+        Returns a descriptor of the new leaf, for the caller to close;
         `found` then describes the leaf (its parent, its name). Never follows a
         link: a name that appeared meanwhile makes it fail.
         """
@@ -202,10 +202,10 @@ class Tree:
             name = found.missing[-1]
             if directory:
                 os.mkdir(name, 0o755, dir_fd=current)
-            else:
-                os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                                 dir_fd=current))
-            leaf = os.open(name, _OPEN, dir_fd=current)
+                leaf = os.open(name, _OPEN, dir_fd=current)
+            else:  # the new file's own descriptor: a mount target, never read or written through
+                leaf = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                               dir_fd=current)
         except OSError as error:
             if current != found.parent:
                 os.close(current)
