@@ -16,7 +16,6 @@ from singpy.host import HostInfo
 from singpy.hostfiles import path_problem, shown
 from singpy.kernel import caps
 from singpy.mounts import system
-from singpy.mounts.parse import BindSpec, checked_pair
 from singpy.plan import (
     IdMap,
     ImageSpec,
@@ -31,6 +30,10 @@ from singpy.plan import (
     Stage,
 )
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from singpy.mounts.parse import BindSpec
 
 _HOSTNAME_MAX = 64  # HOST_NAME_MAX: what sethostname() takes
 
@@ -141,6 +144,8 @@ def _home(request: LaunchRequest, host: HostInfo) -> tuple[str, str]:
     source, dest = parts[0], parts[-1] or parts[0]
     if len(parts) == 2 and parts[1] and not os.path.isabs(parts[1]):
         raise BindSpecError(f"{bad}: destination must be an absolute path")
+    from singpy.mounts.parse import checked_pair  # only for --home: not on a plain run's path
+
     return checked_pair(source, dest, host.cwd, bad=bad,
                         onto_root="--home can't use the container's root directory / as the home directory")
 

@@ -13,6 +13,7 @@ TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import Any
 
+    from singpy.mounts.parse import BindSpec
     from singpy.planner import LaunchRequest
 
 
@@ -50,7 +51,6 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
 
 def build_request(action: str, values: Mapping[str, Any], positionals: list[str], cwd: str) -> LaunchRequest:
     from singpy.environ import parse_env_option
-    from singpy.mounts.parse import parse_bind_list
     from singpy.planner import LaunchRequest
 
     containall = bool(values.get("containall"))
@@ -58,7 +58,7 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         action=action,
         image=positionals[0],
         args=tuple(positionals[1:]),
-        binds=parse_bind_list(values.get("bind", []), cwd),
+        binds=_binds(values.get("bind", []), cwd),
         contain=containall or bool(values.get("contain")),
         cleanenv=containall or bool(values.get("cleanenv")),
         env=tuple(parse_env_option(values.get("env", [])).items()),
@@ -86,6 +86,15 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         add_caps=tuple(values.get("add_caps", [])),
         drop_caps=tuple(values.get("drop_caps", [])),
     )
+
+
+def _binds(values: list[str], cwd: str) -> tuple[BindSpec, ...]:
+    """--bind (and SINGULARITY_BIND...) parsed; the parser is imported only when there is one (start-up time)."""
+    if not values:
+        return ()
+    from singpy.mounts.parse import parse_bind_list
+
+    return parse_bind_list(values, cwd)
 
 
 def _read_env_files(paths: list[str]) -> list[tuple[str, str]]:
