@@ -62,9 +62,12 @@ CREATABLE = frozenset({*(Path(path).name for path in TOUCHED), "passwd", "group"
 
 
 def host_names(singpy: Singpy, witness: Path) -> dict[str, bool]:
-    """Which of the names singpy could create exist in the host directories the links lead to."""
+    """Which of the names singpy could create exist in the host directories the links lead to.
+
+    (The host's /tmp and /var/tmp, bound into the container, are where `/dev -> /tmp` would put
+    /dev/null; only these names are looked at, never a listing.)"""
     return {f"{directory}/{name}": os.path.lexists(f"{directory}/{name}")
-            for directory in ("/dev", "/tmp", singpy.home, str(witness)) for name in CREATABLE}
+            for directory in ("/dev", "/tmp", "/var/tmp", singpy.home, str(witness)) for name in CREATABLE}
 
 
 @pytest.fixture(scope="module")
