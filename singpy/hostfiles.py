@@ -50,9 +50,14 @@ def shown(path: str) -> str:
     return f"{path[:_SHOWN // 2]}...{path[-_SHOWN // 4:]} ({len(os.fsencode(path))} bytes)"
 
 
-def reason(error: OSError) -> str:
-    """What went wrong, without the path (which the message names once, shortened)."""
-    return error.strerror or type(error).__name__
+def reason(error: OSError | ValueError) -> str:
+    """What went wrong, without the path (which the message names once, shortened).
+
+    ValueError: what `os` raises for a path with a NUL byte.
+    """
+    if isinstance(error, OSError):
+        return error.strerror or type(error).__name__
+    return str(error) or type(error).__name__
 
 
 def open_regular(path: str | os.PathLike[str], *, what: str, error: type[SingpyError],

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import hostsim, sifs
+from tests.support import hostsim, reaper, sifs
 from tests.support.images import build_busybox_rootfs
 from tests.support.leftovers import descendants, watch_tmpdir
 from tests.support.users import can_reach, ensure_test_user, is_root
@@ -83,14 +83,10 @@ def _remove_tree(path: Path) -> None:
 
 
 def default_signals() -> None:
-    """In a child, before exec: the signals the tests send start at their default action, whatever we inherited.
-
-    A suite started in the background by a script (`make test &`) has SIGINT and
-    SIGQUIT ignored, one under nohup SIGHUP: an ignored signal stays ignored
-    across execve, and a shell payload can't trap it, so a test would wait forever.
-    """
-    for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, signal.SIG_DFL)
+    """In a child, before exec: the signals the tests send start at their default action, whatever we
+    inherited (tests.support.reaper.default_signals says why)."""
+    reaper.default_signals({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1,
+                            signal.SIGUSR2})
 
 
 class Singpy:
@@ -176,6 +172,16 @@ def _end_what_we_started() -> Iterator[None]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             process.wait()
+
+
+def assert_one_fatal(result: subprocess.CompletedProcess[str], message: str, code: int = 255) -> None:
+    """Exit `code`, one FATAL line holding `message` (a HINT may follow), no traceback, nothing on stdout."""
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.splitlines()
+    assert lines and lines[0].startswith("FATAL:") and message in lines[0], result.stderr
+    assert [line for line in lines[1:] if not line.startswith("HINT:")] == [], result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
 
 
 @pytest.fixture(scope="session")

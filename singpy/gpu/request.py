@@ -31,7 +31,7 @@ def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, hos
                   rootfs: str | None) -> GpuContribution:
     """Devices, libraries, binaries and warnings for the requested vendors."""
     host = gpu_host(config, host_env)
-    image = ImageHints(glibc=image_glibc(rootfs), env=image_env_hints(rootfs)) if rootfs else ImageHints()
+    image = image_hints(rootfs) if rootfs else ImageHints()
     parts = []
     if nv:
         from singpy.gpu import nvidia
@@ -59,43 +59,44 @@ def _container_cli(config: SysConfig, path_env: str) -> str | None:
     return config.text("nvidia-container-cli path") or which("nvidia-container-cli", path_env)
 
 
-def image_env_hints(rootfs: str) -> dict[str, str]:
-    """CUDA_VERSION / NVIDIA_REQUIRE_CUDA as the image's env scripts set them (a text scan, no shell).
+def image_hints(rootfs: str) -> ImageHints:
+    """What the GPU checks read from an image that is a directory: its glibc release, and the CUDA its env
+    scripts declare.
 
-    Read through the one door (singpy.mounts.rootpath): links stay inside the
-    image, and what is not a small regular file is not read. These are hints:
-    a file that can't be read is passed over.
+    Read through the one door (singpy.mounts.rootpath), the image opened once:
+    links stay inside the image, and what is not a small regular file is not
+    read. These are hints: what can't be read is passed over.
     """
-    found: dict[str, str] = {}
     try:
         image = Tree(rootfs)
     except PathError:
-        return found
+        return ImageHints()
     with image:
-        try:
-            names = sorted(image.listdir(ENV_DIR))
-        except PathError:
-            return found
-        for name in names:
-            text = _image_file(image, f"{ENV_DIR}/{name}", _SCRIPT_LIMIT)
-            if text is not None:
-                found.update(_cuda_assignments(text.decode(errors="replace")))
+        return ImageHints(glibc=_glibc(image), env=_cuda_hints(image))
+
+
+def _cuda_hints(image: Tree) -> dict[str, str]:
+    """CUDA_VERSION / NVIDIA_REQUIRE_CUDA as the image's env scripts set them (a text scan, no shell)."""
+    found: dict[str, str] = {}
+    try:
+        names = sorted(image.listdir(ENV_DIR))
+    except PathError:
+        return found
+    for name in names:
+        text = _image_file(image, f"{ENV_DIR}/{name}", _SCRIPT_LIMIT)
+        if text is not None:
+            found.update(_cuda_assignments(text.decode(errors="replace")))
     return found
 
 
-def image_glibc(rootfs: str) -> str | None:
+def _glibc(image: Tree) -> str | None:
     """The image's glibc release ("2.36"), read from its libc.so.6; None when it has none (busybox)."""
-    try:
-        image = Tree(rootfs)
-    except PathError:
-        return None
-    with image:
-        for relative in _LIBC_PATHS:
-            data = _image_file(image, relative, _LIBC_LIMIT) or b""
-            start = data.find(_GLIBC_RELEASE)
-            version = major_minor(data[start + len(_GLIBC_RELEASE):start + 32].decode("ascii", "replace"))
-            if start >= 0 and version:
-                return f"{version[0]}.{version[1]}"
+    for relative in _LIBC_PATHS:
+        data = _image_file(image, relative, _LIBC_LIMIT) or b""
+        start = data.find(_GLIBC_RELEASE)
+        version = major_minor(data[start + len(_GLIBC_RELEASE):start + 32].decode("ascii", "replace"))
+        if start >= 0 and version:
+            return f"{version[0]}.{version[1]}"
     return None
 
 

@@ -54,7 +54,7 @@ def classify(reference: str) -> ImageSpec:
     except FileNotFoundError:
         raise ImageError(f"image {shown} does not exist") from None
     except (OSError, ValueError) as error:
-        raise ImageError(f"can't read image {shown}: {_reason(error)}") from None
+        raise ImageError(f"can't read image {shown}: {hostfiles.reason(error)}") from None
     if stat.S_ISDIR(info.st_mode):
         return _sandbox(path, reference)
     if not stat.S_ISREG(info.st_mode):
@@ -73,10 +73,6 @@ def _sandbox(path: str, reference: str) -> ImageSpec:
     if not os.path.isdir(os.path.join(path, "bin")) and not os.path.isdir(os.path.join(path, "usr")):
         raise ImageError(f"{hostfiles.shown(reference)} is not a container image (a directory without bin/ or usr/)")
     return ImageSpec(kind="sandbox", path=path, rootfs=path)
-
-
-def _reason(error: OSError | ValueError) -> str:
-    return (error.strerror if isinstance(error, OSError) else None) or str(error)
 
 
 def sif_partition(path: str, *, check_arch: bool = True) -> ImageSpec:
@@ -172,13 +168,13 @@ def _read_at(path: str, offset: int, length: int, reference: str | None = None) 
     try:
         fd = _open(path)
     except OSError as error:
-        raise ImageError(f"can't read image {shown}: {_reason(error)}") from None
+        raise ImageError(f"can't read image {shown}: {hostfiles.reason(error)}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise ImageError(f"{shown} is not a container image ({hostfiles.kind_name(mode)})")
         return os.pread(fd, length, offset)
     except OSError as error:
-        raise ImageError(f"can't read image {shown}: {_reason(error)}") from None
+        raise ImageError(f"can't read image {shown}: {hostfiles.reason(error)}") from None
     finally:
         os.close(fd)

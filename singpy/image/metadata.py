@@ -20,7 +20,6 @@ out. The JSON objects are checked against the shape Apptainer writes.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -173,15 +172,11 @@ def _read(image: Tree, guest: str) -> bytes | None:
 
 
 def _dangling(image: Tree, guest: str) -> str | None:
-    """Where `guest` leads when it is a link to nothing in the image (None otherwise)."""
+    """Where `guest` leads when it is a link to nothing in the image (None otherwise, or when it leads nowhere)."""
     try:
-        found = image.lookup(guest)
+        return image.dangling(guest)
     except PathError:
         return None
-    if found.fd is not None:
-        os.close(found.fd)
-        return None
-    return found.path if found.path != guest else None
 
 
 def _from_partition(image: ImageSpec, env: Mapping[str, str]) -> dict[str, Any]:

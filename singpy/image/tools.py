@@ -64,7 +64,7 @@ def _raise_interrupted(number: int, frame: object) -> None:
     raise Interrupted(f"interrupted by {signal.Signals(number).name}")
 
 
-_SIGNALS = (15, 1, 2)  # SIGTERM, SIGHUP, SIGINT
+_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 class Interruptible:

@@ -104,7 +104,6 @@ def pivot_root(new_root: str, put_old: str) -> None:
     _check(_libc.syscall(ctypes.c_long(number), _b(new_root), _b(put_old)), f"pivot_root into {new_root}")
 
 
-AT_FDCWD = -100
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4

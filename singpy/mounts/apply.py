@@ -14,7 +14,7 @@ The image is untrusted, and so is every path in it (singpy.mounts.rootpath):
 * A missing mount point is created only in a filesystem this launch made
   for the container: a tmpfs mounted here, or the writable overlay of
   --writable-tmpfs. Those the image lacks were put in the overlay's lower
-  layer beforehand (`missing_mount_points`). Never in a directory bound from
+  layer beforehand (`survey`). Never in a directory bound from
   the host, even when an image link leads there (`/dev -> /etc`): the mount is
   then refused (`Missing.REQUIRED`: one FATAL line) or left out
   (`Missing.SKIP`: a --verbose note, where Apptainer would skip it too).
@@ -197,12 +197,9 @@ class _Applier:
         """
         try:
             data = self.image.read(dest, limit=IDENTITY_LIMIT)
-            if data is None:
-                found = self.image.lookup(dest)
-                if found.fd is not None:  # appeared meanwhile: not worth a second try
-                    os.close(found.fd)
-                if found.path != dest:
-                    raise PathError(f"it is a link to {found.path}, which is not in the image")
+            target = self.image.dangling(dest) if data is None else None
+            if target is not None:
+                raise PathError(f"it is a link to {target}, which is not in the image")
         except PathError as error:
             raise ImageError(f"can't use the image's {dest}: {error.message}") from None
         return data or b""

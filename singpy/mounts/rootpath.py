@@ -168,6 +168,11 @@ class Tree:
             raise PathError(f"{guest} is too large (over {limit} bytes)")
         return data
 
+    def dangling(self, guest: str) -> str | None:
+        """Where `guest` leads when it is a link to nothing in the image; None otherwise (lookup errors raise)."""
+        found = self.locate(guest)
+        return found.path if found.missing and found.path != _normal(guest) else None
+
     def listdir(self, guest: str) -> list[str]:
         """The names in directory `guest` ([] when it does not exist); PathError if it is not a directory."""
         found = self.lookup(guest)
@@ -327,10 +332,14 @@ def _join(stack: list[tuple[int, str]], name: str) -> str:
     return "/" + "/".join([*(part for _, part in stack), name])
 
 
+def _normal(guest: str) -> str:
+    """`guest` as a walk without links would name it: "/a//./b/" is "/a/b"."""
+    return "/" + "/".join(part for part in guest.split("/") if part and part != ".")
+
+
 def _resolved(guest: str, path: str) -> str:
-    """' (a link to /dev/zero)' when links led elsewhere, for messages."""
-    normal = "/" + "/".join(part for part in guest.split("/") if part and part != ".")
-    return "" if normal == path else f" (it leads to {path})"
+    """' (it leads to /dev/zero)' when links led elsewhere, for messages."""
+    return "" if _normal(guest) == path else f" (it leads to {path})"
 
 
 def resolve(root: str, host: str) -> str:

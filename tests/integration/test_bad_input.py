@@ -19,21 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SINGPY, Singpy
+from tests.conftest import SINGPY, Singpy, assert_one_fatal
 from tests.support.images import build_busybox_rootfs
 from tests.support.leftovers import alive, descendants, settled, traces
 
 TIMEOUT = 20  # seconds for any one run: a hang fails the test
-
-
-def assert_one_fatal(result: subprocess.CompletedProcess[str], message: str, code: int = 255) -> None:
-    """Exit `code`, one FATAL line holding `message` (a HINT may follow), no traceback, nothing on stdout."""
-    assert result.returncode == code, result.stderr
-    lines = result.stderr.splitlines()
-    assert lines and lines[0].startswith("FATAL:") and message in lines[0], result.stderr
-    assert [line for line in lines[1:] if not line.startswith("HINT:")] == [], result.stderr
-    assert "Traceback" not in result.stderr
-    assert result.stdout == ""
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Singpy
+from tests.conftest import Singpy, assert_one_fatal
 from tests.support.leftovers import settled, traces
 
 
@@ -47,12 +47,7 @@ def test_user_errors(singpy: Singpy, image: Path, workdir: Path, case: str) -> N
     args, code, message = failing_cases(image, workdir)[case]
     before = traces(image, workdir)  # mounts, loop devices, processes and TMPDIR entries naming our paths
     result = singpy.run(*args)
-    assert result.returncode == code, result.stderr
-    lines = result.stderr.splitlines()
-    assert lines[0].startswith("FATAL:") and message in lines[0], result.stderr
-    assert "Traceback" not in result.stderr
-    assert len([line for line in lines if not line.startswith("HINT:")]) == 1, result.stderr
-    assert result.stdout == ""
+    assert_one_fatal(result, message, code)
     assert settled(before, image, workdir) == before
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from singpy.gpu.nvidia import driver_version_text, gpu_index, image_cuda_version
-from singpy.gpu.request import image_env_hints, image_glibc
+from singpy.gpu.request import image_hints
 from singpy.gpu.versions import after, dotted, major_minor
 
 
@@ -57,7 +57,7 @@ def test_image_env_hints_read_env_scripts(tmp_path: Path) -> None:
     (env / "10-docker2singularity.sh").write_text(
         'export PATH="/usr/local/cuda/bin:$PATH"\nexport CUDA_VERSION="${CUDA_VERSION:-"12.4.1"}"\n')
     (env / "90-environment.sh").write_text("NVIDIA_REQUIRE_CUDA='cuda>=12.4 brand=tesla'\n")
-    hints = image_env_hints(str(tmp_path))
+    hints = image_hints(str(tmp_path)).env
     assert hints == {"CUDA_VERSION": "12.4.1", "NVIDIA_REQUIRE_CUDA": "cuda>=12.4 brand=tesla"}
     assert image_cuda_version(hints) == (12, 4)
 
@@ -71,5 +71,5 @@ def test_image_glibc_from_a_real_libc(tmp_path: Path) -> None:
     shutil.copy(libc.resolve(), target)
     import platform
 
-    assert image_glibc(str(tmp_path)) == ".".join(platform.libc_ver()[1].split(".")[:2])
-    assert image_glibc(str(tmp_path / "nothing")) is None
+    assert image_hints(str(tmp_path)).glibc == ".".join(platform.libc_ver()[1].split(".")[:2])
+    assert image_hints(str(tmp_path / "nothing")).glibc is None
