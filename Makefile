@@ -5,9 +5,12 @@ PYTHON ?= /usr/bin/python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Debian packages: Python venv + headers and libcap for python-prctl; the real image tools;
-# busybox-static for test images; bubblewrap and charliecloud for the benchmark.
+# busybox-static for test images; bubblewrap and charliecloud for the benchmark; a real registry
+# (docker-registry), skopeo and umoci for the pull tests and benchmark, htpasswd (apache2-utils) and
+# openssl for their Basic-auth and TLS variants.
 APT_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev busybox-static squashfs-tools \
-	squashfuse fuse3 fuse-overlayfs siftool uidmap iproute2 util-linux bubblewrap charliecloud-runtime
+	squashfuse fuse3 fuse-overlayfs siftool uidmap iproute2 util-linux bubblewrap charliecloud-runtime \
+	docker-registry skopeo umoci apache2-utils openssl ca-certificates
 
 .PHONY: all setup system-packages demo test lint bench clean
 
@@ -57,6 +60,7 @@ test: lint
 
 bench: setup
 	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/pull.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

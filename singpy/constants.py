@@ -23,3 +23,6 @@ MACHINE_ARCH = {
     "aarch64": "arm64", "arm64": "arm64", "ppc64le": "ppc64le", "ppc64": "ppc64", "s390x": "s390x",
     "riscv64": "riscv64", "loongarch64": "loong64",
 }
+
+# Images singpy pulls rather than opens (singpy.oci.ref parses them; this is the cheap test of the hot path).
+IMAGE_URI_PREFIXES = ("docker://", "oci:", "oci-archive:", "docker-archive:")

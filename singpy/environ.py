@@ -180,6 +180,8 @@ def shell_env(plan: EnvPlan, env_scripts: tuple[str, ...] = ()) -> dict[str, str
 # opens no file: its errors go nowhere (2>&-), never to a /dev/null the image may have
 # redirected (`/dev -> /tmp/x` puts the host's /tmp there), and the env scripts are the
 # list checked in the image, read with globbing off (`set -f`) so a name stays one word.
+# After an OCI image's env script (10-docker2singularity.sh), the parts of the default PATH
+# its PATH lacks are appended, as Apptainer's action script does (`fixpath`).
 ACTION_SCRIPT = r"""
 for __n in $__SINGPY_HOST; do
     unset $__n 2>&-
@@ -188,6 +190,12 @@ set -f
 for __f in $__SINGPY_ENV_SCRIPTS; do
     set +f
     . "$__f"
+    case "$__f" in */10-docker2singularity.sh|*/10-docker.sh)
+        for __n in @DEFAULT_PATH_WORDS@; do
+            case ":$PATH:" in *":$__n:"*) ;; *) PATH="${PATH:+$PATH:}$__n" ;; esac
+        done
+        export PATH ;;
+    esac
 done
 set +f
 for __n in $__SINGPY_INJECT; do
@@ -224,7 +232,7 @@ if ! __f=$(command -v "$1" 2>&-); then
 fi
 unset __f
 exec "$@"
-""".replace("@LIBS_DIR@", LIBS_DIR)
+""".replace("@LIBS_DIR@", LIBS_DIR).replace("@DEFAULT_PATH_WORDS@", DEFAULT_PATH.replace(":", " "))
 
 
 # Names whose values --dry-run does not print (without --verbose): a plan shown in a bug

@@ -233,6 +233,8 @@ def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_des
     for prefix in ("SINGULARITY", "APPTAINER"):
         base.update({f"{prefix}_CONTAINER": image.path, f"{prefix}_NAME": name,
                      f"{prefix}_COMMAND": request.action})
+        if request.no_eval:  # the runscript of an OCI image reads it (Apptainer's launcher sets it too)
+            base[f"{prefix}_NO_EVAL"] = "1"
     base["PS1"] = "Singpy> "
     host_env = host_passthrough(host.env, cleanenv=request.cleanenv, keep=keep_host_env)
     plan = EnvPlan(base=tuple(base.items()), injected=tuple(injected.items()),

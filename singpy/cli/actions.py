@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from singpy import console
 from singpy.cli.parse import action_help, parse_action
+from singpy.constants import IMAGE_URI_PREFIXES
 from singpy.errors import UsageError
 
 TYPE_CHECKING = False  # see singpy.record
@@ -45,8 +46,21 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
 
     host = host_module.capture(env)
     config = sysconf.load(global_values.get("config") or sysconf.default_path(env))
+    if positionals[0].startswith(IMAGE_URI_PREFIXES):
+        positionals = [_pulled(positionals[0], values, env, host.home), *positionals[1:]]
     request = build_request(action, values, positionals, host.cwd)
     return launch.run(request, config, host, dry_run=bool(values.get("dry_run")))
+
+
+def _pulled(reference: str, values: Mapping[str, Any], env: Mapping[str, str], home: str) -> str:
+    """The cached SIF of a docker://, oci:... image, pulled first if needed: the launch sees only a SIF."""
+    from singpy.oci.pull import PullOptions, cached_image, wait_single_threaded
+
+    options = PullOptions(login=bool(values.get("docker_login")), authfile=values.get("authfile") or "",
+                          https=not values.get("no_https"))
+    sif = cached_image(reference, options, env, home)
+    wait_single_threaded()  # the download threads are gone: unshare(CLONE_NEWUSER) refuses a threaded process
+    return sif
 
 
 def build_request(action: str, values: Mapping[str, Any], positionals: list[str], cwd: str) -> LaunchRequest:

@@ -1,4 +1,5 @@
-"""`singpy cache list|clean`: the per-user cache of unpacked images (singpy.image.cache)."""
+"""`singpy cache list|clean`: the per-user cache of unpacked images (singpy.image.cache) and of pulled
+images: their SIFs and layer blobs (singpy.oci.store)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import typer
 
 from singpy.image import cache
 
-cache_app = typer.Typer(name="cache", help="Manage the cache of unpacked SIF/squashfs images.",
+cache_app = typer.Typer(name="cache", help="Manage the cache of unpacked and pulled images.",
                         no_args_is_help=True)
 
 
@@ -30,8 +31,9 @@ def _human(size: float) -> str:
 
 @cache_app.command("list")
 def list_command() -> None:
-    """List the unpacked images in your cache: digest, size, when, from which image."""
+    """List the unpacked and pulled images in your cache: digest, size, when, from which image."""
     location = _location()
+    _list_pulled(location)
     rows = []
     total = 0
     for digest in cache.entries(location):
@@ -54,31 +56,81 @@ def list_command() -> None:
 @cache_app.command("clean")
 def clean_command(
     force: bool = typer.Option(False, "--force", "-f", help="do not ask for confirmation"),
-    days: int = typer.Option(0, "--days", help="only remove entries unpacked more than DAYS days ago"),
+    days: int = typer.Option(0, "--days", help="only remove images unpacked or pulled more than DAYS days ago "
+                             "(blobs stay)"),
     dry_run: bool = typer.Option(False, "--dry-run", "-n", help="only show what would be removed"),
 ) -> None:
-    """Remove unpacked images (and interrupted extractions) from your cache."""
+    """Remove unpacked and pulled images, layer blobs and interrupted work from your cache."""
     from singpy import console
+    from singpy.oci import store
 
     location = _location()
     doomed = _selected(location, days)
-    if not doomed:
+    pulled = [digest for digest, _ in store.pulled_images(location)]
+    if not doomed and not pulled and not store.blobs_usage(location)[0]:
         print(f"nothing to remove in {location}")
         return
     if dry_run:
         for digest in doomed:
             print(f"would remove {digest}")
+        _clean_pulled(location, days, dry_run=True)
         return
-    if not force and not _confirm(f"Remove {len(doomed)} cache entries from {location}?"):
+    if not force and not _confirm(f"Remove the cached images from {location}?"):
         console.info("nothing removed")
         raise typer.Exit(1)
-    removed = 0
+    removed = _clean_pulled(location, days, dry_run=False)
     for digest in doomed:
         if cache.remove_entry(location, digest):
             removed += 1
         else:
             console.warning(f"{digest[:16]} is being unpacked by another singpy: left alone")
     print(f"removed {removed} cache entries from {location}")
+
+
+def _list_pulled(location: str) -> None:
+    from singpy.oci import store
+
+    pulled = store.pulled_images(location)
+    count, size = store.blobs_usage(location)
+    if not pulled and not count:
+        return
+    rows = [("DIGEST", "SIZE", "CREATED", "PLATFORM", "SOURCE")]
+    for digest, info in pulled:
+        created = info.get("created")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(created))) if isinstance(created, int) else "?"
+        rows.append((digest[:16], _human(int(info["size"])), when, str(info.get("platform", "?")),
+                     str(info.get("source", "?"))))
+    widths = [max(len(row[column]) for row in rows) for column in range(4)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])
+    print(f"{len(rows) - 1} pulled image(s), {_human(sum(int(info['size']) for _, info in pulled))}; "
+          f"{count} layer blob(s), {_human(size)}")
+    print()
+
+
+def _clean_pulled(location: str, days: int, dry_run: bool) -> int:
+    """Remove pulled SIFs (older than `days` if given) and, without --days, the layer blobs: the count."""
+    from singpy import console
+    from singpy.oci import store
+
+    limit = time.time() - days * 86400 if days else None
+    doomed = [digest for digest, info in store.pulled_images(location)
+              if limit is None or store.created(info) < limit]
+    if dry_run:
+        for digest in doomed:
+            print(f"would remove the pulled image {digest}")
+        if limit is None and store.blobs_usage(location)[0]:
+            print("would remove the layer blobs")
+        return 0
+    removed = 0
+    for digest in doomed:
+        if store.remove_pulled(location, digest):
+            removed += 1
+        else:
+            console.warning(f"{digest[:16]} is being converted by another singpy: left alone")
+    if limit is None:
+        removed += store.remove_blobs(location)
+    return removed
 
 
 def _selected(location: str, days: int) -> list[str]:

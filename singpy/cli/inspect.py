@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 
+from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options
 from singpy.image import metadata
 
 # Apptainer's order when several sections are asked for.
@@ -20,7 +21,7 @@ SECTIONS = ("labels", "deffile", "runscript", "startscript", "test", "helpfile",
 
 
 def inspect_command(
-    image: str = typer.Argument(..., help="a SIF, squashfs or sandbox image"),
+    image: str = typer.Argument(..., help="a SIF, squashfs or sandbox image, or docker://REF, oci:DIR..."),
     labels: bool = typer.Option(False, "--labels", "-l", help="show the labels (the default)"),
     deffile: bool = typer.Option(False, "--deffile", "-d", help="show the definition file"),
     runscript: bool = typer.Option(False, "--runscript", "-r", help="show the runscript"),
@@ -31,12 +32,22 @@ def inspect_command(
     all_: bool = typer.Option(False, "--all", help="show everything"),
     list_: bool = typer.Option(False, "--list", help="list the SIF's data objects (descriptors)"),
     as_json: bool = typer.Option(False, "--json", "-j", help="print JSON (with the SIF descriptors)"),
+    docker_login: bool = DOCKER_LOGIN,
+    authfile: str = AUTHFILE,
+    no_https: bool = NO_HTTPS,
 ) -> None:
     """Show an image's labels, definition file, scripts and environment."""
     import os
 
     from singpy.image.detect import classify
+    from singpy.oci.ref import is_image_uri
 
+    if is_image_uri(image):  # pulled into the cache first, as by `run`
+        from singpy import host
+        from singpy.oci.pull import cached_image
+
+        options = pull_options("", docker_login, authfile, no_https)
+        image = cached_image(image, options, os.environ, host.capture().home)  # type: ignore[arg-type]
     spec = classify(image)
     chosen = {"labels": labels, "deffile": deffile, "runscript": runscript, "startscript": startscript,
               "test": test, "helpfile": helpfile, "environment": environment}

@@ -57,7 +57,7 @@ def build(target: str, source: str, *, force: bool, env: Mapping[str, str]) -> s
             raise
 
 
-def _scratch(target: str, prefix: str) -> str:
+def scratch_dir(target: str, prefix: str) -> str:
     """A private directory next to `target`, for what becomes it (same filesystem: a rename publishes it)."""
     import tempfile
 
@@ -77,7 +77,7 @@ def build_sif(target: str, sandbox: str, *, env: Mapping[str, str]) -> None:
     attributes = read_tree(sandbox)
     attributes["labels"] = {**attributes.get("labels", {}), **_build_labels(arch, sandbox)}
     attributes.setdefault("deffile", deffile)
-    scratch = _scratch(target, ".singpy-build-")
+    scratch = scratch_dir(target, ".singpy-build-")
     try:
         squashfs = f"{scratch}/rootfs.squashfs"
         owner = [] if os.getuid() == 0 else ["-all-root"]
@@ -113,7 +113,7 @@ def unpack(target: str, image: str, *, env: Mapping[str, str]) -> None:
     offset = sif_partition(image, check_arch=False).offset if kind == "sif" else 0
     unsquashfs = tools.require_tool("unsquashfs", env, "unpack a squashfs image")
     root = os.getuid() == 0
-    scratch = _scratch(target, ".singpy-unpack-")
+    scratch = scratch_dir(target, ".singpy-unpack-")
     try:
         tree = f"{scratch}/root"
         tools.run_tool([unsquashfs, *cache.unpack_options(offset, tree, root=root), image,
@@ -122,14 +122,14 @@ def unpack(target: str, image: str, *, env: Mapping[str, str]) -> None:
         try:
             if not os.path.lexists(f"{tree}/dev"):  # the image's own dev, even a link, is left as it is
                 os.mkdir(f"{tree}/dev", 0o755)
-            _publish(tree, target, f"{scratch}/old")
+            publish_tree(tree, target, f"{scratch}/old")
         except OSError as error:
             raise ImageError(f"can't write {target}: {error.strerror}") from None
     finally:
         cache.remove_tree(scratch)
 
 
-def _publish(tree: str, target: str, old: str) -> None:
+def publish_tree(tree: str, target: str, old: str) -> None:
     """Rename `tree` to `target`; an existing target goes to `old`, and comes back if the swap is cut short."""
     if not os.path.lexists(target):
         os.rename(tree, target)

@@ -79,7 +79,7 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
     during the extraction stop unsquashfs and remove the temporary tree.
     """
     for sub in ("", ROOTFS, INDEX):
-        _make_private_dirs(f"{cache}/{sub}")
+        make_private_dirs(f"{cache}/{sub}")
     console.verbose(f"computing the digest of {path} (offset {offset}, {length} bytes)")
     digest = _digest(path, offset, length)
     entry = f"{cache}/{ROOTFS}/{digest}"
@@ -102,13 +102,13 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
 
 def _populate_locked(path: str, offset: int, digest: str, entry: str, *, unsquashfs: str, root: bool) -> None:
     lock_path = f"{os.path.dirname(entry)}/.{digest}.lock"
-    lock = _lock(lock_path, wait=f"another singpy to finish unpacking {path}")
+    lock = lock_file(lock_path, wait=f"another singpy to finish unpacking {path}")
     assert lock is not None
     try:
         if not os.path.isdir(entry):  # the run we waited for may have made it
             _extract(path, offset, digest, entry, unsquashfs=unsquashfs, root=root)
     finally:
-        os.unlink(lock_path)  # while locked, so that it is safe (see _lock): no lock file stays behind
+        os.unlink(lock_path)  # while locked, so that it is safe (see lock_file): no lock file stays behind
         os.close(lock)
 
 
@@ -122,16 +122,22 @@ def _cache_error(error: ImageError, cache: str) -> ImageError:
     return error
 
 
-def _lock(path: str, *, wait: str | None) -> int | None:
+def lock_file(path: str, *, wait: str | None, create: bool = True) -> int | None:
     """An open descriptor holding an exclusive flock on `path`; None if busy and `wait` is None.
 
     A lock file is deleted only by a process holding its lock, so a lock
-    taken on a file that is no longer at `path` is stale: try again.
+    taken on a file that is no longer at `path` is stale: try again. With
+    `create` false, a missing file is None too.
     """
     import fcntl
 
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -148,7 +154,8 @@ def _lock(path: str, *, wait: str | None) -> int | None:
         os.close(fd)
 
 
-def _make_private_dirs(path: str) -> None:
+def make_private_dirs(path: str) -> None:
+    """`path` and its missing parents, created private (0700); one ImageError if that fails."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as error:
@@ -302,7 +309,7 @@ def _blocks(parent: str, names: list[str]) -> int:
 def remove_entry(cache: str, digest: str) -> bool:
     """Delete one entry and its index links; False if an extraction of it is under way."""
     base = f"{cache}/{ROOTFS}"
-    lock = _lock(f"{base}/.{digest}.lock", wait=None)
+    lock = lock_file(f"{base}/.{digest}.lock", wait=None)
     if lock is None:
         return False
     try:
@@ -312,7 +319,7 @@ def remove_entry(cache: str, digest: str) -> bool:
         for name in os.listdir(base):
             if name.startswith(f".{digest}.tmp-") or name == f"{digest}.json":
                 remove_tree(f"{base}/{name}")
-        os.unlink(f"{base}/.{digest}.lock")  # while locked: see _lock
+        os.unlink(f"{base}/.{digest}.lock")  # while locked: see lock_file
     finally:
         os.close(lock)
     _prune_index(cache)

@@ -40,7 +40,10 @@ _INFO64 = "5Q4I64s64s32s2Q"
 # struct loop_config: fd, block_size (u32), loop_info64, __reserved[8] (u64). 304 bytes.
 _CONFIG = struct.Struct("=2I" + _INFO64 + "8Q")
 _STATUS = struct.Struct("=" + _INFO64)
-_ATTEMPTS = 8  # tries when another process takes the free device first
+# Tries when another process takes the free device first: the kernel hands the same lowest free number to
+# everyone who asks until one of them configures it, so 32 runs of one image started together (a job array
+# on one node) collide many times; a short random pause spreads them out.
+_ATTEMPTS = 64
 
 
 def _info(path: str, offset: int, size: int) -> tuple[object, ...]:
@@ -66,6 +69,7 @@ def attach(image: str, offset: int, size: int, *, dev: str = "/dev") -> tuple[in
                 _configure(loop, backing, image, offset, size)
             except BlockingIOError:  # EAGAIN/EBUSY: taken meanwhile, ask for another one
                 os.close(loop)
+                _pause()
                 continue
             except BaseException:
                 os.close(loop)
@@ -74,6 +78,13 @@ def attach(image: str, offset: int, size: int, *, dev: str = "/dev") -> tuple[in
         raise KernelError(f"can't attach {image} to a loop device: all free devices were taken meanwhile")
     finally:
         os.close(backing)
+
+
+def _pause() -> None:
+    import random
+    import time
+
+    time.sleep(random.uniform(0, 0.005))
 
 
 def _open(path: str, what: str) -> int:

@@ -26,7 +26,9 @@ import pytest
 from tests.support.images import build_busybox_rootfs
 
 NEVER = ("typer", "click", "rich", "pyroute2", "prctl", "singpy.image.sifwrite")
-NOT_ON_PLAIN_PATH = (*NEVER, "dataclasses", "typing", "pathlib", "json")
+# The registry client, layer applier and converter (issue 10) are only for docker:// and OCI sources.
+PULL = ("singpy.oci", "http", "ssl", "zstandard", "tarfile")
+NOT_ON_PLAIN_PATH = (*NEVER, *PULL, "dataclasses", "typing", "pathlib", "json")
 # Runs the console script's code (singpy.cli.main:main) with the given arguments.
 ENTRY = "import sys; from singpy.cli.main import main; sys.argv[0] = 'singpy'; sys.exit(main())"
 MARK = "hot-path-ok"

@@ -1,0 +1,491 @@
+"""Getting an image: docker://, oci:, oci-archive: and docker-archive: references made SIFs or sandboxes.
+
+The one orchestrator of singpy.oci: it resolves a reference to the manifest
+of one platform (ref, registry or local, platform), fetches the layers into
+the cache (store), applies them to a fresh tree (layers), writes Apptainer's
+/.singularity.d (convert) and squashes the tree into a SIF in the cache.
+
+`run`, `exec`, `shell` and `inspect` call `cached_image` before anything
+else: the launch itself only ever sees a SIF file. A SIF is cached under the
+digest of the platform's manifest, so a tag that moves gets a new SIF and an
+unchanged one costs one HEAD request; a reference by digest, none.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO, Protocol
+
+from singpy import __version__, console
+from singpy.errors import ImageError
+from singpy.image import cache, tools
+from singpy.oci import store
+from singpy.oci.ref import Reference, parse
+from singpy.record import Record
+
+MAX_DOWNLOADS = 4  # layers fetched at once: enough to fill a link, few enough for a registry's limits
+# gzip at level 6: the same size as level 9 (mksquashfs's default) on the images measured, at 2.6x the speed
+# (docs/performance.md). gzip because every kernel and squashfuse reads it.
+SQUASH_COMPRESSION = ("-comp", "gzip", "-Xcompression-level", "6")
+_NOHTTPS = ("SINGPY_NOHTTPS", "APPTAINER_NOHTTPS", "SINGULARITY_NOHTTPS")
+
+
+class PullOptions(Record):
+    """How to reach the image: what `--arch`, `--no-https`, `--authfile` and `--docker-login` say."""
+
+    arch: str = ""
+    https: bool = True
+    authfile: str = ""
+    login: bool = False
+
+
+class Source(Protocol):
+    """A registry (singpy.oci.registry.Registry) or a local layout/archive (singpy.oci.local.LocalSource)."""
+
+    def manifest(self, reference: str | None) -> Any: ...
+
+    def blob_bytes(self, digest: str, limit: int = ...) -> bytes: ...
+
+
+class Resolved(Record):
+    """A reference pinned to one platform's image manifest."""
+
+    reference: Reference
+    platform: str  # "linux/amd64"
+    top: str  # the digest the reference names now (an index, or the manifest itself)
+    manifest: Any  # singpy.oci.registry.Manifest of the platform's image
+    source: Any  # Source
+
+
+def nohttps(env: Mapping[str, str]) -> bool:
+    """APPTAINER_NOHTTPS and its spellings, as --no-https."""
+    return any(env.get(name, "").lower() in ("1", "true", "yes", "on") for name in _NOHTTPS)
+
+
+def cached_image(text: str, options: PullOptions, env: Mapping[str, str], home: str) -> str:
+    """The cached SIF of image reference `text`, pulled and converted first if needed.
+
+    A reference by digest that was converted before is used without any
+    request. A tag is checked with one HEAD request; if the registry cannot
+    be reached, the SIF it last resolved to runs, with a warning.
+    """
+    ref = parse(text)
+    location = cache.cache_dir(env, home)
+    want = _platform(options)
+    if ref.transport == "docker":
+        known = store.recall(location, str(ref), str(want))
+        known_sif = store.sif_path(location, known["digest"]) if known else ""
+        if ref.digest and known_sif and os.path.isfile(known_sif):
+            return known_sif
+        source = _registry(ref, options, env, home)
+        try:
+            top = source.head_digest(ref.digest or ref.tag or "latest")
+        except ImageError as error:
+            if not (_unreachable(error) and known_sif and os.path.isfile(known_sif)):
+                raise
+            console.warning(f"{error.message}: running the cached image {ref} ({known['digest'][:19]})")
+            return known_sif
+        if known and top == known["top"] and os.path.isfile(known_sif):
+            return known_sif
+        return ensure_sif(resolve(ref, source, want), location, env)
+    return ensure_sif(resolve(ref, _local(ref), want), location, env)
+
+
+def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], home: str, *,
+         force: bool) -> str:
+    """`singpy pull [TARGET] REF`: the image as the SIF file `target` (default: NAME_TAG.sif). Returns a summary."""
+    ref = parse(text)
+    target = os.path.abspath(target or default_name(ref))
+    _check_target(target, force=force)
+    location = cache.cache_dir(env, home)
+    source = _registry(ref, options, env, home) if ref.transport == "docker" else _local(ref)
+    sif = ensure_sif(resolve(ref, source, _platform(options)), location, env)
+    _copy(sif, target)
+    return f"pulled {ref} to {target}"
+
+
+def build_from(text: str, target: str, options: PullOptions, env: Mapping[str, str], home: str, *,
+               sandbox: bool, force: bool) -> str:
+    """`singpy build [--sandbox] TARGET REF`: a SIF (through the cache, as pull) or a sandbox directory."""
+    if not sandbox:
+        return pull(text, target, options, env, home, force=force).replace("pulled", "built", 1)
+    ref = parse(text)
+    target = os.path.abspath(target)
+    _check_target(target, force=force)
+    source = _registry(ref, options, env, home) if ref.transport == "docker" else _local(ref)
+    resolved = resolve(ref, source, _platform(options))
+    location = cache.cache_dir(env, home)
+    from singpy.image.builder import publish_tree, scratch_dir
+
+    scratch = scratch_dir(target, ".singpy-build-")
+    try:
+        with tools.Interruptible():
+            try:
+                tree = f"{scratch}/root"
+                _assemble(resolved, tree, location, ownership=_ownership())
+                publish_tree(tree, target, f"{scratch}/old")
+            except tools.Interrupted as interrupted:
+                raise tools.Interrupted(f"build of {target} {interrupted.message}: nothing was written") from None
+            except OSError as error:
+                raise ImageError(f"can't write {target}: {error.strerror}") from None
+            except ImageError as error:
+                raise store.space_error(error, os.path.dirname(target), env) from None
+    finally:
+        cache.remove_tree(scratch)
+    return f"built the sandbox {target} from {ref}"
+
+
+def default_name(ref: Reference) -> str:
+    """What Apptainer's pull names the file: the image's last name and its tag (alpine_latest.sif)."""
+    if ref.transport == "docker":
+        name = ref.repository.rsplit("/", 1)[-1]
+        version = ref.tag if ref.tag and not ref.digest else (ref.digest or "").replace(":", ".")
+    else:
+        name = os.path.basename(ref.path.rstrip("/")).removesuffix(".tar") or "image"
+        version = ref.tag or "latest"
+    return f"{name}_{version}.sif"
+
+
+def _check_target(target: str, *, force: bool) -> None:
+    from singpy.hostfiles import path_problem, shown
+
+    problem = path_problem(target)
+    if problem:
+        raise ImageError(f"can't write {shown(target)}: {problem}")
+    if os.path.lexists(target) and not force:
+        raise ImageError(f"{target} already exists (use --force to overwrite it)")
+    if os.path.isdir(target) and not os.path.islink(target):
+        raise ImageError(f"{target} is a directory: give the name of the file to write")
+
+
+def _platform(options: PullOptions) -> Any:
+    from singpy.oci import platform
+
+    return platform.parse_arch(options.arch) if options.arch else platform.host_platform()
+
+
+def _registry(ref: Reference, options: PullOptions, env: Mapping[str, str], home: str) -> Any:
+    from singpy.oci import auth
+    from singpy.oci.registry import Registry
+
+    credentials = auth.prompt_credentials(ref.registry) if options.login else \
+        auth.find_credentials(ref.registry, env, authfile=options.authfile or None, home=home)
+    return Registry(ref, env=env, credentials=credentials, https=options.https and not nohttps(env))
+
+
+def _local(ref: Reference) -> Any:
+    from singpy.oci import local
+
+    return local.open_source(ref)
+
+
+def _unreachable(error: ImageError) -> bool:
+    """Whether `error` says the registry could not be reached at all (not: it refused or lacks the image)."""
+    from singpy.oci import registry
+
+    return isinstance(error, registry.Unreachable)
+
+
+def resolve(ref: Reference, source: Source, want: Any) -> Resolved:
+    """The manifest of platform `want` that `ref` names (through an index if it is one)."""
+    from singpy.oci import platform
+
+    top = source.manifest(ref.digest or ref.tag)
+    manifest = top
+    if "manifests" in top.body:
+        chosen = platform.choose(top.body, want, source=str(ref))
+        manifest = source.manifest(str(chosen.get("digest", "")))
+        if "manifests" in manifest.body:
+            raise ImageError(f"{ref}: the index entry for {want} is itself an index: not supported")
+    elif not isinstance(top.body.get("layers"), list):
+        raise ImageError(f"{ref}: not an image manifest (no layers)")
+    return Resolved(reference=ref, platform=str(want), top=top.digest, manifest=manifest, source=source)
+
+
+def ensure_sif(resolved: Resolved, location: str, env: Mapping[str, str]) -> str:
+    """The SIF of `resolved` in the cache, made once however many singpy runs ask at the same time."""
+    sif = store.sif_path(location, resolved.manifest.digest)
+    if not os.path.isfile(sif):
+        store.ensure(location, store.SIFS)
+        lock = f"{location}/{store.SIFS}/.{store.hex_of(resolved.manifest.digest)}.lock"
+        with store.locked(lock, waiting_for=f"another singpy to finish converting {resolved.reference}"):
+            if not os.path.isfile(sif):  # the run we waited for may have made it
+                _convert(resolved, sif, location, env)
+    if resolved.reference.transport == "docker":
+        store.remember(location, str(resolved.reference), resolved.platform, top=resolved.top,
+                       digest=resolved.manifest.digest)
+    return sif
+
+
+def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]) -> None:
+    """Layers -> tree -> /.singularity.d -> squashfs -> SIF at `sif`, in a work directory removed after."""
+    work = store.work_dir(location, env, purpose="convert")
+    held = store.hold_work_dir(work)
+    try:
+        with tools.Interruptible():
+            try:
+                ownership = _ownership()
+                config = _assemble(resolved, f"{work}/rootfs", location, ownership=ownership)
+                _squash(resolved, config, f"{work}/rootfs", work, sif, ownership)
+            except tools.Interrupted as interrupted:
+                raise tools.Interrupted(f"pull of {resolved.reference} {interrupted.message}") from None
+            except OSError as error:
+                raise store.space_error(ImageError(f"can't convert {resolved.reference} in {work}: "
+                                                   f"{error.strerror}"), os.path.dirname(work), env) from None
+            except ImageError as error:
+                raise store.space_error(error, os.path.dirname(work), env) from None
+        store.write_record(sif.removesuffix(".sif") + ".json",
+                           {"source": str(resolved.reference), "platform": resolved.platform,
+                            "created": int(time.time())})
+    finally:
+        cache.remove_tree(work)
+        os.close(held)
+
+
+def _ownership() -> Any:
+    """None as root (owners, modes and devices applied for real), else a record of what could not be."""
+    from singpy.oci import layers
+
+    return None if os.getuid() == 0 else layers.Ownership()
+
+
+def _config(resolved: Resolved) -> dict[str, Any]:
+    import json
+
+    descriptor = resolved.manifest.body.get("config")
+    digest = descriptor.get("digest") if isinstance(descriptor, dict) else None
+    if not isinstance(digest, str):
+        raise ImageError(f"{resolved.reference}: the manifest has no config digest")
+    try:
+        config = json.loads(resolved.source.blob_bytes(digest))
+    except (ValueError, RecursionError):
+        raise ImageError(f"{resolved.reference}: the image config is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise ImageError(f"{resolved.reference}: the image config is not a JSON object")
+    return config
+
+
+def _layer_list(resolved: Resolved) -> list[dict[str, Any]]:
+    found = resolved.manifest.body.get("layers")
+    if not isinstance(found, list) or not all(isinstance(layer, dict) and isinstance(layer.get("digest"), str)
+                                              for layer in found):
+        raise ImageError(f"{resolved.reference}: the manifest's layers are malformed")
+    for layer in found:
+        store.hex_of(layer["digest"])
+    return found
+
+
+def _assemble(resolved: Resolved, tree: str, location: str, *, ownership: Any) -> dict[str, Any]:
+    """The image's root filesystem at `tree` (new), with Apptainer's /.singularity.d. Returns the config."""
+    from singpy.oci import convert, layers
+
+    config = _config(resolved)
+    descriptors = _layer_list(resolved)
+    os.mkdir(tree, 0o755)
+    with Steps(f"Getting {resolved.reference}") as steps:
+        blobs = _Blobs(resolved.source, descriptors, location, steps)
+        for number, descriptor in enumerate(descriptors, 1):
+            digest = descriptor["digest"]
+            with blobs.open(digest) as stream:
+                steps.step(f"Extracting layer {number}/{len(descriptors)} ({digest[:19]})")
+                what = f"layer {digest} of {resolved.reference}"
+                layers.apply_layer(tree, layers.open_layer(stream, source=what), ownership=ownership, source=what)
+    written = convert.install(tree, config, _labels(resolved, config), deffile=_deffile(resolved.reference))
+    for path, mode in written.items() if ownership is not None else ():
+        ownership.record(path, mode, 0, 0)  # root's, over whatever a layer had recorded at that path
+    return config
+
+
+def _labels(resolved: Resolved, config: dict[str, Any]) -> dict[str, str]:
+    """The labels Apptainer's build adds for an OCI source (convert merges the image's own)."""
+    from singpy.image.detect import host_arch
+
+    ref = resolved.reference
+    arch = config.get("architecture") if isinstance(config.get("architecture"), str) else host_arch()
+    return {
+        "org.label-schema.build-arch": str(arch),
+        "org.label-schema.build-date": time.strftime("%A_%-d_%B_%Y_%H:%M:%S_UTC", time.gmtime()),
+        "org.label-schema.schema-version": "1.0",
+        "org.label-schema.usage.singularity.deffile.bootstrap": ref.transport,
+        "org.label-schema.usage.singularity.deffile.from": _from(ref),
+        "org.label-schema.usage.singpy.version": __version__,
+    }
+
+
+def _deffile(ref: Reference) -> bytes:
+    from singpy.oci import convert
+
+    return convert.deffile_for(str(ref))
+
+
+def _from(ref: Reference) -> str:
+    return str(ref).split(":", 1)[1].removeprefix("//")
+
+
+def _squash(resolved: Resolved, config: dict[str, Any], tree: str, work: str, sif: str, ownership: Any) -> None:
+    from singpy.constants import ARCHES
+    from singpy.image.detect import host_arch
+    from singpy.image.metadata import read_tree
+    from singpy.image.sifwrite import build_sif_from_squashfs
+    from singpy.oci import layers
+
+    mksquashfs = tools.require_tool("mksquashfs", env=os.environ, purpose="convert an image to SIF")
+    squashfs = f"{work}/rootfs.squashfs"
+    extra = layers.squash_options(ownership, f"{work}/pseudo")
+    tools.run_tool([mksquashfs, tree, squashfs, "-noappend", *SQUASH_COMPRESSION, *extra],
+                   label=f"Squashing {resolved.reference}", failure=f"can't convert {resolved.reference} to SIF")
+    arch = config.get("architecture")
+    deffile = _deffile(resolved.reference)
+    attributes = read_tree(tree)
+    attributes.setdefault("deffile", deffile.decode())
+    build_sif_from_squashfs(sif, squashfs, arch=arch if arch in ARCHES else host_arch(), deffile=deffile,
+                            inspect_metadata={"data": {"attributes": attributes}, "type": "container"},
+                            oci_config=config.get("config") if isinstance(config.get("config"), dict) else {})
+
+
+def _copy(sif: str, target: str) -> None:
+    """The cached SIF to `target`, whole or not at all (an existing target is replaced only by a full copy)."""
+    import shutil
+    import tempfile
+
+    directory = os.path.dirname(target)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp", dir=directory)
+    except OSError as error:
+        raise ImageError(f"can't write {target}: {error.strerror}") from None
+    os.close(fd)
+    try:
+        with tools.Interruptible():
+            shutil.copyfile(sif, tmp)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+    except OSError as error:
+        problem = ImageError(f"can't write {target}: {error.strerror}")
+        if tools.out_of_space(problem, directory):
+            problem = ImageError(f"can't write {target}: no space left on device in {directory}",
+                                 hint="free some space there, or pull into another directory")
+        raise problem from None
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+class _Blobs:
+    """The layers of one image, opened in order while the later ones still download.
+
+    From a registry, up to MAX_DOWNLOADS blobs download at once into the
+    cache (daemon threads: an interrupted pull ends at once, leaving
+    `.partial` files the next pull resumes); a local source is read in place.
+    """
+
+    def __init__(self, source: Any, descriptors: list[dict[str, Any]], location: str, steps: Steps) -> None:
+        self.source = source
+        self.location = location
+        self.steps = steps
+        self.remote = hasattr(source, "fetch_blob")
+        self.done: dict[str, threading.Event] = {}
+        self.errors: dict[str, BaseException] = {}
+        if self.remote:
+            store.ensure(location, store.BLOBS)
+            pending = list({d["digest"]: d for d in descriptors}.values())
+            self.done = {d["digest"]: threading.Event() for d in pending}
+            self.queue = pending
+            self.lock = threading.Lock()
+            for _ in range(min(MAX_DOWNLOADS, len(pending))):
+                threading.Thread(target=self._work, daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                if not self.queue:
+                    return
+                descriptor = self.queue.pop(0)
+            digest = descriptor["digest"]
+            try:
+                self._fetch(digest, descriptor.get("size"))
+            except BaseException as error:  # handed to the main thread, which raises it
+                self.errors[digest] = error
+            self.done[digest].set()
+
+    def _fetch(self, digest: str, size: object) -> None:
+        path = store.blob_path(self.location, digest)
+        if os.path.isfile(path):
+            self.steps.step(f"Using cached layer {digest[:19]}")
+            return
+        lock = f"{os.path.dirname(path)}/.{store.hex_of(digest)}.lock"
+        with store.locked(lock, waiting_for=f"another singpy to finish downloading {digest[:19]}"):
+            if os.path.isfile(path):
+                return
+            total = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
+            advance = self.steps.transfer(f"Downloading {digest[:19]}", total)
+            self.source.fetch_blob(digest, path, size=total, progress=advance)
+
+    def open(self, digest: str) -> BinaryIO:
+        if not self.remote:
+            from singpy.oci.layers import VerifyingReader
+
+            return VerifyingReader(self.source.open_blob(digest), digest)  # type: ignore[return-value]
+        while not self.done[digest].wait(0.5):  # a timeout keeps the main thread open to signals
+            pass
+        if digest in self.errors:
+            raise self.errors[digest]
+        try:
+            return open(store.blob_path(self.location, digest), "rb")
+        except OSError as error:
+            raise ImageError(f"can't read the cached layer {digest}: {error.strerror}") from None
+
+
+class Steps:
+    """Progress of a pull: rich bars on a terminal, one line per step elsewhere, nothing with -q."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.bar: Any = None
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> Steps:
+        if tools.show_progress():
+            from rich.console import Console
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+                                TransferSpeedColumn(), console=Console(stderr=True), transient=True)
+            self.bar.start()
+        console.info(self.title)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def step(self, message: str) -> None:
+        if self.bar is not None:
+            self.bar.console.print(message, highlight=False)
+        else:
+            console.info(message)
+
+    def transfer(self, description: str, total: int | None) -> Callable[[int], None] | None:
+        """A callback for each chunk's byte count (several threads call theirs at once)."""
+        if self.bar is None:
+            console.info(description + (f" ({_size(total)})" if total is not None else ""))
+            return None
+        task = self.bar.add_task(description, total=total)
+        return lambda count: self.bar.update(task, advance=count)
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if count < 1024:
+            return f"{count} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024  # type: ignore[assignment]
+    return f"{count:.1f} GiB"
+
+
+def wait_single_threaded() -> None:
+    """Return once this process has one thread again (a joined thread may take a moment to leave the kernel)."""
+    deadline = time.monotonic() + 5
+    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+        time.sleep(0.001)

@@ -1,0 +1,255 @@
+"""Where pulled images live in the user's cache (singpy.image.cache.cache_dir).
+
+    blobs/sha256/<hex>            a verified blob (layer, config), shared by every image that has it
+    blobs/sha256/<hex>.partial    a download in progress or cut short: the next pull resumes it
+    blobs/sha256/.<hex>.lock      flock()ed while that blob downloads
+    sif/<hex>.sif                 the SIF made from the platform manifest with that digest
+    sif/<hex>.json                where it came from (for `singpy cache list`)
+    sif/.<hex>.lock               flock()ed while that SIF is made
+    refs/<key>.json               what a reference (and platform) last resolved to: lets a cached image
+                                  run without the registry, and `docker://X@sha256:...` run with no request
+    tmp/<random>/                 a conversion under way (unless SINGPY_TMPDIR or APPTAINER_TMPDIR says
+                                  where): never /tmp, whose size is Apptainer's most common complaint
+
+Everything is published by rename, so no run ever uses half of anything; a
+killed pull leaves a `.partial` blob (resumed later) and a work directory
+that the next conversion of the same image removes, or `cache clean` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from singpy import console
+from singpy.errors import ImageError
+from singpy.image import cache
+
+BLOBS, SIFS, REFS, WORK = "blobs/sha256", "sif", "refs", "tmp"
+TMPDIR_VARIABLES = ("SINGPY_TMPDIR", "APPTAINER_TMPDIR", "SINGULARITY_TMPDIR")
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
+_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def hex_of(digest: str) -> str:
+    """The hex part of a sha256 digest, checked: digests come from the network and name files."""
+    match = _DIGEST.fullmatch(digest)
+    if match is None:
+        raise ImageError(f"unsupported digest {digest[:80]!r}: singpy stores sha256 digests only")
+    return match.group(1)
+
+
+def ensure(location: str, sub: str) -> str:
+    """`location/sub`, created private (0700) with its parents if missing."""
+    path = f"{location}/{sub}"
+    cache.make_private_dirs(location)  # the cache root first: 0700 decides who can see the rest
+    cache.make_private_dirs(path)
+    return path
+
+
+def blob_path(location: str, digest: str) -> str:
+    return f"{location}/{BLOBS}/{hex_of(digest)}"
+
+
+def sif_path(location: str, digest: str) -> str:
+    return f"{location}/{SIFS}/{hex_of(digest)}.sif"
+
+
+@contextlib.contextmanager
+def locked(path: str, *, waiting_for: str) -> Iterator[None]:
+    """Hold the flock of `path` (created if needed, deleted on release) for the block."""
+    fd = cache.lock_file(path, wait=waiting_for)
+    assert fd is not None
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while locked, as cache.lock_file requires
+        os.close(fd)
+
+
+def write_record(path: str, record: Mapping[str, Any]) -> None:
+    """A small JSON file, written whole or not at all."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(record, handle)
+        os.replace(tmp, path)
+    except OSError as error:  # the image is usable without it
+        console.debug(f"can't write {path}: {error.strerror}")
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def read_record(path: str) -> dict[str, Any]:
+    """What `write_record` wrote, or {} (the cache is the user's: anything may be there)."""
+    from singpy.errors import SingpyError
+    from singpy.hostfiles import read_text
+
+    try:
+        data = json.loads(read_text(path, what="cache record", error=SingpyError, limit=1 << 16))
+    except (SingpyError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _ref_key(reference: str, platform: str) -> str:
+    return hashlib.sha256(f"{reference} {platform}".encode()).hexdigest()
+
+
+def remember(location: str, reference: str, platform: str, *, top: str, digest: str) -> None:
+    """Record that `reference` for `platform` resolved to the manifest `digest` (through `top`)."""
+    ensure(location, REFS)
+    write_record(f"{location}/{REFS}/{_ref_key(reference, platform)}.json",
+                 {"reference": reference, "platform": platform, "top": top, "digest": digest,
+                  "time": int(time.time())})
+
+
+def recall(location: str, reference: str, platform: str) -> dict[str, str]:
+    """What `remember` recorded for this reference and platform ({} if nothing usable)."""
+    record = read_record(f"{location}/{REFS}/{_ref_key(reference, platform)}.json")
+    fields = {key: record.get(key) for key in ("top", "digest")}
+    if not all(isinstance(value, str) and _DIGEST.fullmatch(value) for value in fields.values()):
+        return {}
+    return {key: str(value) for key, value in fields.items()}
+
+
+def work_dir(location: str, env: Mapping[str, str], *, purpose: str) -> str:
+    """A new private directory for a conversion: in $SINGPY_TMPDIR (or APPTAINER_TMPDIR), else the cache."""
+    import tempfile
+
+    chosen = next((env[name] for name in TMPDIR_VARIABLES if env.get(name)), "")
+    parent = os.path.abspath(chosen) if chosen else ensure(location, WORK)
+    if not chosen:
+        _sweep_work(parent)
+    try:
+        return tempfile.mkdtemp(prefix=f"{purpose}-", dir=parent)
+    except OSError as error:
+        variable = next((name for name in TMPDIR_VARIABLES if env.get(name)), "SINGPY_TMPDIR")
+        raise ImageError(f"can't create a work directory in {parent}: {error.strerror}",
+                         hint=f"set {variable} to a writable directory with room") from None
+
+
+def _sweep_work(parent: str) -> None:
+    """Remove work directories whose pull was killed: those whose pid-lock no live process holds."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        lock = f"{parent}/{name}/.lock"
+        fd = cache.lock_file(lock, wait=None, create=False)
+        if fd is None:
+            continue  # in use, or not one of ours
+        try:
+            console.verbose(f"removing an interrupted conversion: {parent}/{name}")
+            cache.remove_tree(f"{parent}/{name}")
+        finally:
+            os.close(fd)
+
+
+def hold_work_dir(path: str) -> int:
+    """Lock a work directory for the life of this process: `_sweep_work` leaves it alone."""
+    fd = cache.lock_file(f"{path}/.lock", wait=None)
+    assert fd is not None  # just created by us
+    return fd
+
+
+def space_error(error: ImageError, directory: str, env: Mapping[str, str]) -> ImageError:
+    """`error`, or, when `directory`'s filesystem is full, one that names it and the variable to change."""
+    from singpy.image import tools
+
+    if not tools.out_of_space(error, directory):
+        return error
+    chosen = next((name for name in TMPDIR_VARIABLES if env.get(name)), None)
+    variable = chosen or "SINGPY_TMPDIR (or APPTAINER_TMPDIR)"
+    return ImageError(f"no space left on device in {directory}: set {variable} to a directory with room",
+                      hint="`singpy cache clean` removes pulled images and layers from the cache")
+
+
+def pulled_images(location: str) -> list[tuple[str, dict[str, Any]]]:
+    """(hex digest, record with "size") of each SIF made by a pull, oldest first."""
+    found = []
+    try:
+        names = os.listdir(f"{location}/{SIFS}")
+    except OSError:
+        return []
+    for name in names:
+        hex_digest = name.removesuffix(".sif")
+        if not name.endswith(".sif") or not _HEX.fullmatch(hex_digest):
+            continue
+        try:
+            size = os.lstat(f"{location}/{SIFS}/{name}").st_blocks * 512
+        except OSError:
+            continue
+        record = read_record(f"{location}/{SIFS}/{hex_digest}.json")
+        found.append((hex_digest, {**record, "size": size}))
+    return sorted(found, key=lambda item: created(item[1]))
+
+
+def created(record: Mapping[str, Any]) -> int:
+    value = record.get("created")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def blobs_usage(location: str) -> tuple[int, int]:
+    """How many blobs (complete or partial) the cache holds, and their size on disk."""
+    count = size = 0
+    try:
+        entries = list(os.scandir(f"{location}/{BLOBS}"))
+    except OSError:
+        return 0, 0
+    for entry in entries:
+        if not entry.name.startswith("."):
+            count += 1
+            size += entry.stat(follow_symlinks=False).st_blocks * 512
+    return count, size
+
+
+def remove_pulled(location: str, hex_digest: str) -> bool:
+    """Delete one pulled SIF and its record; False if it is being made right now."""
+    lock = f"{location}/{SIFS}/.{hex_digest}.lock"
+    fd = cache.lock_file(lock, wait=None)
+    if fd is None:
+        return False
+    try:
+        for name in (f"{hex_digest}.sif", f"{hex_digest}.json"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{location}/{SIFS}/{name}")
+        os.unlink(lock)  # while locked, as cache.lock_file requires
+    finally:
+        os.close(fd)
+    return True
+
+
+def remove_blobs(location: str) -> int:
+    """Delete every blob no pull is downloading, and the references (they would point nowhere); the count."""
+    removed = 0
+    directory = f"{location}/{BLOBS}"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        names = []
+    for name in names:
+        hex_digest = name.split(".")[0]
+        if name.startswith(".") or not _HEX.fullmatch(hex_digest):
+            continue
+        fd = cache.lock_file(f"{directory}/.{hex_digest}.lock", wait=None)
+        if fd is None:
+            continue  # downloading now
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{directory}/{name}")
+                removed += 1
+            os.unlink(f"{directory}/.{hex_digest}.lock")
+        finally:
+            os.close(fd)
+    cache.remove_tree(f"{location}/{REFS}")
+    _sweep_work(f"{location}/{WORK}")
+    return removed

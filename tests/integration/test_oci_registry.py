@@ -1,0 +1,997 @@
+"""singpy.oci.registry against a real registry (Debian's docker-registry, tests/support/registry.py).
+
+Library-level: the client is imported and driven in-process (the command line is tested elsewhere).
+What a registry never does by itself (answer 503, send a schema 1 manifest, garbage, a generic
+Content-Type) comes from `Front`, a small reverse proxy of this module that sits before the real
+registry and misbehaves on request; `ForwardProxy` is an HTTP proxy (CONNECT and absolute URLs) for the
+http(s)_proxy tests. Each test pushes images under repository names of its own.
+"""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import secrets
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from singpy.errors import ImageError
+from singpy.oci import transport
+from singpy.oci.auth import Credentials
+from singpy.oci.ref import parse
+from singpy.oci.registry import (
+    DOCKER_LIST,
+    DOCKER_MANIFEST,
+    MAX_TRIES,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    Registry,
+    Unreachable,
+)
+from singpy.oci.transport import bypasses_proxy
+from tests.support.oci import Image, Index, Layer, busybox_image, file, multiarch_index, sha256
+
+if TYPE_CHECKING:
+    from tests.support.registry import RegistryServer
+
+pytest_plugins = ["tests.support.registry"]  # the registry_* fixtures (imported by pytest only: asserts rewritten)
+
+USERNAME, PASSWORD = "alice", "wonderland"  # who may pull from the fixtures' registries with credentials
+ALICE = Credentials(username=USERNAME, password=PASSWORD)
+
+
+def client(server: RegistryServer | Front, name: str, *, credentials: Credentials | None = None,
+           env: Mapping[str, str] | None = None, https: bool | None = None) -> Registry:
+    ref = parse(f"docker://{server.host}/{name}:latest")
+    return Registry(ref, env=dict(env or {}), credentials=credentials,
+                    https=server.https if https is None else https)
+
+
+def unique_image(**options: Any) -> Image:
+    """busybox plus a layer no other test has (its blob is ours to corrupt, stall or fail)."""
+    return busybox_image(extra=[file("etc/unique", secrets.token_hex(16) + "\n")], **options)
+
+
+def big_layer(size: int = 3 << 20) -> Layer:
+    """An uncompressed layer of `size` random bytes: several reads, worth resuming."""
+    return Layer([file("data/random", secrets.token_bytes(size))], compression="none")
+
+
+def storage_file(server: RegistryServer, digest: str) -> Path:
+    hex_digest = digest.removeprefix("sha256:")
+    return server.storage / f"docker/registry/v2/blobs/sha256/{hex_digest[:2]}/{hex_digest}/data"
+
+
+def failure(action: Callable[[], object]) -> ImageError:
+    with pytest.raises(ImageError) as caught:
+        action()
+    assert "\n" not in caught.value.message
+    return caught.value
+
+
+def fetch(registry: Registry, layer: Layer, target: Path) -> list[int]:
+    """fetch_blob with its progress calls recorded."""
+    calls: list[int] = []
+    registry.fetch_blob(layer.digest, str(target), size=layer.size, progress=calls.append)
+    return calls
+
+
+def assert_blob(target: Path, layer: Layer) -> None:
+    assert target.read_bytes() == layer.data
+    assert not Path(f"{target}.partial").exists()
+    assert target.stat().st_mode & 0o777 == 0o644 & ~current_umask()
+
+
+def current_umask() -> int:
+    """This process's umask, read without changing it (os.umask would, for every thread, for a moment)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Umask:"):
+            return int(line.split()[1], 8)
+    raise AssertionError("no Umask in /proc/self/status")
+
+
+# --- manifests -----------------------------------------------------------------------------------------------------
+
+
+def test_manifest_by_tag_and_by_digest(registry_plain: RegistryServer) -> None:
+    image = unique_image()
+    registry_plain.upload(image, "manifests/by-tag")
+    with client(registry_plain, "manifests/by-tag") as registry:
+        by_tag = registry.manifest("latest")
+        assert (by_tag.media_type, by_tag.digest, by_tag.data) == (OCI_MANIFEST, image.digest, image.data)
+        assert by_tag.body == image.manifest
+        assert not by_tag.is_index
+        assert registry.manifest(image.digest) == by_tag
+        assert registry.head_digest("latest") == image.digest
+
+
+@pytest.mark.parametrize("docker", [False, True], ids=["oci-index", "docker-list"])
+def test_index_then_platform_manifest(registry_plain: RegistryServer, docker: bool) -> None:
+    index = multiarch_index(docker=docker)
+    name = f"manifests/index-{int(docker)}"
+    registry_plain.upload(index, name)
+    with client(registry_plain, name) as registry:
+        top = registry.manifest("latest")
+        assert (top.media_type, top.digest, top.is_index) == (DOCKER_LIST if docker else OCI_INDEX, index.digest, True)
+        assert [entry["digest"] for entry in top.body["manifests"]] == [item.digest for item in index.manifests]
+        child = registry.manifest(top.body["manifests"][1]["digest"])
+        assert child.media_type == (DOCKER_MANIFEST if docker else OCI_MANIFEST)
+        assert child.data == index.manifests[1].data
+
+
+def test_docker_v2_manifest(registry_plain: RegistryServer) -> None:
+    image = unique_image(docker=True)
+    registry_plain.upload(image, "manifests/docker-v2")
+    with client(registry_plain, "manifests/docker-v2") as registry:
+        manifest = registry.manifest("latest")
+        assert (manifest.media_type, manifest.digest) == (DOCKER_MANIFEST, image.digest)
+        config = registry.blob_bytes(manifest.body["config"]["digest"])
+        assert json.loads(config)["rootfs"]["diff_ids"] == [layer.diff_id for layer in image.layers]
+
+
+def without_media_type(index: Index) -> Index:
+    index.manifest.pop("mediaType")
+    index.data = json.dumps(index.manifest).encode()
+    index.digest = sha256(index.data)
+    return index
+
+
+@pytest.mark.parametrize("content_type", [None, "application/json", "text/plain; charset=utf-8", ""])
+def test_manifests_without_media_type(registry_plain: RegistryServer, content_type: str | None) -> None:
+    """OCI lets `mediaType` out: the body says what it is, whatever Content-Type the server sends."""
+    image = unique_image(media_type_field=False)
+    index = without_media_type(multiarch_index(attestations=False))
+    registry_plain.upload(image, "manifests/no-media-type")
+    registry_plain.upload(index, "manifests/no-media-type", tag="index")
+    with Front(registry_plain) as front:
+        if content_type is not None:
+            front.rewrite("/manifests/", {"Content-Type": content_type}, times=100)
+        with client(front, "manifests/no-media-type") as registry:
+            manifest = registry.manifest("latest")
+            assert "mediaType" not in manifest.body
+            assert (manifest.media_type, manifest.digest) == (OCI_MANIFEST, image.digest)
+            top = registry.manifest("index")
+            assert (top.media_type, top.digest, top.is_index) == (OCI_INDEX, index.digest, True)
+
+
+def test_schema1_is_refused_by_name(registry_plain: RegistryServer) -> None:
+    schema1 = json.dumps({"schemaVersion": 1, "name": "old/image", "tag": "latest", "architecture": "amd64",
+                          "fsLayers": [{"blobSum": "sha256:" + "a" * 64}], "history": [], "signatures": []}).encode()
+    with Front(registry_plain) as front:
+        front.answer("/manifests/latest", 200, schema1,
+                     {"Content-Type": "application/vnd.docker.distribution.manifest.v1+prettyjws"})
+        front.answer("/manifests/latest", 200, schema1, {"Content-Type": "application/json"})
+        with client(front, "old/image") as registry:
+            for _ in range(2):
+                message = failure(lambda: registry.manifest("latest")).message
+                assert message == (f"image docker://{front.host}/old/image:latest has a Docker schema 1 manifest, a "
+                                   "format deprecated since 2017 that singpy does not read")
+        assert "application/vnd.docker.distribution.manifest.v2+json" in front.requests[0].headers["accept"]
+        assert "application/vnd.oci.image.index.v1+json" in front.requests[0].headers["accept"]
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b"[1, 2]", "not a JSON object"),
+    (b"{not json", "not JSON"),
+    (b'{"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "config": {}, "layers": []}',
+     "config.mediaType is not a string"),
+    (b'{"schemaVersion": 2, "config": {"mediaType": "x", "digest": "sha256:../../x", "size": 1}, "layers": []}',
+     "config.digest"),
+    (b'{"schemaVersion": 2, "config": {"mediaType": "x", "digest": "sha256:' + b"a" * 64 + b'", "size": -1}, '
+     b'"layers": "everything"}', "config.size is not a non-negative integer"),
+    (b'{"schemaVersion": 2, "config": {"mediaType": "x", "digest": "sha256:' + b"a" * 64 + b'", "size": 1}, '
+     b'"layers": "everything"}', "'layers' is not a list"),
+    (b'{"schemaVersion": 2, "manifests": [{"mediaType": "x", "digest": "sha256:' + b"a" * 64 +
+     b'", "size": true}]}', "manifests[0].size is not a non-negative integer"),
+    (b'{"schemaVersion": 2, "manifests": [{"mediaType": "x", "digest": "sha256:' + b"a" * 64 +
+     b'", "size": 1, "platform": {"architecture": 5}}]}', "manifests[0].platform.architecture is not a string"),
+    (b'{"schemaVersion": "2", "manifests": []}', "schemaVersion is 2, not 2"),
+    (b'{"schemaVersion": 2, "mediaType": "application/vnd.cncf.helm.config.v1+json"}', "is not a container image"),
+])
+def test_malformed_manifests_are_one_error(registry_plain: RegistryServer, body: bytes, words: str) -> None:
+    with Front(registry_plain) as front:
+        front.answer("/manifests/latest", 200, body, {"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
+        with client(front, "bad/manifest") as registry:
+            message = failure(lambda: registry.manifest("latest")).message
+    assert words in message
+    assert f"docker://{front.host}/bad/manifest:latest" in message
+
+
+def test_huge_manifest_is_refused_without_reading_it_all(registry_plain: RegistryServer) -> None:
+    with Front(registry_plain) as front:
+        front.answer("/manifests/latest", 200, b"{" + b" " * (5 << 20) + b"}", {"Content-Type": OCI_MANIFEST})
+        front.answer("/manifests/latest", 200, b"{" + b" " * (5 << 20) + b"}", {"Content-Type": OCI_MANIFEST},
+                     chunked=True)
+        with client(front, "bad/huge") as registry:
+            for _ in range(2):
+                assert "is larger than 4 MiB" in failure(lambda: registry.manifest("latest")).message
+
+
+@pytest.mark.parametrize("raw", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: zz\r\n\r\n{}",
+    b"HTTP/1.1 200 OK\r\n" + b"X-Many: 1\r\n" * 200 + b"\r\n",
+    b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 100000 + b"\r\n\r\n",
+    b"SPAM\r\n\r\n",
+    b"\x00\xff\xfe garbage",
+])
+def test_garbage_responses_are_one_error(registry_plain: RegistryServer, raw: bytes) -> None:
+    with Front(registry_plain) as front:
+        for _ in range(MAX_TRIES):
+            front.raw("/manifests/latest", raw)
+        with client(front, "bad/garbage") as registry:
+            error = failure(lambda: registry.manifest("latest"))
+    assert front.host in error.message
+
+
+def test_unknown_tag_and_repository_name_reference_and_registry(registry_plain: RegistryServer) -> None:
+    registry_plain.upload(unique_image(), "missing/known")
+    with client(registry_plain, "missing/known") as registry:
+        message = failure(lambda: registry.manifest("nope")).message
+        assert message.startswith(f"image docker://{registry_plain.host}/missing/known:nope not found in registry "
+                                  f"{registry_plain.host}")
+        assert isinstance(failure(lambda: registry.manifest("nope")), ImageError)
+        assert not isinstance(failure(lambda: registry.manifest("nope")), Unreachable)
+        digest = "sha256:" + "0" * 64
+        assert failure(lambda: registry.manifest(digest)).message.startswith(
+            f"image docker://{registry_plain.host}/missing/known@{digest} not found in registry")
+        assert failure(lambda: registry.head_digest("nope")).message.startswith(
+            f"image docker://{registry_plain.host}/missing/known:nope not found")
+        assert failure(lambda: registry.blob_bytes(digest)).message.startswith(
+            f"blob {digest} of docker://{registry_plain.host}/missing/known not found in registry")
+    with client(registry_plain, "missing/never-pushed") as registry:
+        assert failure(lambda: registry.manifest("latest")).message.startswith(
+            f"image docker://{registry_plain.host}/missing/never-pushed:latest not found in registry "
+            f"{registry_plain.host}")
+
+
+def test_manifest_digest_is_verified(registry_plain: RegistryServer) -> None:
+    image, other = unique_image(), unique_image()
+    registry_plain.upload(image, "verify/manifest")
+    storage_file(registry_plain, image.digest).write_bytes(other.data)  # what the registry now serves for it
+    with client(registry_plain, "verify/manifest") as registry:
+        by_digest = failure(lambda: registry.manifest(image.digest)).message
+        assert by_digest == (f"digest mismatch for manifest {image.digest} from {registry_plain.host}: it has "
+                             f"{other.digest}")
+        by_tag = failure(lambda: registry.manifest("latest")).message  # the registry's Docker-Content-Digest
+        assert by_tag.startswith(f"digest mismatch for the manifest of image docker://{registry_plain.host}/"
+                                 f"verify/manifest:latest from {registry_plain.host}: the registry says {image.digest}")
+
+
+# --- blobs ---------------------------------------------------------------------------------------------------------
+
+
+def test_blob_download(registry_plain: RegistryServer, tmp_path: Path) -> None:
+    layer = big_layer()
+    image = busybox_image(layers=[layer])
+    registry_plain.upload(image, "blobs/download")
+    with client(registry_plain, "blobs/download") as registry:
+        calls = fetch(registry, layer, tmp_path / "blob")
+        assert_blob(tmp_path / "blob", layer)
+        assert sum(calls) == layer.size and len(calls) >= 3 and all(call > 0 for call in calls)
+        assert registry.blob_bytes(image.config_digest) == image.config_data
+        registry.fetch_blob(layer.digest, str(tmp_path / "unknown-size"), size=None)
+        assert_blob(tmp_path / "unknown-size", layer)
+
+
+def test_blob_digest_mismatch_discards_the_download(registry_plain: RegistryServer, tmp_path: Path) -> None:
+    layer = big_layer(1 << 20)
+    image = busybox_image(layers=[layer])
+    registry_plain.upload(image, "blobs/mismatch")
+    storage = storage_file(registry_plain, layer.digest)
+    storage.write_bytes(secrets.token_bytes(layer.size))  # same size, other bytes
+    storage_file(registry_plain, image.config_digest).write_bytes(b"{}" + b" " * (len(image.config_data) - 2))
+    target = tmp_path / "blob"
+    with client(registry_plain, "blobs/mismatch") as registry:
+        message = failure(lambda: fetch(registry, layer, target)).message
+        assert message == (f"digest mismatch for blob {layer.digest} from {registry_plain.host}: the download was "
+                           "discarded")
+        assert not target.exists() and not Path(f"{target}.partial").exists()
+        assert list(tmp_path.iterdir()) == []
+        message = failure(lambda: registry.blob_bytes(image.config_digest)).message
+        assert message.startswith(f"digest mismatch for blob {image.config_digest} from {registry_plain.host}")
+
+
+def test_a_blob_larger_than_announced_is_cut_short(registry_plain: RegistryServer, tmp_path: Path) -> None:
+    layer = big_layer(1 << 20)
+    registry_plain.upload(busybox_image(layers=[layer]), "blobs/larger")
+    with client(registry_plain, "blobs/larger") as registry:
+        message = failure(lambda: registry.fetch_blob(layer.digest, str(tmp_path / "b"), size=1000)).message
+    assert message.startswith(f"digest mismatch for blob {layer.digest}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_parallel_downloads_share_one_token(registry_token: RegistryServer, tmp_path: Path) -> None:
+    layers = [big_layer(1 << 20) for _ in range(6)]
+    registry_token.upload(busybox_image(layers=layers), "public/parallel")
+    assert registry_token.token_server is not None
+    before = len(registry_token.token_server.requests)
+    errors: list[BaseException] = []
+    with client(registry_token, "public/parallel") as registry:
+        def download(layer: Layer) -> None:
+            try:
+                registry.fetch_blob(layer.digest, str(tmp_path / layer.digest[7:]), size=layer.size)
+            except BaseException as error:  # handed to the test
+                errors.append(error)
+
+        threads = [threading.Thread(target=download, args=(layer,)) for layer in layers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    assert errors == []
+    for layer in layers:
+        assert_blob(tmp_path / layer.digest[7:], layer)
+    asked = registry_token.token_server.requests[before:]
+    assert [(request.user, request.scopes) for request in asked] == [("", ["repository:public/parallel:pull"])]
+
+
+# --- authentication ------------------------------------------------------------------------------------------------
+
+
+def test_basic_auth(registry_basic: RegistryServer, tmp_path: Path) -> None:
+    image = unique_image()
+    registry_basic.upload(image, "basic/image")
+    with client(registry_basic, "basic/image", credentials=ALICE) as registry:
+        assert registry.manifest("latest").digest == image.digest
+        registry.fetch_blob(image.layers[1].digest, str(tmp_path / "blob"), size=image.layers[1].size)
+        assert_blob(tmp_path / "blob", image.layers[1])
+    ref = f"docker://{registry_basic.host}/basic/image:latest"
+    with client(registry_basic, "basic/image", credentials=Credentials(username=USERNAME, password="x")) as registry:
+        error = failure(lambda: registry.manifest("latest"))
+        assert error.message.startswith(f"access to {ref} denied by {registry_basic.host}: the password of "
+                                        f"{USERNAME!r} was refused")
+        assert "--docker-login" in error.message and "SINGPY_DOCKER_USERNAME" in error.message
+    with client(registry_basic, "basic/image") as registry:
+        error = failure(lambda: registry.manifest("latest"))
+        assert error.message.startswith(f"access to {ref} denied by {registry_basic.host}: it needs credentials (")
+        assert "--authfile" in error.message
+
+
+def test_bearer_anonymous_and_with_credentials(registry_token: RegistryServer, tmp_path: Path) -> None:
+    public, private = unique_image(), unique_image()
+    registry_token.upload(public, "public/bearer")
+    registry_token.upload(private, "private/bearer")
+    server = registry_token.token_server
+    assert server is not None
+    before = len(server.requests)
+    with client(registry_token, "public/bearer") as registry:
+        assert registry.head_digest("latest") == public.digest
+        assert registry.manifest("latest").digest == public.digest
+        assert registry.blob_bytes(public.config_digest) == public.config_data
+    with client(registry_token, "private/bearer") as registry:
+        error = failure(lambda: registry.manifest("latest"))
+        assert error.message.startswith(f"access to docker://{registry_token.host}/private/bearer:latest denied by "
+                                        f"{registry_token.host}: an anonymous token does not allow pulling it")
+        assert "--docker-login" in error.message
+    with client(registry_token, "private/bearer", credentials=ALICE) as registry:
+        assert registry.manifest("latest").digest == private.digest
+        registry.fetch_blob(private.layers[1].digest, str(tmp_path / "blob"), size=private.layers[1].size)
+        assert_blob(tmp_path / "blob", private.layers[1])
+    with client(registry_token, "private/bearer", credentials=Credentials(username=USERNAME, password="no")) as r:
+        error = failure(lambda: r.manifest("latest"))
+        assert f"refused the credentials of {USERNAME!r} (" in error.message
+    asked = [(request.scopes, request.status) for request in server.requests[before:]]
+    assert asked == [(["repository:public/bearer:pull"], 200),  # one token for the manifest and the blob
+                     (["repository:private/bearer:pull"], 200),  # granted nothing: the registry says 401
+                     (["repository:private/bearer:pull"], 200),
+                     (["repository:private/bearer:pull"], 401)]
+    assert [request.user for request in server.requests[before:]][:3] == ["", "", USERNAME]
+    assert all(request.headers.get("authorization", "").startswith("Basic ")
+               for request in server.requests[before:][2:])
+
+
+# --- TLS -----------------------------------------------------------------------------------------------------------
+
+
+def test_tls_with_ssl_cert_file(registry_tls: RegistryServer, tmp_path: Path) -> None:
+    image = unique_image()
+    registry_tls.upload(image, "tls/image")
+    assert registry_tls.ca_file is not None
+    with client(registry_tls, "tls/image", env={"SSL_CERT_FILE": registry_tls.ca_file}) as registry:
+        assert registry.manifest("latest").digest == image.digest
+        registry.fetch_blob(image.layers[1].digest, str(tmp_path / "blob"), size=image.layers[1].size)
+        assert_blob(tmp_path / "blob", image.layers[1])
+
+
+def test_tls_with_ssl_cert_dir(registry_tls: RegistryServer, tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    image = unique_image()
+    registry_tls.upload(image, "tls/cert-dir")
+    assert registry_tls.ca_file is not None
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    shutil.copy(registry_tls.ca_file, certs / "ca.pem")
+    subprocess.run(["openssl", "rehash", str(certs)], check=True, capture_output=True)  # OpenSSL's hash names
+    with client(registry_tls, "tls/cert-dir", env={"SSL_CERT_DIR": f"/nonexistent:{certs}"}) as registry:
+        assert registry.manifest("latest").digest == image.digest
+
+
+def test_tls_without_the_ca_fails_naming_the_host(registry_tls: RegistryServer) -> None:
+    with client(registry_tls, "tls/untrusted") as registry:
+        error = failure(lambda: registry.manifest("latest"))
+    assert error.message.startswith(f"can't make a TLS connection to {registry_tls.host}: TLS certificate not trusted")
+    assert "SSL_CERT_FILE" in error.message and "--no-https" in error.message
+
+
+def test_a_missing_ssl_cert_file_is_named(registry_tls: RegistryServer, tmp_path: Path) -> None:
+    with client(registry_tls, "tls/x", env={"SSL_CERT_FILE": str(tmp_path / "none.pem")}) as registry:
+        message = failure(lambda: registry.manifest("latest")).message
+    assert message.startswith(f"can't load the CA certificates of SSL_CERT_FILE from {tmp_path / 'none.pem'}")
+
+
+def test_https_to_a_plain_http_registry_hints_no_https(registry_plain: RegistryServer) -> None:
+    with client(registry_plain, "tls/plain", https=True) as registry:
+        error = failure(lambda: registry.manifest("latest"))
+    assert error.message.startswith(f"can't make a TLS connection to {registry_plain.host}")
+    assert "--no-https" in error.message
+
+
+# --- redirects -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["basic", "token"])
+def test_redirected_blobs_go_without_authorization(registry_redirect: RegistryServer,
+                                                   registry_redirect_token: RegistryServer, tmp_path: Path,
+                                                   kind: str) -> None:
+    server = registry_redirect if kind == "basic" else registry_redirect_token
+    assert server.blob_host is not None
+    image = unique_image()
+    name = "public/redirect" if kind == "token" else "redirect/image"
+    server.upload(image, name)
+    layer = image.layers[1]
+    with client(server, name, credentials=ALICE) as registry:
+        registry.fetch_blob(layer.digest, str(tmp_path / "blob"), size=layer.size)
+        assert_blob(tmp_path / "blob", layer)
+        assert registry.blob_bytes(image.config_digest) == image.config_data
+    for digest in (layer.digest, image.config_digest):
+        requests = server.blob_host.requests_for(digest)
+        assert [(request.authorization, request.status) for request in requests] == [(None, 200)]
+
+
+def test_same_origin_redirects_keep_authorization(registry_basic: RegistryServer, tmp_path: Path) -> None:
+    image = unique_image()
+    registry_basic.upload(image, "redirect/same-origin")
+    layer = image.layers[1]
+    with Front(registry_basic) as front:
+        path = f"/v2/redirect/same-origin/blobs/{layer.digest}"
+        front.answer(path, 307, b"", {"Location": f"{path}?moved=1"})
+        with client(front, "redirect/same-origin", credentials=ALICE) as registry:
+            assert registry.manifest("latest").digest == image.digest  # the 401 and Basic answer happen here
+            registry.fetch_blob(layer.digest, str(tmp_path / "blob"), size=layer.size)
+        blob_requests = [request for request in front.requests if "/blobs/" in request.path]
+        assert [request.path for request in blob_requests] == [path, f"{path}?moved=1"]
+        assert all(request.headers.get("authorization", "").startswith("Basic ") for request in blob_requests)
+    assert_blob(tmp_path / "blob", layer)
+
+
+@pytest.mark.parametrize(("location", "words"), [
+    ("/v2/redirect/loop/blobs/LOOP", "redirected more than 10 times"),
+    ("ftp://127.0.0.1/x", "which is not an http(s) URL"),
+    ("", "sent a redirect without a usable Location"),
+    ("http://[::1", "which is not an http(s) URL"),
+])
+def test_bad_redirects_are_one_error(registry_plain: RegistryServer, tmp_path: Path, location: str,
+                                     words: str) -> None:
+    digest = "sha256:" + "1" * 64
+    with Front(registry_plain) as front:
+        for _ in range(12):
+            front.answer("/blobs/", 302, b"", {"Location": location.replace("LOOP", digest)} if location else {})
+        with client(front, "redirect/loop") as registry:
+            message = failure(lambda: registry.fetch_blob(digest, str(tmp_path / "b"), size=None)).message
+    assert words in message
+    assert not (tmp_path / "b").exists()
+
+
+def test_unwritable_target_is_named(registry_plain: RegistryServer, tmp_path: Path) -> None:
+    with client(registry_plain, "blobs/unwritable") as registry:
+        message = failure(lambda: registry.fetch_blob("sha256:" + "2" * 64, str(tmp_path / "no/blob"),
+                                                      size=None)).message
+    assert message == f"can't write {tmp_path}/no/blob.partial: No such file or directory"
+
+
+@pytest.mark.parametrize("digest", ["sha256:../../../etc/passwd", "md5:" + "0" * 32, "sha256:" + "A" * 64])
+def test_bad_digests_never_reach_a_path(registry_plain: RegistryServer, tmp_path: Path, digest: str) -> None:
+    with client(registry_plain, "blobs/bad-digest") as registry:
+        assert "unsupported digest" in failure(lambda: registry.fetch_blob(digest, str(tmp_path / "b"),
+                                                                           size=None)).message
+        assert "unsupported digest" in failure(lambda: registry.blob_bytes(digest)).message
+        assert "is neither a tag nor a sha256 digest" in failure(lambda: registry.manifest(digest)).message
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- interrupted downloads -----------------------------------------------------------------------------------------
+
+
+def test_cut_download_resumes_with_range(registry_redirect: RegistryServer, tmp_path: Path) -> None:
+    blob_host = registry_redirect.blob_host
+    assert blob_host is not None
+    layer = big_layer()
+    registry_redirect.upload(busybox_image(layers=[layer]), "resume/cut")
+    stall = blob_host.stall(layer.digest, after=1 << 20)
+    target = tmp_path / "blob"
+    calls: list[int] = []
+    errors: list[BaseException] = []
+    with client(registry_redirect, "resume/cut", credentials=ALICE) as registry:
+        def download() -> None:
+            try:
+                registry.fetch_blob(layer.digest, str(target), size=layer.size, progress=calls.append)
+            except BaseException as error:  # handed to the test
+                errors.append(error)
+
+        thread = threading.Thread(target=download)
+        thread.start()
+        assert stall.reached.wait(30)
+        time.sleep(0.2)
+        assert Path(f"{target}.partial").exists()
+        stall.release()  # the server closes the connection with the rest of the blob unsent
+        thread.join(60)
+    assert errors == []
+    assert_blob(target, layer)
+    assert sum(calls) == layer.size
+    ranges = [request.range for request in blob_host.requests_for(layer.digest)]
+    assert ranges == [None, f"bytes={1 << 20}-"]
+
+
+def test_stalled_download_times_out_and_resumes(registry_redirect: RegistryServer, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    blob_host = registry_redirect.blob_host
+    assert blob_host is not None
+    monkeypatch.setattr(transport, "READ_TIMEOUT", 1.0)
+    layer = big_layer(3 << 20)
+    registry_redirect.upload(busybox_image(layers=[layer]), "resume/stalled")
+    # The first 1 MiB read completes; the second waits for bytes that do not come. What it got is lost with
+    # the timeout (a read is all or nothing), so the download resumes after the first MiB.
+    stall = blob_host.stall(layer.digest, after=(1 << 20) + (512 << 10))
+    try:
+        started = time.monotonic()
+        with client(registry_redirect, "resume/stalled", credentials=ALICE) as registry:
+            registry.fetch_blob(layer.digest, str(tmp_path / "blob"), size=layer.size)
+        assert time.monotonic() - started < 20
+    finally:
+        stall.release()
+    assert_blob(tmp_path / "blob", layer)
+    assert [request.range for request in blob_host.requests_for(layer.digest)] == [None, f"bytes={1 << 20}-"]
+
+
+def test_partial_file_from_an_earlier_run_is_resumed(registry_redirect: RegistryServer, tmp_path: Path) -> None:
+    blob_host = registry_redirect.blob_host
+    assert blob_host is not None
+    layer = big_layer()
+    registry_redirect.upload(busybox_image(layers=[layer]), "resume/earlier")
+    target = tmp_path / "blob"
+    Path(f"{target}.partial").write_bytes(layer.data[:1234567])
+    with client(registry_redirect, "resume/earlier", credentials=ALICE) as registry:
+        calls = fetch(registry, layer, target)
+    assert_blob(target, layer)
+    assert calls[0] == 1234567 and sum(calls) == layer.size
+    assert [request.range for request in blob_host.requests_for(layer.digest)] == ["bytes=1234567-"]
+
+
+def test_partial_file_against_the_registry_itself(registry_plain: RegistryServer, tmp_path: Path) -> None:
+    layer = big_layer()
+    registry_plain.upload(busybox_image(layers=[layer]), "resume/plain")
+    target = tmp_path / "blob"
+    Path(f"{target}.partial").write_bytes(layer.data[:(2 << 20) + 17])
+    with Front(registry_plain) as front, client(front, "resume/plain") as registry:
+        fetch(registry, layer, target)
+        assert [request.headers.get("range") for request in front.requests if "/blobs/" in request.path] == \
+            [f"bytes={(2 << 20) + 17}-"]
+    assert_blob(target, layer)
+
+
+def test_wrong_partial_file_is_downloaded_again(registry_redirect: RegistryServer, tmp_path: Path) -> None:
+    blob_host = registry_redirect.blob_host
+    assert blob_host is not None
+    layer = big_layer(1 << 20)
+    registry_redirect.upload(busybox_image(layers=[layer]), "resume/wrong")
+    target = tmp_path / "blob"
+    Path(f"{target}.partial").write_bytes(b"not the start of this blob")
+    with client(registry_redirect, "resume/wrong", credentials=ALICE) as registry:
+        calls = fetch(registry, layer, target)
+    assert_blob(target, layer)
+    assert sum(calls) == layer.size and calls[0] == len(b"not the start of this blob")
+    assert [request.range for request in blob_host.requests_for(layer.digest)] == [
+        f"bytes={len(b'not the start of this blob')}-", None]
+
+
+def test_complete_partial_file_needs_no_request(registry_redirect: RegistryServer, tmp_path: Path) -> None:
+    blob_host = registry_redirect.blob_host
+    assert blob_host is not None
+    layer = big_layer(1 << 20)
+    registry_redirect.upload(busybox_image(layers=[layer]), "resume/complete")
+    target = tmp_path / "blob"
+    Path(f"{target}.partial").write_bytes(layer.data)
+    with client(registry_redirect, "resume/complete", credentials=ALICE) as registry:
+        fetch(registry, layer, target)
+    assert_blob(target, layer)
+    assert blob_host.requests_for(layer.digest) == []
+
+
+def test_server_ignoring_range_restarts_from_zero(registry_plain: RegistryServer, tmp_path: Path) -> None:
+    layer = big_layer(1 << 20)
+    registry_plain.upload(busybox_image(layers=[layer]), "resume/no-range")
+    target = tmp_path / "blob"
+    Path(f"{target}.partial").write_bytes(layer.data[:1000])
+    with Front(registry_plain) as front, client(front, "resume/no-range") as registry:
+        front.drop_range = True
+        calls = fetch(registry, layer, target)
+    assert_blob(target, layer)
+    assert calls[0] == 1000 and -1000 in calls and sum(calls) == layer.size
+
+
+# --- retries -------------------------------------------------------------------------------------------------------
+
+
+def test_blob_503_with_retry_after_is_retried(registry_redirect: RegistryServer, tmp_path: Path) -> None:
+    blob_host = registry_redirect.blob_host
+    assert blob_host is not None
+    layer = big_layer(1 << 20)
+    registry_redirect.upload(busybox_image(layers=[layer]), "retry/blob")
+    blob_host.fail(layer.digest, 503, times=2, headers={"Retry-After": "1"})
+    started = time.monotonic()
+    with client(registry_redirect, "retry/blob", credentials=ALICE) as registry:
+        fetch(registry, layer, tmp_path / "blob")
+    assert time.monotonic() - started >= 2.0
+    assert_blob(tmp_path / "blob", layer)
+    assert [request.status for request in blob_host.requests_for(layer.digest)] == [503, 503, 200]
+
+
+def test_manifest_429_and_5xx_are_retried(registry_plain: RegistryServer) -> None:
+    image = unique_image()
+    registry_plain.upload(image, "retry/manifest")
+    with Front(registry_plain) as front:
+        front.raw("/manifests/latest", b"")  # a connection closed without an answer
+        front.answer("/manifests/latest", 429, b"slow down", {"Retry-After": "1"})
+        front.answer("/manifests/latest", 502, b"", {"Retry-After": "0"})
+        front.answer("/manifests/latest", 500, b"", {"Retry-After": "0"})
+        with client(front, "retry/manifest") as registry:
+            delays: list[float] = []
+
+            def sleep(seconds: float) -> None:
+                delays.append(seconds)
+                time.sleep(seconds)
+
+            registry.sleep = sleep
+            assert registry.manifest("latest").digest == image.digest
+    assert 0.5 <= delays[0] <= 1 and delays[1:] == [1.0, 0.0, 0.0]
+    assert len([request for request in front.requests if "/manifests/" in request.path]) == 5
+
+
+def test_retry_after_is_capped(registry_plain: RegistryServer) -> None:
+    image = unique_image()
+    registry_plain.upload(image, "retry/capped")
+    with Front(registry_plain) as front:
+        front.answer("/manifests/latest", 503, b"", {"Retry-After": "86400"})
+        front.answer("/manifests/latest", 503, b"", {"Retry-After": "Wed, 21 Oct 2099 07:28:00 GMT"})
+        front.answer("/manifests/latest", 503, b"", {"Retry-After": "soon"})
+        with client(front, "retry/capped") as registry:
+            delays: list[float] = []
+            registry.sleep = delays.append  # recorded, not slept: the cap is what is tested
+            assert registry.manifest("latest").digest == image.digest
+    assert delays[:2] == [60.0, 60.0]
+    assert 2.0 <= delays[2] <= 2.5  # unreadable: the third try's own backoff
+
+
+def test_retries_end(registry_plain: RegistryServer) -> None:
+    with Front(registry_plain) as front:
+        for _ in range(MAX_TRIES):
+            front.answer("/manifests/latest", 503, b'{"errors": [{"code": "UNAVAILABLE", "message": "down"}]}',
+                         {"Retry-After": "0"})
+        with client(front, "retry/ends") as registry:
+            error = failure(lambda: registry.manifest("latest"))
+    assert isinstance(error, Unreachable)
+    assert error.message.startswith(f"registry {front.host} answered HTTP 503")
+    assert "UNAVAILABLE: down" in error.message
+    assert len([request for request in front.requests if "/manifests/" in request.path]) == MAX_TRIES
+
+
+# --- unreachable ---------------------------------------------------------------------------------------------------
+
+
+def test_unreachable_registry_is_named() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nobody listens there once the probe is closed
+    registry = Registry(parse(f"docker://127.0.0.1:{port}/x/y"), env={}, credentials=None, https=False)
+    started = time.monotonic()
+    error = failure(lambda: registry.manifest("latest"))
+    assert isinstance(error, Unreachable)
+    assert error.message == f"can't reach registry 127.0.0.1:{port}: connection refused"
+    assert time.monotonic() - started < 5
+
+
+def test_unknown_host_is_named() -> None:
+    registry = Registry(parse("docker://registry.nonexistent.invalid/x/y"), env={}, credentials=None)
+    error = failure(lambda: registry.manifest("latest"))  # .invalid never resolves (RFC 6761)
+    assert isinstance(error, Unreachable)
+    assert error.message.startswith("can't reach registry registry.nonexistent.invalid: ")
+
+
+# --- proxies -------------------------------------------------------------------------------------------------------
+
+
+def test_http_proxy_and_no_proxy(registry_plain: RegistryServer) -> None:
+    image = unique_image()
+    registry_plain.upload(image, "proxy/plain")
+    with ForwardProxy() as proxy:
+        env = {"http_proxy": f"http://user:pw@{proxy.host}"}
+        with client(registry_plain, "proxy/plain", env=env) as registry:
+            assert registry.manifest("latest").digest == image.digest
+        assert proxy.lines == [f"GET http://{registry_plain.host}/v2/proxy/plain/manifests/latest HTTP/1.1"]
+        assert proxy.authorizations == ["Basic dXNlcjpwdw=="]
+        for no_proxy in ("127.0.0.1", "localhost,127.0.0.0/8", "*", f"x.org, 127.0.0.1:{registry_plain.port}"):
+            with client(registry_plain, "proxy/plain", env={**env, "no_proxy": no_proxy}) as registry:
+                assert registry.manifest("latest").digest == image.digest
+        assert len(proxy.lines) == 1
+
+
+def test_https_proxy_tunnels(registry_tls: RegistryServer) -> None:
+    image = unique_image()
+    registry_tls.upload(image, "proxy/tls")
+    assert registry_tls.ca_file is not None
+    with ForwardProxy() as proxy:
+        env = {"HTTPS_PROXY": proxy.host, "SSL_CERT_FILE": registry_tls.ca_file, "http_proxy": "http://unused:1"}
+        with client(registry_tls, "proxy/tls", env=env) as registry:
+            assert registry.manifest("latest").digest == image.digest
+            assert registry.blob_bytes(image.config_digest) == image.config_data
+    assert [line.rpartition(" ")[0] for line in proxy.lines] == [f"CONNECT {registry_tls.host}"]  # one, kept alive
+
+
+def test_unreachable_proxy_is_named(registry_plain: RegistryServer) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with client(registry_plain, "proxy/none", env={"http_proxy": f"http://127.0.0.1:{port}"}) as registry:
+        message = failure(lambda: registry.manifest("latest")).message
+    assert message.startswith(f"can't reach registry {registry_plain.host}")
+
+
+@pytest.mark.parametrize(("host", "port", "no_proxy", "bypass"), [
+    ("registry.example.com", 443, "example.com", True),
+    ("registry.example.com", 443, ".example.com", True),
+    ("registry.example.com", 443, "*.example.com", True),
+    ("example.com", 443, ".example.com", True),
+    ("badexample.com", 443, "example.com", False),
+    ("registry.example.com", 443, "other.org, example.com ", True),
+    ("registry.example.com", 443, "example.com:5000", False),
+    ("registry.example.com", 5000, "example.com:5000", True),
+    ("10.1.2.3", 443, "10.0.0.0/8", True),
+    ("10.1.2.3", 443, "10.1.2.3", True),
+    ("11.1.2.3", 443, "10.0.0.0/8", False),
+    ("::1", 443, "::1", True),
+    ("::1", 5000, "[::1]:5000", True),
+    ("host", 80, "*", True),
+    ("host", 80, "", False),
+    ("HOST.Example.COM", 80, "example.com", True),
+])
+def test_no_proxy_matching(host: str, port: int, no_proxy: str, bypass: bool) -> None:
+    assert bypasses_proxy(host, port, no_proxy) is bypass
+
+
+# --- servers of this module ----------------------------------------------------------------------------------------
+
+
+class Seen:
+    """A request a server of this module received."""
+
+    def __init__(self, method: str, path: str, headers: dict[str, str]) -> None:
+        self.method, self.path, self.headers = method, path, headers
+
+
+class _Threaded(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    owner: Any = None
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet: a client that hangs up on a huge or garbage answer is what some tests do on purpose."""
+
+
+class Front:
+    """A reverse proxy before `upstream` that misbehaves on request (rules used in order, each once)."""
+
+    def __init__(self, upstream: RegistryServer) -> None:
+        self.upstream = upstream
+        self.https = False
+        self.requests: list[Seen] = []
+        self.drop_range = False  # forward blob requests without their Range header (a server without ranges)
+        self._rules: list[tuple[str, str, Any]] = []
+        self._lock = threading.Lock()
+        self._server = _Threaded(("127.0.0.1", 0), _FrontHandler)
+        self._server.owner = self
+        self.port = self._server.server_address[1]
+        self.host = f"127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    def __enter__(self) -> Front:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+    def answer(self, path_part: str, status: int, body: bytes, headers: Mapping[str, str],
+               *, chunked: bool = False) -> None:
+        with self._lock:
+            self._rules.append((path_part, "answer", (status, body, dict(headers), chunked)))
+
+    def raw(self, path_part: str, data: bytes) -> None:
+        with self._lock:
+            self._rules.append((path_part, "raw", data))
+
+    def rewrite(self, path_part: str, headers: Mapping[str, str], *, times: int = 1) -> None:
+        with self._lock:
+            self._rules.extend([(path_part, "rewrite", dict(headers))] * times)
+
+    def take(self, path: str) -> tuple[str, Any] | None:
+        with self._lock:
+            for position, (part, kind, value) in enumerate(self._rules):
+                if part in path:
+                    del self._rules[position]
+                    return kind, value
+            return None
+
+    def record(self, seen: Seen) -> None:
+        with self._lock:
+            self.requests.append(seen)
+
+
+class _FrontHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Threaded
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_HEAD(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        front: Front = self.server.owner
+        headers = {key.lower(): value for key, value in self.headers.items()}
+        front.record(Seen(self.command, self.path, headers))
+        rule = front.take(self.path)
+        if rule is not None and rule[0] == "raw":
+            self.wfile.write(rule[1])
+            self.close_connection = True
+            return
+        if rule is not None and rule[0] == "answer":
+            status, body, extra, chunked = rule[1]
+            self.send_response(status)
+            for key, value in extra.items():
+                self.send_header(key, value)
+            if chunked:
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for start in range(0, len(body), 65536):
+                    piece = body[start:start + 65536]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+            return
+        self._forward(front, headers, rule[1] if rule is not None else {})
+
+    def _forward(self, front: Front, headers: dict[str, str], rewrite: dict[str, str]) -> None:
+        upstream = http.client.HTTPConnection("127.0.0.1", front.upstream.port, timeout=60)
+        sent = {key: value for key, value in headers.items() if key not in ("host", "connection")}
+        if front.drop_range and "/blobs/" in self.path:
+            sent.pop("range", None)
+        upstream.request(self.command, self.path, headers=sent)
+        answer = upstream.getresponse()
+        body = answer.read()
+        upstream.close()
+        self.send_response(answer.status)
+        replaced = {key.lower() for key in rewrite}
+        for key, value in answer.getheaders():
+            if key.lower() not in replaced | {"content-length", "connection", "transfer-encoding"}:
+                self.send_header(key, value)
+        for key, value in rewrite.items():
+            if value:
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+
+class ForwardProxy:
+    """An HTTP proxy: CONNECT tunnels and absolute-URL requests; records request lines and Proxy-Authorization."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.authorizations: list[str] = []
+        self._server = _Threaded(("127.0.0.1", 0), _ProxyHandler)
+        self._server.owner = self
+        self.host = f"127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    def __enter__(self) -> ForwardProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Threaded
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+    def _note(self) -> None:
+        proxy: ForwardProxy = self.server.owner
+        proxy.lines.append(self.requestline)
+        if self.headers.get("Proxy-Authorization"):
+            proxy.authorizations.append(self.headers["Proxy-Authorization"])
+
+    def do_CONNECT(self) -> None:
+        self._note()
+        host, _, port = self.path.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=30) as upstream:
+            self.send_response(200, "Connection established")
+            self.end_headers()
+            self.wfile.flush()
+            _relay(self.connection, upstream)
+        self.close_connection = True
+
+    def do_GET(self) -> None:
+        self._note()
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.path)
+        upstream = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=60)
+        sent = {key: value for key, value in self.headers.items()
+                if key.lower() not in ("proxy-authorization", "connection", "host")}
+        upstream.request("GET", parts.path + (f"?{parts.query}" if parts.query else ""), headers=sent)
+        answer = upstream.getresponse()
+        body = answer.read()
+        upstream.close()
+        self.send_response(answer.status)
+        for key, value in answer.getheaders():
+            if key.lower() not in ("content-length", "connection", "transfer-encoding"):
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def _relay(client_side: socket.socket, upstream: socket.socket) -> None:
+    """Copy bytes both ways until either side closes."""
+    sockets = [client_side, upstream]
+    while True:
+        readable, _, _ = select.select(sockets, [], [], 30)
+        if not readable:
+            return
+        for sock in readable:
+            try:
+                data = sock.recv(65536)
+                if not data:
+                    return
+                (upstream if sock is client_side else client_side).sendall(data)
+            except OSError:
+                return
