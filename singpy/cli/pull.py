@@ -9,6 +9,8 @@ ARCH = typer.Option("", "--arch", help="the platform to pull from a multi-archit
 DOCKER_LOGIN = typer.Option(False, "--docker-login", help="ask for the registry's username and password")
 AUTHFILE = typer.Option("", "--authfile", help="registry credentials in docker's config.json format",
                         metavar="FILE")
+WORDS = typer.Argument(..., metavar="[OUT.sif] REF", show_default=False,
+                       help="the file to write (default: NAME_TAG.sif), then the image")
 NO_HTTPS = typer.Option(False, "--no-https", help="talk to the registry over plain HTTP (a local registry)")
 
 
@@ -25,8 +27,7 @@ def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool) -
 
 
 def pull_command(
-    words: list[str] = typer.Argument(..., metavar="[OUT.sif] REF", show_default=False,
-                                      help="the file to write (default: NAME_TAG.sif), then the image"),
+    words: list[str] = WORDS,
     force: bool = typer.Option(False, "--force", "-F", help="overwrite OUT.sif if it exists"),
     arch: str = ARCH,
     docker_login: bool = DOCKER_LOGIN,
@@ -37,9 +38,8 @@ def pull_command(
     import os
 
     from singpy import console, host
-    from singpy.oci.pull import pull
-
     from singpy.errors import UsageError
+    from singpy.oci.pull import pull
 
     if len(words) > 2:
         raise UsageError(f"singpy pull takes [OUT.sif] REF, not {len(words)} arguments",

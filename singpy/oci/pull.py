@@ -290,7 +290,7 @@ def _assemble(resolved: Resolved, tree: str, location: str, *, ownership: Any) -
         for number, descriptor in enumerate(descriptors, 1):
             digest = descriptor["digest"]
             with blobs.open(digest) as stream:
-                steps.step(f"Extracting layer {number}/{len(descriptors)} ({digest[:19]})")
+                steps.extracting(number, len(descriptors), digest)
                 what = f"layer {digest} of {resolved.reference}"
                 layers.apply_layer(tree, layers.open_layer(stream, source=what), ownership=ownership, source=what)
     written = convert.install(tree, config, _labels(resolved, config), deffile=_deffile(resolved.reference))
@@ -444,15 +444,21 @@ class Steps:
     def __init__(self, title: str) -> None:
         self.title = title
         self.bar: Any = None
-        self.lock = threading.Lock()
+        self.layers: Any = None  # the bar's task counting the layers applied
 
     def __enter__(self) -> Steps:
         if tools.show_progress():
             from rich.console import Console
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+            from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                TransferSpeedColumn(), console=Console(stderr=True), transient=True)
+            sizes, counts = DownloadColumn(), MofNCompleteColumn()
+
+            class Amount(TextColumn):  # bytes for a download, "2/5" for the layers
+                def render(self, task: Any) -> Any:
+                    return (counts if task.fields.get("counted") else sizes).render(task)
+
+            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), Amount(""),
+                                console=Console(stderr=True), transient=True)
             self.bar.start()
         console.info(self.title)
         return self
@@ -466,6 +472,15 @@ class Steps:
             self.bar.console.print(message, highlight=False)
         else:
             console.info(message)
+
+    def extracting(self, number: int, total: int, digest: str) -> None:
+        """Layer `number` of `total` is being applied: a bar on a terminal, a line elsewhere."""
+        if self.bar is None:
+            console.info(f"Extracting layer {number}/{total} ({digest[:19]})")
+            return
+        if self.layers is None:
+            self.layers = self.bar.add_task("Extracting layers", total=total, counted=True)
+        self.bar.update(self.layers, completed=number - 1, description=f"Extracting layer {number}/{total}")
 
     def transfer(self, description: str, total: int | None) -> Callable[[int], None] | None:
         """A callback for each chunk's byte count (several threads call theirs at once)."""
