@@ -65,6 +65,9 @@ DELTA_TARGETS = (("sif-fuse", "SIF mounted with squashfuse"), ("sif-cache", "SIF
 # How singpy must open the SIF of each SIF row; any other way is flagged "but: ..." in the report.
 EXPECTED_IMAGE_MODE = {"sif-fuse": "fuse", "sif-cache": "extract"}
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"  # PATH of the commands; the simulated GPU host puts its tools first
+# The section benchmarks/pull.py writes into docs/performance.md lies between these markers: kept when this
+# script rewrites the file.
+KEPT_SECTION = ("<!-- benchmarks/pull.py: begin -->", "<!-- benchmarks/pull.py: end -->")
 
 
 class Row:
@@ -738,7 +741,10 @@ def results_document(run: RunInfo, rows: list[Row], targets: list[Target], impor
 
 def write_results(run: RunInfo, report: str, document: ResultsDocument) -> None:
     (REPO / "docs").mkdir(exist_ok=True)
-    (REPO / "docs" / "performance.md").write_text(report)
+    doc = REPO / "docs" / "performance.md"
+    old = doc.read_text() if doc.exists() else ""
+    begin, end = old.find(KEPT_SECTION[0]), old.find(KEPT_SECTION[1])
+    doc.write_text(report + ("\n" + old[begin:end + len(KEPT_SECTION[1])] + "\n" if 0 <= begin < end else ""))
     results = REPO / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
     out = results / f"{run.now.strftime('%Y-%m-%d')}-{run.commit}{'-dirty' if run.dirty else ''}.json"

@@ -35,6 +35,9 @@ from tests.support.images import build_busybox_rootfs
 from tests.support.leftovers import descendants, watch_tmpdir
 from tests.support.users import can_reach, ensure_test_user, is_root
 
+# The registry_* fixtures (tests.support.registry), each registry started once per session for all modules.
+pytest_plugins = ["tests.support.registry"]
+
 SINGPY = str(Path(sys.executable).parent / "singpy")
 _SESSION: dict[str, Path] = {}
 _STARTED: list[subprocess.Popen[str]] = []  # singpy processes started by the current test (see _end_what_we_started)

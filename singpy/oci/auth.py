@@ -27,7 +27,6 @@ makes one thread fetch a token while the others wait for it.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import threading
 import time
@@ -168,6 +167,8 @@ def _from_config(path: str, registry: str, env: Mapping[str, str]) -> Credential
 
 
 def _read_config(path: str) -> dict[str, object]:
+    import json  # here: a cached image's HEAD request reads no JSON
+
     from singpy.hostfiles import read_text, shown
 
     text = read_text(path, what="credentials file", error=ImageError, limit=_CONFIG_LIMIT)
@@ -227,6 +228,8 @@ def _from_helper(helper: str, registry: str, env: Mapping[str, str]) -> Credenti
         said = done.stdout.decode(errors="replace").strip() or done.stderr.decode(errors="replace").strip()
         console.verbose(f"credential helper {program} has nothing for {server}: {said[:200]}")
         return None
+    import json
+
     try:
         answer = json.loads(done.stdout)
     except ValueError:
@@ -415,6 +418,8 @@ class Authenticator:
 
 
 def _token_of(data: bytes) -> tuple[str | None, int]:
+    import json
+
     try:
         answer = json.loads(data)
     except ValueError:

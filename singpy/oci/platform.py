@@ -24,10 +24,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 from singpy.errors import ImageError
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 # GOARCH names of the platforms Apptainer knows ([2], plus mips64le as in singpy.constants.ARCHES).
 ARCHITECTURES = ("amd64", "arm64", "arm", "386", "ppc64le", "s390x", "riscv64", "mips64le", "loong64")

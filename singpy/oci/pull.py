@@ -14,10 +14,8 @@ unchanged one costs one HEAD request; a reference by digest, none.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, BinaryIO, Protocol
 
 from singpy import __version__, console
 from singpy.errors import ImageError
@@ -25,6 +23,18 @@ from singpy.image import cache, tools
 from singpy.oci import store
 from singpy.oci.ref import Reference, parse
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time (a cached image starts fast)
+if TYPE_CHECKING:
+    import threading
+    from typing import Any, BinaryIO, Protocol
+
+    class Source(Protocol):
+        """A registry (singpy.oci.registry.Registry) or a local layout/archive (singpy.oci.local.LocalSource)."""
+
+        def manifest(self, reference: str | None) -> Any: ...
+
+        def blob_bytes(self, digest: str, limit: int = ...) -> bytes: ...
 
 MAX_DOWNLOADS = 4  # layers fetched at once: enough to fill a link, few enough for a registry's limits
 # gzip at level 6: the same size as level 9 (mksquashfs's default) on the images measured, at 2.6x the speed
@@ -40,14 +50,6 @@ class PullOptions(Record):
     https: bool = True
     authfile: str = ""
     login: bool = False
-
-
-class Source(Protocol):
-    """A registry (singpy.oci.registry.Registry) or a local layout/archive (singpy.oci.local.LocalSource)."""
-
-    def manifest(self, reference: str | None) -> Any: ...
-
-    def blob_bytes(self, digest: str, limit: int = ...) -> bytes: ...
 
 
 class Resolved(Record):
@@ -385,6 +387,8 @@ class _Blobs:
         self.source = source
         self.location = location
         self.steps = steps
+        import threading
+
         self.remote = hasattr(source, "fetch_blob")
         self.done: dict[str, threading.Event] = {}
         self.errors: dict[str, BaseException] = {}

@@ -32,20 +32,21 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import http.client
-import json
 import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from singpy.errors import ImageError
 from singpy.oci.auth import LOGIN_HINT, Authenticator, AuthFailure, Credentials, parse_challenges
 from singpy.oci.ref import Reference, valid_digest, valid_tag
 from singpy.oci.transport import Origin, Transport, TransportError
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
+if TYPE_CHECKING:
+    from typing import Any
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -67,7 +68,17 @@ MAX_REDIRECTS = 10
 _RETRY_STATUSES = frozenset((429, 500, 502, 503, 504))
 _REDIRECT_STATUSES = frozenset((301, 302, 303, 307, 308))
 _ERROR_BODY_LIMIT = 1 << 16  # bytes of an error response read for its message
-_HASHES = {"sha256": hashlib.sha256, "sha512": hashlib.sha512}
+def _hasher(algorithm: str) -> Any:
+    """A new hash object (hashlib is imported when a digest is computed: not for a HEAD request)."""
+    import hashlib
+
+    return hashlib.new(algorithm)
+
+
+def _hex(algorithm: str, data: bytes) -> str:
+    hasher = _hasher(algorithm)
+    hasher.update(data)
+    return str(hasher.hexdigest())
 _ROOM_HINT = "set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a directory on a filesystem with room"
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
 
@@ -146,12 +157,14 @@ class Registry:
     def _verified_manifest(self, reference: str, data: bytes, content_type: str, sent_digest: str) -> Manifest:
         image = self._image(reference)
         algorithm = reference.partition(":")[0] if valid_digest(reference) else "sha256"
-        digest = f"{algorithm}:{_HASHES[algorithm](data).hexdigest()}"
+        digest = f"{algorithm}:{_hex(algorithm, data)}"
         if valid_digest(reference) and digest != reference:
             raise ImageError(f"digest mismatch for manifest {reference} from {self.host}: it has {digest}")
         if valid_digest(sent_digest) and sent_digest.partition(":")[0] == algorithm and sent_digest != digest:
             raise ImageError(f"digest mismatch for the manifest of {image} from {self.host}: the registry says "
                              f"{sent_digest}, the content has {digest}")
+        import json  # here: not on the path of a HEAD request
+
         try:
             body = json.loads(data)
         except ValueError as error:
@@ -176,7 +189,7 @@ class Registry:
         self._check_digest(digest)
         data, _, source = self._get_small(self._blob_path(digest), {}, what=self._blob(digest), limit=limit)
         algorithm, _, expected = digest.partition(":")
-        if _HASHES[algorithm](data).hexdigest() != expected:
+        if _hex(algorithm, data) != expected:
             raise ImageError(f"digest mismatch for blob {digest} from {source}: the download was discarded")
         return data
 
@@ -427,7 +440,7 @@ class _Download:
         self.partial = partial
         self.size = size
         self.progress = progress or _ignore
-        self.hasher = _HASHES[self.algorithm]()
+        self.hasher = _hasher(self.algorithm)
         self.held = 0  # bytes in the file, all hashed
         self.source = registry.host  # who sent the bytes (named in a mismatch)
         self.fresh = True  # every byte held came from this download (no partial file of an earlier run)
@@ -543,13 +556,13 @@ class _Download:
         self.progress(self.held)
 
     def _verified(self) -> bool:
-        return self.hasher.copy().hexdigest() == self.expected
+        return bool(self.hasher.copy().hexdigest() == self.expected)
 
     def _restart(self) -> None:
         os.ftruncate(self.fd, 0)
         self.progress(-self.held)
         self.held = 0
-        self.hasher = _HASHES[self.algorithm]()
+        self.hasher = _hasher(self.algorithm)
 
     def _mismatch(self) -> None:
         _remove(self.partial)
@@ -612,6 +625,8 @@ def _error_codes(body: bytes) -> set[str]:
 
 
 def _errors(body: bytes) -> list[dict[str, Any]]:
+    import json  # here: not on the path of a HEAD request
+
     try:
         parsed = json.loads(body) if body else None
     except ValueError:

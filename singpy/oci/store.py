@@ -19,30 +19,32 @@ that the next conversion of the same image removes, or `cache clean` does.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import os
-import re
-import time
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 from singpy import console
 from singpy.errors import ImageError
 from singpy.image import cache
 
+TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time (a cached image starts fast)
+if TYPE_CHECKING:
+    from typing import Any
+
 BLOBS, SIFS, REFS, WORK = "blobs/sha256", "sif", "refs", "tmp"
 TMPDIR_VARIABLES = ("SINGPY_TMPDIR", "APPTAINER_TMPDIR", "SINGULARITY_TMPDIR")
-_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
-_HEX = re.compile(r"[0-9a-f]{64}")
+_HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def hex_of(digest: str) -> str:
     """The hex part of a sha256 digest, checked: digests come from the network and name files."""
-    match = _DIGEST.fullmatch(digest)
-    if match is None:
+    if not (digest.startswith("sha256:") and is_hex(digest[7:])):
         raise ImageError(f"unsupported digest {digest[:80]!r}: singpy stores sha256 digests only")
-    return match.group(1)
+    return digest[7:]
+
+
+def is_hex(text: str) -> bool:
+    """Whether `text` is the 64 lower-case hex digits of a sha256 digest."""
+    return len(text) == 64 and _HEX_DIGITS.issuperset(text)
 
 
 def ensure(location: str, sub: str) -> str:
@@ -76,6 +78,8 @@ def locked(path: str, *, waiting_for: str) -> Iterator[None]:
 
 def write_record(path: str, record: Mapping[str, Any]) -> None:
     """A small JSON file, written whole or not at all."""
+    import json
+
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         with open(tmp, "w") as handle:
@@ -89,6 +93,8 @@ def write_record(path: str, record: Mapping[str, Any]) -> None:
 
 def read_record(path: str) -> dict[str, Any]:
     """What `write_record` wrote, or {} (the cache is the user's: anything may be there)."""
+    import json
+
     from singpy.errors import SingpyError
     from singpy.hostfiles import read_text
 
@@ -99,25 +105,50 @@ def read_record(path: str) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _ref_key(reference: str, platform: str) -> str:
-    return hashlib.sha256(f"{reference} {platform}".encode()).hexdigest()
+def _ref_path(location: str, reference: str, platform: str) -> str:
+    """refs/NAME for a reference and platform: the text made safe as one file name (readable in `ls`)."""
+    text = f"{reference} {platform}"
+    safe = "".join(char if char.isascii() and (char.isalnum() or char in "._-") else f"%{ord(char):02x}"
+                   for char in text)
+    return f"{location}/{REFS}/{safe[:240]}"
 
 
 def remember(location: str, reference: str, platform: str, *, top: str, digest: str) -> None:
-    """Record that `reference` for `platform` resolved to the manifest `digest` (through `top`)."""
+    """Record that `reference` for `platform` resolved to the manifest `digest` (through `top`).
+
+    Two digests on one line: read on every run of a cached image, without a JSON parser.
+    """
     ensure(location, REFS)
-    write_record(f"{location}/{REFS}/{_ref_key(reference, platform)}.json",
-                 {"reference": reference, "platform": platform, "top": top, "digest": digest,
-                  "time": int(time.time())})
+    path = _ref_path(location, reference, platform)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(f"{top} {digest}\n")
+        os.replace(tmp, path)
+    except OSError as error:  # the image runs anyway; the next run asks the registry again
+        console.debug(f"can't write {path}: {error.strerror}")
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def recall(location: str, reference: str, platform: str) -> dict[str, str]:
     """What `remember` recorded for this reference and platform ({} if nothing usable)."""
-    record = read_record(f"{location}/{REFS}/{_ref_key(reference, platform)}.json")
-    fields = {key: record.get(key) for key in ("top", "digest")}
-    if not all(isinstance(value, str) and _DIGEST.fullmatch(value) for value in fields.values()):
+    import stat
+
+    try:  # non-blocking, no link followed, regular files only: a FIFO put there must not hang a run
+        fd = os.open(_ref_path(location, reference, platform),
+                     os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
         return {}
-    return {key: str(value) for key, value in fields.items()}
+    try:
+        words = os.read(fd, 200).decode("ascii", "replace").split() if stat.S_ISREG(os.fstat(fd).st_mode) else []
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    if len(words) != 2 or not all(word.startswith("sha256:") and is_hex(word[7:]) for word in words):
+        return {}
+    return {"top": words[0], "digest": words[1]}
 
 
 def work_dir(location: str, env: Mapping[str, str], *, purpose: str) -> str:
@@ -182,7 +213,7 @@ def pulled_images(location: str) -> list[tuple[str, dict[str, Any]]]:
         return []
     for name in names:
         hex_digest = name.removesuffix(".sif")
-        if not name.endswith(".sif") or not _HEX.fullmatch(hex_digest):
+        if not name.endswith(".sif") or not is_hex(hex_digest):
             continue
         try:
             size = os.lstat(f"{location}/{SIFS}/{name}").st_blocks * 512
@@ -238,7 +269,7 @@ def remove_blobs(location: str) -> int:
         names = []
     for name in names:
         hex_digest = name.split(".")[0]
-        if name.startswith(".") or not _HEX.fullmatch(hex_digest):
+        if name.startswith(".") or not is_hex(hex_digest):
             continue
         fd = cache.lock_file(f"{directory}/.{hex_digest}.lock", wait=None)
         if fd is None:

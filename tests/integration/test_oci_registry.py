@@ -42,7 +42,6 @@ from tests.support.oci import Image, Index, Layer, busybox_image, file, multiarc
 if TYPE_CHECKING:
     from tests.support.registry import RegistryServer
 
-pytest_plugins = ["tests.support.registry"]  # the registry_* fixtures (imported by pytest only: asserts rewritten)
 
 USERNAME, PASSWORD = "alice", "wonderland"  # who may pull from the fixtures' registries with credentials
 ALICE = Credentials(username=USERNAME, password=PASSWORD)

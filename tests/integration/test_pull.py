@@ -38,13 +38,8 @@ from tests.support.oci import (
     write_layout,
     write_oci_archive,
 )
-from tests.support.registry import (  # noqa: F401  (pytest fixtures)
+from tests.support.registry import (
     RegistryServer,
-    fixture_registry_basic,
-    fixture_registry_plain,
-    fixture_registry_redirect,
-    fixture_registry_tls,
-    fixture_registry_token,
     start_registry,
 )
 from tests.support.sifs import new_cache

@@ -44,16 +44,10 @@ from tests.support.oci import (
     write_layout,
     write_oci_archive,
 )
-from tests.support.registry import (  # noqa: F401  (fixture_*: pytest fixtures named without the prefix)
+from tests.support.registry import (
     PASSWORD,
     USERNAME,
     RegistryServer,
-    fixture_registry_basic,
-    fixture_registry_plain,
-    fixture_registry_redirect,
-    fixture_registry_redirect_token,
-    fixture_registry_tls,
-    fixture_registry_token,
     start_registry,
 )
 

@@ -7,20 +7,19 @@ server, blob host) are Python http.servers on threads of this process, on ports 
 global is touched: no system service, no fixed port, skopeo runs with a HOME/TMPDIR/auth file of the
 registry's own directory. Two copies of the suite can run at once.
 
-USING THE FIXTURES. Import the fixture functions a test module takes: each is named fixture_NAME and
-registered by pytest under NAME (so the test's parameter does not shadow the import)::
+USING THE FIXTURES. tests/conftest.py loads this module as a pytest plugin (`pytest_plugins`), so every
+test can take the fixtures by name (each is defined as fixture_NAME and registered under NAME)::
 
     from tests.support.oci import busybox_image, write_layout
-    from tests.support.registry import RegistryServer, fixture_registry_plain  # noqa: F401  (pytest fixture)
+    from tests.support.registry import RegistryServer
 
     def test_pull(registry_plain: RegistryServer, tmp_path: Path) -> None:
         layout = write_layout(tmp_path / "layout", {"latest": busybox_image()})
         digest = registry_plain.push(layout, "pull/basic-1")       # -> "sha256:..." of the manifest
         ... singpy pull --no-https registry_plain.ref("pull/basic-1") ...
 
-Or, instead (not both: each way would start its own registries), one line in tests/conftest.py makes every
-fixture here visible to every test: `pytest_plugins = ["tests.support.registry"]` (in a test module that also
-imports this module, pytest_plugins warns "Module already imported so cannot be rewritten").
+Do not also import the fixture_* functions into a test module: pytest would register a second copy there,
+and that module would start registries of its own.
 Each fixture needs only conftest's `workdir`. All are session-scoped: each kind of registry starts once per
 session, on first use (~0.1 s; ~0.4 s with TLS or a token server, whose keys are made then). Tests stay
 independent by using repository names of their own (e.g. "<module>/<test>"). Their directories live in
