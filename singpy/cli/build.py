@@ -30,7 +30,7 @@ def build_command(
         from singpy.oci.pull import build_from
 
         options = pull_options(arch, docker_login, authfile, no_https)
-        console.info(build_from(source, target, options, os.environ, host.capture().home,  # type: ignore[arg-type]
+        console.info(build_from(source, target, options, os.environ, host.capture().home,
                                 sandbox=sandbox, force=force))
         return
     from singpy.image.builder import build

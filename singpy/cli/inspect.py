@@ -47,7 +47,7 @@ def inspect_command(
         from singpy.oci.pull import cached_image
 
         options = pull_options("", docker_login, authfile, no_https)
-        image = cached_image(image, options, os.environ, host.capture().home)  # type: ignore[arg-type]
+        image = cached_image(image, options, os.environ, host.capture().home)
     spec = classify(image)
     chosen = {"labels": labels, "deffile": deffile, "runscript": runscript, "startscript": startscript,
               "test": test, "helpfile": helpfile, "environment": environment}

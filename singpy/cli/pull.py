@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import typer
 
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from singpy.oci.pull import PullOptions
+
 ARCH = typer.Option("", "--arch", help="the platform to pull from a multi-architecture image (amd64, arm64, "
                     "arm64/v8, linux/arm/v7...; default: this host's)", metavar="ARCH")
 DOCKER_LOGIN = typer.Option(False, "--docker-login", help="ask for the registry's username and password")
@@ -14,7 +18,7 @@ WORDS = typer.Argument(..., metavar="[OUT.sif] REF", show_default=False,
 NO_HTTPS = typer.Option(False, "--no-https", help="talk to the registry over plain HTTP (a local registry)")
 
 
-def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool) -> object:
+def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool) -> PullOptions:
     """The PullOptions of these flags, the environment's spellings (APPTAINER_AUTHFILE...) filling in."""
     import os
 
@@ -47,4 +51,4 @@ def pull_command(
     target, reference = (words[0], words[1]) if len(words) == 2 else ("", words[0])
     info = host.capture()
     options = pull_options(arch, docker_login, authfile, no_https)
-    console.info(pull(reference, target, options, os.environ, info.home, force=force))  # type: ignore[arg-type]
+    console.info(pull(reference, target, options, os.environ, info.home, force=force))

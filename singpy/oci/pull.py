@@ -78,10 +78,12 @@ def cached_image(text: str, options: PullOptions, env: Mapping[str, str], home: 
     location = cache.cache_dir(env, home)
     want = _platform(options)
     if ref.transport == "docker":
+        if ref.digest and os.path.isfile(store.sif_path(location, ref.digest)):
+            return store.sif_path(location, ref.digest)  # the digest of an image's manifest: nothing to ask
         known = store.recall(location, str(ref), str(want))
         known_sif = store.sif_path(location, known["digest"]) if known else ""
         if ref.digest and known_sif and os.path.isfile(known_sif):
-            return known_sif
+            return known_sif  # an index's digest, resolved for this platform before
         source = _registry(ref, options, env, home)
         try:
             top = source.head_digest(ref.digest or ref.tag or "latest")

@@ -174,13 +174,17 @@ def test_run_pulls_once_then_runs_from_the_cache(singpy: Singpy, plain: Registry
 def test_cached_image_runs_when_the_registry_is_gone(singpy: Singpy, workdir: Path, tmp_path: Path) -> None:
     env = cache_env(singpy, workdir, "offline")
     with start_registry(tmp_path / "registry") as registry:
-        registry.push(write_layout(tmp_path / "layout", {"latest": main_image()}), "pull/offline")
+        digest = registry.push(write_layout(tmp_path / "layout", {"latest": main_image()}), "pull/offline")
         reference = registry.ref("pull/offline")
         singpy.ok("exec", "--no-https", reference, "true", env=env)
     result = singpy.run("exec", "--no-https", reference, "cat", "/etc/image-marker", env=env)
     assert (result.returncode, result.stdout) == (0, "main image\n"), result.stderr
     warnings = result.stderr.splitlines()
     assert len(warnings) == 1 and warnings[0].startswith("WARNING:") and registry.host in warnings[0]
+    # By digest, nothing needs asking: no request, no warning.
+    by_digest = singpy.run("exec", "--no-https", registry.ref("pull/offline", digest), "cat", "/etc/image-marker",
+                           env=env)
+    assert (by_digest.returncode, by_digest.stdout, by_digest.stderr) == (0, "main image\n", "")
 
 
 def test_thirty_two_runs_at_once_download_and_convert_once(singpy: Singpy, registry_redirect: RegistryServer,
