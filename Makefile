@@ -4,20 +4,26 @@
 PYTHON ?= /usr/bin/python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages: Python venv + headers and libcap for python-prctl; the real image tools;
-# busybox-static for test images; bubblewrap and charliecloud for the benchmark; a real registry
-# (docker-registry), skopeo and umoci for the pull tests and benchmark, htpasswd (apache2-utils) and
-# openssl for their Basic-auth and TLS variants.
-APT_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev busybox-static squashfs-tools \
-	squashfuse fuse3 fuse-overlayfs siftool uidmap iproute2 util-linux bubblewrap charliecloud-runtime \
-	docker-registry skopeo umoci apache2-utils openssl ca-certificates
+# Debian packages, by what needs them. The demo: Python venv + headers and libcap for python-prctl,
+# busybox-static for its image, squashfs-tools, squashfuse and fuse3 for SIF files, uidmap and
+# util-linux. The tests add fuse-overlayfs, siftool, iproute2 (network namespaces), a real registry
+# (docker-registry), skopeo and umoci, htpasswd (apache2-utils) and openssl for its Basic-auth and TLS
+# variants. The benchmark adds the tools it compares with: bubblewrap and Charliecloud.
+DEMO_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev busybox-static squashfs-tools \
+	squashfuse fuse3 uidmap util-linux
+TEST_PACKAGES := $(DEMO_PACKAGES) fuse-overlayfs siftool iproute2 docker-registry skopeo umoci apache2-utils \
+	openssl ca-certificates
+BENCH_PACKAGES := $(TEST_PACKAGES) bubblewrap charliecloud-runtime
+# Where `make install` puts the `singpy` command: /usr/local/bin as root, ~/.local/bin otherwise.
+PREFIX ?= $(if $(filter 0,$(shell id -u)),/usr/local,$(HOME)/.local)
 
-.PHONY: all setup system-packages demo test lint bench clean
+.PHONY: all setup demo-packages test-packages bench-packages demo test lint bench install clean
 
 all: test
 
-system-packages:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
+# $(call packages,LIST): install what is missing of LIST with apt-get as root; otherwise name it and stop.
+define packages
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null \
 		| grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
@@ -29,8 +35,18 @@ system-packages:
 			exit 1; \
 		fi; \
 	fi
+endef
 
-$(BIN)/.installed: pyproject.toml | system-packages
+demo-packages:
+	$(call packages,$(DEMO_PACKAGES))
+
+test-packages:
+	$(call packages,$(TEST_PACKAGES))
+
+bench-packages:
+	$(call packages,$(BENCH_PACKAGES))
+
+$(BIN)/.installed: pyproject.toml | demo-packages
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	@# compat mode: a plain path entry, not an import hook that every Python start would load.
@@ -38,7 +54,7 @@ $(BIN)/.installed: pyproject.toml | system-packages
 		|| { cat $(VENV)/pip.log; exit 1; }
 	touch $@
 
-setup: system-packages $(BIN)/.installed
+setup: demo-packages $(BIN)/.installed
 	@# Byte-compile once: `singpy exec` should never compile its own modules.
 	$(BIN)/python -m compileall -q singpy
 
@@ -51,16 +67,23 @@ demo: setup
 	$(BIN)/singpy build build/demo.sif build/demo-sandbox
 	$(BIN)/singpy run --contain --hostname demo build/demo.sif from a SIF
 
-lint: setup
+lint: test-packages setup
 	$(BIN)/ruff check singpy tests $(wildcard benchmarks)
 	$(BIN)/mypy singpy tests benchmarks
 
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
-bench: setup
+bench: bench-packages setup
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/pull.py
+
+# A link to the venv's command: it keeps working as long as this clone and its .venv stay where they are.
+install: setup
+	mkdir -p $(PREFIX)/bin
+	ln -sfn $(CURDIR)/$(BIN)/singpy $(PREFIX)/bin/singpy
+	@echo "installed $(PREFIX)/bin/singpy -> $(CURDIR)/$(BIN)/singpy"
+	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) echo "add $(PREFIX)/bin to your PATH";; esac
 
 clean:
 	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
