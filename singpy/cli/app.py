@@ -87,6 +87,27 @@ def _register_image_commands() -> None:
 _register_image_commands()
 
 
+@app.command(name="help")
+def help_command(command: list[str] = typer.Argument(None, metavar="[COMMAND]...",  # noqa: B008
+                                                    help="the command to explain, e.g. exec or cache clean")) -> None:
+    """Show the help of a command (the same text as `singpy COMMAND --help`), or of singpy itself."""
+    from singpy.errors import UsageError
+
+    words = list(command or [])
+    if words and words[0] in ACTIONS:
+        from singpy.cli.parse import action_help
+
+        print(action_help(words[0]), end="")
+        return
+    groups = (group.name or (group.typer_instance.info.name if group.typer_instance else None)
+              for group in app.registered_groups)
+    known = {name for name in (info.name for info in app.registered_commands) if name} | \
+        {name for name in groups if isinstance(name, str)}
+    if words and words[0] not in known:
+        raise UsageError(f"unknown command {words[0]!r}", hint="Run 'singpy --help' for the list of commands.")
+    raise typer.Exit(run_app([*words, "--help"]))
+
+
 @app.command()
 def version() -> None:
     """Print the version."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import Singpy
+from tests.conftest import Singpy, assert_one_fatal
 
 
 def test_version(as_root: Singpy) -> None:
@@ -28,6 +28,12 @@ def test_unknown_command_is_a_usage_error(as_root: Singpy) -> None:
     result = as_root.run("frobnicate")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
+
+
+def test_help_command_matches_dash_dash_help(singpy: Singpy) -> None:
+    for command in (["exec"], ["run"], ["shell"], ["pull"], ["build"], ["cache", "clean"], []):
+        assert singpy.ok("help", *command) == singpy.ok(*command, "--help"), command
+    assert_one_fatal(singpy.run("help", "nonsense"), "unknown command 'nonsense'", code=1)
 
 
 def test_conf_mount_settings(singpy: Singpy, image: Path, workdir: Path) -> None:
