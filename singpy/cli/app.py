@@ -108,6 +108,17 @@ def help_command(command: list[str] = typer.Argument(None, metavar="[COMMAND]...
     raise typer.Exit(run_app([*words, "--help"]))
 
 
+@app.command(name="completion")
+def completion_command(shell: str = typer.Argument(..., metavar="SHELL", help="bash, zsh or fish")) -> None:
+    """Print the shell completion script: `source <(singpy completion bash)` (see docs/usage.md)."""
+    from singpy.cli.completion import SHELLS, script
+    from singpy.errors import UsageError
+
+    if shell not in SHELLS:
+        raise UsageError(f"no completion for {shell!r}: singpy completes {', '.join(SHELLS)}")
+    print(script(shell), end="")
+
+
 @app.command()
 def version() -> None:
     """Print the version."""
