@@ -148,7 +148,7 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
 
     image = squashfs.choose(image, uid=host.uid, unsquash=request.unsquash or config.flag("unsquash"),
                             allow_kernel=config.flag("allow kernel squashfs"), env=host.env,
-                            cache=cache.cache_dir(host.env, host.home))
+                            cache=cache.cache_dir(host.env, host.home), user_namespace=request.fakeroot)
     return image if dry_run else squashfs.prepare(image, root=host.uid == 0)
 
 

@@ -43,8 +43,13 @@ _MOUNT_FLAGS = k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV
 
 
 def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, env: Mapping[str, str],
-           cache: str) -> ImageSpec:
-    """Pick how to get the root of a SIF or squashfs image; reported at --verbose."""
+           cache: str, user_namespace: bool = False) -> ImageSpec:
+    """Pick how to get the root of a SIF or squashfs image; reported at --verbose.
+
+    `user_namespace`: root will mount it inside a user namespace of its own
+    (--fakeroot), where the kernel refuses squashfs (not mountable in a user
+    namespace): FUSE or extraction then, as for a user.
+    """
     from singpy.image.tools import find_tool
 
     where = f"partition at offset {image.offset}, {image.size} bytes" if image.kind == "sif" else "whole file"
@@ -52,7 +57,7 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
     if unsquash:
         console.verbose("extracting the image, as asked (--unsquash or `unsquash = yes`)")
         return _extract(image, env, cache)
-    if uid == 0 and allow_kernel and os.path.exists("/dev/loop-control"):
+    if uid == 0 and not user_namespace and allow_kernel and os.path.exists("/dev/loop-control"):
         console.verbose("mounting it with the kernel's squashfs on a loop device (running as root)")
         return image.replace(strategy="loop")
     tool = next((path for name in FUSE_TOOLS if (path := find_tool(name, env))), None)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy
-from tests.support import hostsim
+from tests.support import hostsim, sifs
 from tests.support.leftovers import settled, traces, wait_for_descendants, wait_until_gone
 from tests.support.users import is_root
 
@@ -249,3 +249,11 @@ def test_sigterm_reaches_a_fakeroot_payload(as_user: Singpy, image: Path) -> Non
     launcher.send_signal(signal.SIGTERM)
     launcher.communicate(timeout=30)
     assert launcher.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+
+
+def test_fakeroot_runs_a_sif(singpy: Singpy, workdir: Path) -> None:
+    """Root too: the kernel mounts no squashfs inside a user namespace, so the SIF is opened with FUSE
+    (or extracted), never left to fail with "Operation not permitted" (issue 11)."""
+    image = sifs.singpy_sif(workdir)
+    assert singpy.ok("exec", "--fakeroot", str(image), "id", "-u") == "0\n"
+    assert singpy.ok("exec", "--fakeroot", "--unsquash", str(image), "cat", "/etc/marker") == sifs.MARKER + "\n"
