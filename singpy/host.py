@@ -22,7 +22,7 @@ class HostInfo(Record):
     user: str  # login name (or the uid as text when the passwd database has none)
     gecos: str  # passwd comment field
     shell: str  # login shell
-    home: str  # $HOME, else the passwd home directory
+    home: str  # the passwd home directory ($HOME only for a uid the passwd database lacks)
     cwd: str  # working directory (logical: $PWD when it names the same directory)
     env: Mapping[str, str]  # the launcher's environment
     group: str  # name of the primary group (or the gid as text)
@@ -36,14 +36,14 @@ def capture(environ: Mapping[str, str] | None = None) -> HostInfo:
         entry = pwd.getpwuid(uid)
         user, gecos, shell, pw_home = entry.pw_name, entry.pw_gecos, entry.pw_shell, entry.pw_dir
     except KeyError:
-        user, gecos, shell, pw_home = str(uid), "", "/bin/sh", "/"
+        user, gecos, shell, pw_home = str(uid), "", "/bin/sh", env.get("HOME") or "/"
     return HostInfo(
         uid=uid,
         gid=gid,
         user=user,
         gecos=gecos,
         shell=shell,
-        home=env.get("HOME") or pw_home,
+        home=pw_home,  # never the caller's $HOME, as Apptainer: the container's HOME is the passwd entry's
         cwd=_logical_cwd(env.get("PWD")),
         env=env,
         group=_group_name(gid),

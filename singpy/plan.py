@@ -110,6 +110,7 @@ class ProcessSpec(Record):
     args: tuple[str, ...]  # exec: command and arguments; run: runscript arguments
     env: EnvPlan  # the environment rules, applied in the container (singpy.environ)
     cwd: str  # working directory inside the container
+    cwd_required: bool = False  # --pwd: a cwd missing in the container is an error, not a fallback to the home
     shell: str | None = None  # --shell, for the shell action
     privileges: Privileges = Privileges()  # capabilities left to the payload (applied just before execve)
 

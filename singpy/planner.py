@@ -7,6 +7,7 @@ exist fails here, before anything touches the kernel).
 from __future__ import annotations
 
 import os
+import stat
 
 from singpy.config.sysconf import SysConfig, confdir
 from singpy.constants import DEFAULT_PATH
@@ -96,7 +97,8 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     mounts += _user_binds(request, config)
     env_plan, warnings = _env_plan(request, host, image, home_dest, keep_host_env)
     process = ProcessSpec(action=request.action, args=request.args, env=env_plan,
-                          cwd=_cwd(request, host, home_dest), shell=request.shell, privileges=privileges)
+                          cwd=_cwd(request, host, home_dest), cwd_required=bool(request.pwd), shell=request.shell,
+                          privileges=privileges)
     plan = LaunchPlan(image=image, namespaces=namespaces, uid=host.uid, gid=host.gid,
                       mounts=tuple(sorted(mounts, key=lambda spec: spec.stage)), process=process,
                       hostname=request.hostname, writable_tmpfs=request.writable_tmpfs,
@@ -189,15 +191,45 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
     if config.flag("mount hostfs"):
         mounts += system.hostfs_mounts(_read("/proc/self/mountinfo"))
     mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp"))
-    # A home of `/` (HOME=/, as for some system accounts) is not bound, as in Apptainer: it would hide the image.
-    home_enabled = config.flag("mount home") and not request.no_home and home_dest != "/"
-    if home_enabled and not request.contain and not os.path.isdir(home_source):
-        raise BindSpecError(f"home directory {home_source} does not exist")
-    home = system.home_mounts(source=home_source, dest=home_dest, contain=request.contain, enabled=home_enabled)
+    home = system.home_mounts(source=_home_source(request, home_source), dest=home_dest,
+                              enabled=_home_enabled(request, config, home_dest))
     mounts += home
     if not request.contain:
         mounts += system.cwd_mount(host.cwd, home + mounts)
     return mounts
+
+
+def _home_enabled(request: LaunchRequest, config: SysConfig, home_dest: str) -> bool:
+    """Whether a home is mounted: a --home is even with `mount home = no`, as in Apptainer.
+
+    A home of `/` (HOME=/, as for some system accounts) is not, as in Apptainer: it would hide the image.
+    """
+    if request.no_home or home_dest == "/":
+        return False
+    if request.home is None:
+        return config.flag("mount home")
+    if not config.flag("user bind control"):
+        raise BindSpecError("--home is disabled by the system administrator (user bind control = no)")
+    return True
+
+
+def _home_source(request: LaunchRequest, source: str) -> str | None:
+    """The host directory bound as the home, or None for an empty one (a tmpfs).
+
+    --contain empties the default home but binds a --home, and a home that
+    does not exist on the host is an empty one at its place, as in Apptainer.
+    """
+    if request.contain and request.home is None:
+        return None
+    try:
+        is_dir = stat.S_ISDIR(os.stat(source).st_mode)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise BindSpecError(f"can't use home directory {shown(source)}: {error.strerror}") from None
+    if not is_dir:
+        raise BindSpecError(f"home directory {shown(source)} is not a directory")
+    return source
 
 
 def _read(path: str) -> str:

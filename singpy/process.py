@@ -69,7 +69,7 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     launcher *is* the payload; under a supervisor, `fork_tied` set it.
     """
     argv = payload_argv(process, scripts)
-    _chdir(process.cwd, dict(process.env.base).get("HOME", "/"))
+    _chdir(process.cwd, dict(process.env.base).get("HOME", "/"), required=process.cwd_required)
     _check_command(argv[0])
     k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
     caps.apply(process.privileges)  # last: the steps before may still need what is dropped
@@ -80,14 +80,18 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env)
 
 
-def _chdir(cwd: str, home: str) -> None:
+def _chdir(cwd: str, home: str, *, required: bool) -> None:
+    """The host's working directory may be missing inside: the home, then /, as Apptainer; a --pwd may not."""
     for candidate in (cwd, home, "/"):
         try:
             os.chdir(candidate)
             if candidate != cwd:
                 console.warning(f"could not change to {cwd} in the container: starting in {candidate}")
             return
-        except OSError:
+        except OSError as error:
+            if required:  # Apptainer: "failed to set working directory", never another directory
+                reason = error.strerror
+                raise ExecError(f"can't change to the --pwd directory {cwd} in the container: {reason}") from None
             continue
 
 

@@ -22,13 +22,14 @@ class Option(Record, kw_only=False):
     value: str = ""  # metavar when the option takes a value, "" for a boolean flag
     repeat: bool = False  # may be given several times (values collected in order)
     env: str = ""  # suffix of the SINGULARITY_/APPTAINER_/SINGPY_ variables, "" for none
+    env_also: tuple[str, ...] = ()  # further suffixes read the same way (Apptainer's other EnvKeys)
     env_appends: bool = False  # the variable adds to command-line values instead of standing in for them
     group: str = "Options"  # help section
 
 
 ACTION_OPTIONS: tuple[Option, ...] = (
-    Option("bind", "--bind", "bind a host path: src[:dest[:ro|rw]], comma lists allowed", "-B", "SPEC",
-           repeat=True, env="BIND", env_appends=True, group="Mounts"),
+    Option("bind", "--bind", "bind a host path: src[:dest[:ro|rw]], comma lists allowed ('\\,' is a comma)", "-B",
+           "SPEC", repeat=True, env="BIND", env_appends=True, env_also=("BINDPATH",), group="Mounts"),
     Option("contain", "--contain", "minimal /dev, empty /tmp and home; no cwd bind", "-c", env="CONTAIN",
            group="Isolation"),
     Option("containall", "--containall", "--contain plus --cleanenv, --pid and --ipc", "-C",
@@ -42,8 +43,9 @@ ACTION_OPTIONS: tuple[Option, ...] = (
     Option("home", "--home", "home directory: src[:dest] (default: your home)", "-H", "SPEC", env="HOME",
            group="Mounts"),
     Option("no_home", "--no-home", "do not bind the home directory", env="NO_HOME", group="Mounts"),
-    Option("pwd", "--pwd", "initial working directory inside the container", value="DIR", env="PWD",
-           group="Mounts"),
+    Option("pwd", "--pwd", "initial working directory inside the container (must exist there)", value="DIR",
+           env="PWD", env_also=("TARGET_PWD",), group="Mounts"),
+    Option("pwd", "--cwd", "synonym for --pwd", value="DIR", env="CWD", env_also=("TARGET_CWD",), group="Mounts"),
     Option("writable_tmpfs", "--writable-tmpfs", "make the image writable, changes kept in memory only",
            env="WRITABLE_TMPFS", group="Mounts"),
     Option("unsquash", "--unsquash", "extract a SIF/squashfs image to the cache instead of mounting it",

@@ -105,20 +105,27 @@ def _apply_env(values: dict[str, Any], env: Mapping[str, str]) -> None:
     """Options not given on the command line may come from the environment.
 
     As in Apptainer, `SINGULARITY_BIND` adds to the --bind values rather than
-    being overridden by them.
+    being overridden by them, and so does `SINGULARITY_BINDPATH` (each suffix
+    of an option is read, the first one set wins for an option that is not
+    repeated: `--pwd` reads `*_PWD` then `*_TARGET_PWD`).
     """
     for option in ACTION_OPTIONS:
-        if not option.env or (option.dest in values and not option.env_appends):
+        for suffix in (option.env, *option.env_also) if option.env else ():
+            if option.dest in values and not option.env_appends:
+                break
+            _apply_variable(values, option, env, suffix)
+
+
+def _apply_variable(values: dict[str, Any], option: Option, env: Mapping[str, str], suffix: str) -> None:
+    for prefix in reversed(ENV_PREFIXES):  # SINGPY_ beats APPTAINER_ beats SINGULARITY_
+        raw = env.get(prefix + suffix)
+        if raw is None or raw == "":
             continue
-        for prefix in reversed(ENV_PREFIXES):  # SINGPY_ beats APPTAINER_ beats SINGULARITY_
-            raw = env.get(prefix + option.env)
-            if raw is None or raw == "":
-                continue
-            if option.value:
-                _store(values, option, raw)
-            elif raw.lower() in _TRUE:
-                values[option.dest] = True
-            break
+        if option.value:
+            _store(values, option, raw)
+        elif raw.lower() in _TRUE:
+            values[option.dest] = True
+        return
 
 
 def action_help(action: str) -> str:

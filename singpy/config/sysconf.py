@@ -5,25 +5,40 @@ values, one line of documentation); the parser, the defaults and
 docs/configuration.md all come from that table. Nothing is evaluated: values
 are matched against their kind, and a bad line is reported as `file:line`.
 
-Where singpy looks (first found wins): `--config FILE`, `$SINGPY_CONFIG`,
-`/etc/singpy/singpy.conf`, then the `etc/singpy.conf` shipped beside the package.
+Every directive of Apptainer 1.4's apptainer.conf is accepted, so an admin's
+file carries over: those singpy acts on, or checks for later use, are in
+`DIRECTIVES`; those it has no use for (`allow setuid`, ...) are in
+`APPTAINER_IGNORED` and give one --verbose note each. Any other name is an error.
+
+Where singpy looks (first found wins; `default_path`):
+1. `--config FILE`;
+2. `$SINGPY_CONFIG`;
+3. `/etc/singpy/singpy.conf`;
+4. `/etc/apptainer/apptainer.conf`, then `/etc/singularity/singularity.conf`;
+5. the `singpy.conf` shipped with singpy: `etc/` beside the package in a clone,
+   `<prefix>/etc/singpy/` once installed by pip or pipx;
+6. built-in defaults (`defaults()`), when none of these exists.
+The GPU library lists (nvliblist.conf, rocmliblist.conf) are read beside the file in use.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 
+from singpy import console
 from singpy.errors import ConfigError
 from singpy.hostfiles import path_problem, read_text, shown
 from singpy.record import Record
 
 BOOL, CHOICE, STRING, LIST, INT = "bool", "choice", "string", "list", "int"
+_LATER = "(Apptainer's; read and checked, not applied by singpy yet)"
 
 
 class Directive(Record, kw_only=False):
     name: str  # as written in the file, e.g. "mount home"
-    kind: str  # BOOL, CHOICE, STRING, LIST (may repeat) or INT
+    kind: str  # BOOL, CHOICE, STRING, LIST (comma list, may repeat) or INT (0 or more)
     default: object  # value when the file does not set it
     doc: str  # one line for docs/configuration.md
     allowed: tuple[str, ...] = ()  # for CHOICE
@@ -64,7 +79,38 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("unsquash", BOOL, False, "always extract SIF/squashfs images instead of mounting them"),
     Directive("allow kernel squashfs", BOOL, True, "let root mount SIF/squashfs images with the kernel's "
               "squashfs on a loop device (no: squashfuse or extraction)"),
+    # Apptainer directives singpy reads and checks but does not apply yet (see docs/configuration.md).
+    Directive("allow ipc ns", BOOL, True, f"allow --ipc {_LATER}"),
+    Directive("allow uts ns", BOOL, True, f"allow --uts and --hostname {_LATER}"),
+    Directive("allow net groups", LIST, (), f"groups allowed to ask for a network other than none {_LATER}"),
+    Directive("allow netns paths", LIST, (), f"network namespaces users may join {_LATER}"),
+    Directive("enable overlay", CHOICE, "yes", f"use overlayfs for the container's root {_LATER}",
+              ("yes", "no", "try", "driver")),
+    Directive("sessiondir max size", INT, 64, f"size in MiB of the tmpfs of --writable-tmpfs {_LATER}"),
+    Directive("max loop devices", INT, 256, f"most loop devices singpy may use {_LATER}"),
+    Directive("memory fs type", CHOICE, "tmpfs", f"file system of in-memory mounts {_LATER}", ("tmpfs", "ramfs")),
+    Directive("limit container owners", LIST, (), f"only run images owned by these users {_LATER}"),
+    Directive("limit container groups", LIST, (), f"only run images owned by these groups {_LATER}"),
+    Directive("limit container paths", LIST, (), f"only run images under these directories {_LATER}"),
+    Directive("allow container sif", BOOL, True, f"allow SIF images {_LATER}"),
+    Directive("allow container encrypted", BOOL, True, f"allow encrypted SIF images {_LATER}"),
+    Directive("allow container squashfs", BOOL, True, f"allow squashfs images {_LATER}"),
+    Directive("allow container extfs", BOOL, True, f"allow ext2/3/4 images {_LATER}"),
+    Directive("allow container dir", BOOL, True, f"allow sandbox directories {_LATER}"),
 )
+
+# Apptainer 1.4 directives that have no meaning for singpy (never setuid, no CNI, no build or
+# download settings): accepted with one --verbose note each, so a stock apptainer.conf loads.
+# "apptheus socket path" is the name Apptainer's own template writes (its parser knows
+# "apptheus communication socket path"); both occur in real files.
+APPTAINER_IGNORED: frozenset[str] = frozenset({
+    "allow setuid", "allow user ns", "enable fusemount", "enable underlay", "mount slave",
+    "allow setuid-mount encrypted", "allow setuid-mount squashfs", "allow setuid-mount extfs",
+    "sync writable extfs", "shared loop devices", "cni configuration path", "cni plugin path",
+    "binary path", "suidbinary path", "mksquashfs procs", "mksquashfs mem", "image driver",
+    "download concurrency", "download part size", "download buffer size", "systemd cgroups",
+    "apptheus communication socket path", "apptheus socket path", "allow monitoring",
+})
 
 _BY_NAME = {directive.name: directive for directive in DIRECTIVES}
 _PROGRAM_PATHS = ("nvidia-container-cli path", "ldconfig path")  # run by singpy: checked like bind paths
@@ -93,50 +139,83 @@ class SysConfig(Record, kw_only=False):
 
 
 SYSTEM_PATH = "/etc/singpy/singpy.conf"
+APPTAINER_PATHS = ("/etc/apptainer/apptainer.conf", "/etc/singularity/singularity.conf")
+# In a clone (or an editable install) the repository's etc/; pip and pipx install the same
+# files as data under <prefix>/etc/singpy/ (pyproject.toml), since a wheel carries no etc/.
 SHIPPED_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "etc")
+INSTALLED_DIR = os.path.join(sys.prefix, "etc", "singpy")
 
 
 def default_path(env: Mapping[str, str]) -> str:
-    """The singpy.conf to read when --config is not given."""
+    """The configuration to read when --config is not given; "" means the built-in defaults."""
+    return choose_path(env, (SYSTEM_PATH, *APPTAINER_PATHS, *_shipped_paths()))
+
+
+def choose_path(env: Mapping[str, str], candidates: Sequence[str]) -> str:
+    """$SINGPY_CONFIG (even if absent: the user named it), else the first candidate that exists, else ""."""
     if env.get("SINGPY_CONFIG"):
         return env["SINGPY_CONFIG"]
-    if os.path.exists(SYSTEM_PATH):
-        return SYSTEM_PATH
-    return os.path.join(SHIPPED_DIR, "singpy.conf")
+    return next((path for path in candidates if os.path.exists(path)), "")
+
+
+def _shipped_paths() -> tuple[str, str]:
+    return os.path.join(SHIPPED_DIR, "singpy.conf"), os.path.join(INSTALLED_DIR, "singpy.conf")
 
 
 def load(path: str) -> SysConfig:
-    """Read and check `path`; a missing file is an error (an admin pointed at it).
+    """Read and check `path` ("": the built-in defaults); a missing file is an error (an admin pointed at it).
 
     A FIFO, a device, a file over 1 MiB or one that is not UTF-8 text is
     refused with one line (singpy.hostfiles), never read without end.
     """
+    console.verbose(f"configuration: {path or 'built-in defaults'}")
+    if not path:
+        return defaults()
     return parse(read_text(path, what="configuration", error=ConfigError), path)
 
 
 def parse(text: str, origin: str) -> SysConfig:
     values: dict[str, object] = {d.name: d.default for d in DIRECTIVES}
     lists: dict[str, list[str]] = {}
+    noted: set[str] = set()
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         where = f"{origin}:{number}"
         key, sep, value = line.partition("=")
-        directive = _BY_NAME.get(" ".join(key.split()))
+        name = " ".join(key.split())
+        if sep and name in APPTAINER_IGNORED:
+            _note_ignored(name, where, noted)
+            continue
+        directive = _BY_NAME.get(name)
         if not sep or directive is None:
             raise ConfigError(f"{where}: unknown directive {shown(key.strip())!r}")
         value = value.strip()
-        if directive.name == "bind path":
-            _check_bind_path(value, where)
-        elif directive.name in _PROGRAM_PATHS and path_problem(value):
+        if directive.name in _PROGRAM_PATHS and path_problem(value):
             raise ConfigError(f"{where}: {directive.name} {shown(value)!r}: {path_problem(value)}")
         if directive.kind == LIST:
-            lists.setdefault(directive.name, []).append(value)
+            lists.setdefault(directive.name, []).extend(_list_items(directive, value, where))
         else:
             values[directive.name] = _convert(directive, value, where)
     values.update({name: tuple(items) for name, items in lists.items()})
     return SysConfig(origin, values)
+
+
+def _note_ignored(name: str, where: str, noted: set[str]) -> None:
+    """One --verbose line per directive: an admin's apptainer.conf loads, and says what singpy skips."""
+    if name not in noted:
+        noted.add(name)
+        console.verbose(f"{where}: Apptainer directive {name!r} has no meaning for singpy: ignored")
+
+
+def _list_items(directive: Directive, value: str, where: str) -> list[str]:
+    """Apptainer's list directives are comma lists (`bind path = /etc/localtime,/etc/hosts`) and may repeat."""
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if directive.name == "bind path":
+        for item in items or [value]:  # an empty `bind path =` is reported, not skipped
+            _check_bind_path(item, where)
+    return items
 
 
 def _check_bind_path(value: str, where: str) -> None:
@@ -172,10 +251,10 @@ def _convert(directive: Directive, value: str, where: str) -> object:
         allowed = ", ".join(directive.allowed)
         raise ConfigError(f"{where}: {directive.name} must be one of {allowed}, not {value!r}")
     if directive.kind == INT:
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{where}: {directive.name} must be a number, not {value!r}") from None
+        # Apptainer's numbers are unsigned (strconv.ParseUint): a negative size or count is a mistake.
+        if not value.isdecimal() or not value.isascii():
+            raise ConfigError(f"{where}: {directive.name} must be a number (0 or more), not {shown(value)!r}")
+        return int(value)
     return value
 
 
@@ -184,5 +263,11 @@ def defaults() -> SysConfig:
 
 
 def confdir(config: SysConfig) -> str:
-    """Directory holding the liblist files: the one singpy.conf was read from."""
-    return os.path.dirname(config.path) if config.path else SHIPPED_DIR
+    """Directory holding the liblist files: the one the configuration was read from.
+
+    With the built-in defaults, the shipped directory (the clone's etc/, else the
+    installed <prefix>/etc/singpy/); beside apptainer.conf, Apptainer's own lists.
+    """
+    if config.path:
+        return os.path.dirname(config.path)
+    return SHIPPED_DIR if os.path.isdir(SHIPPED_DIR) else INSTALLED_DIR

@@ -2,8 +2,10 @@
 
 Several specs may be joined with commas (`-B /a,/b:/c:ro`) and the flag may
 repeat; `SINGULARITY_BIND` / `APPTAINER_BIND` use the same syntax. The only
-options are `ro` and `rw`. Parsing is pure: whether the source exists is
-checked by the planner.
+options are `ro` and `rw`. As in Apptainer, a comma or colon that belongs to
+a path is escaped with a backslash (`-B 'data\\,v2:/data'` binds `data,v2`);
+any other backslash is part of the path. Parsing is pure: whether the
+source exists is checked by the planner.
 """
 
 from __future__ import annotations
@@ -27,9 +29,21 @@ def parse_bind_list(values: list[str] | tuple[str, ...], cwd: str) -> tuple[Bind
     """Parse every comma-separated spec of every value, in order."""
     specs = []
     for value in values:
-        for item in value.split(","):
+        for item in split_unescaped(value, ","):
             specs.append(parse_bind(item.strip(), cwd))
     return tuple(specs)
+
+
+def split_unescaped(text: str, separator: str) -> list[str]:
+    """`text` split at each `separator` not preceded by a backslash; an escaped one loses its backslash."""
+    pieces = text.split(separator)
+    parts = [pieces[0]]
+    for piece in pieces[1:]:
+        if parts[-1].endswith("\\"):
+            parts[-1] = parts[-1][:-1] + separator + piece
+        else:
+            parts.append(piece)
+    return parts
 
 
 def parse_bind(text: str, cwd: str) -> BindSpec:
@@ -43,7 +57,7 @@ def parse_bind(text: str, cwd: str) -> BindSpec:
     bad = f"bad bind specification {shown(text)!r}"
     if not text:
         raise BindSpecError(f"{bad}: empty")
-    parts = text.split(":")
+    parts = split_unescaped(text, ":")
     if len(parts) > 3:
         raise BindSpecError(f"{bad}: too many ':' (expected src[:dest[:ro|rw]])")
     source = parts[0]

@@ -80,11 +80,15 @@ def host_files(bind_paths: tuple[str, ...], *, resolv_conf: bool) -> list[MountS
     return specs
 
 
-def home_mounts(*, source: str, dest: str, contain: bool, enabled: bool) -> list[MountSpec]:
-    """The home directory: the host's, or an empty tmpfs under --contain."""
+def home_mounts(*, source: str | None, dest: str, enabled: bool) -> list[MountSpec]:
+    """The home directory: the host's `source`, or an empty tmpfs when there is none to bind.
+
+    None is --contain's empty home, and a home whose host directory does not
+    exist (Apptainer stages an empty session directory there, its issue #4208).
+    """
     if not enabled:
         return []
-    if contain:
+    if source is None:
         return [MountSpec(op=MountOp.TMPFS, dest=dest, stage=Stage.HOME_TMP)]
     return [MountSpec(op=MountOp.BIND, source=source, dest=dest, missing=Missing.REQUIRED, stage=Stage.HOME_TMP)]
 

@@ -72,8 +72,13 @@ def test_parse_bind_relative_source_empty_dest(text: str, readonly: bool) -> Non
          (BindSpec("/a", "/a", False), BindSpec("/b", "/c", True), BindSpec(f"{CWD}/d", f"{CWD}/d", False))),
         ([" /a , /b:/c "], (BindSpec("/a", "/a", False), BindSpec("/b", "/c", False))),
         (("/x:/y:rw", "/x:/z:ro"), (BindSpec("/x", "/y", False), BindSpec("/x", "/z", True))),
+        ([r"/s\,x:/d"], (BindSpec("/s,x", "/d", False),)),
+        ([r"/s\,x\,y,/b:/c\,d:ro"], (BindSpec("/s,x,y", "/s,x,y", False), BindSpec("/b", "/c,d", True))),
+        ([r"/s\:x:/d:ro"], (BindSpec("/s:x", "/d", True),)),
+        ([r"/back\slash:/d"], (BindSpec("/back\\slash", "/d", False),)),
     ],
-    ids=["none", "one", "comma", "repeated-and-comma", "spaces-stripped", "tuple-input-same-source"],
+    ids=["none", "one", "comma", "repeated-and-comma", "spaces-stripped", "tuple-input-same-source",
+         "escaped-comma", "escaped-commas-in-list", "escaped-colon", "other-backslash-kept"],
 )
 def test_parse_bind_list(values: list[str], expected: tuple[BindSpec, ...]) -> None:
     assert parse_bind_list(values, CWD) == expected

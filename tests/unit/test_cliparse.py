@@ -133,13 +133,19 @@ def test_short_option_with_equals() -> None:
         ([], {"SINGULARITY_ENV": "A=1", "APPTAINER_DRY_RUN": "1", "APPTAINER_DEBUG": "1", "SINGPY_QUIET": "1",
               "APPTAINER_VERBOSE": "1", "SINGULARITY_HELP": "1"}, {}),
         ([], {"BIND": "/a", "CONTAIN": "1", "SINGULARITYENV_CONTAIN": "1"}, {}),
+        ([], {"APPTAINER_BINDPATH": "/a,/b"}, {"bind": ["/a,/b"]}),
+        (["-B", "/c"], {"SINGULARITY_BINDPATH": "/p", "APPTAINER_BIND": "/a"}, {"bind": ["/c", "/a", "/p"]}),
+        ([], {"SINGULARITY_CWD": "/c"}, {"pwd": "/c"}),
+        ([], {"APPTAINER_TARGET_PWD": "/t", "APPTAINER_PWD": "/p"}, {"pwd": "/p"}),
+        (["--cwd", "/cli"], {"APPTAINER_PWD": "/p"}, {"pwd": "/cli"}),
     ],
     ids=["singularity-bind", "apptainer-bind", "singpy-bind", "apptainer-beats-singularity", "singpy-beats-all",
          "empty-falls-through", "env-bind-adds-to-command-line", "env-bind-after-all-cli-binds",
          "command-line-beats-env", "apptainer-contain", "true", "yes-any-case", "on",
          "zero-is-false", "false", "empty-is-unset", "singpy-false-decides", "empty-singpy-falls-through",
          "flag-beats-env-false", "boolean-flags", "value-options", "cli-value-beats-env", "no-env-for-these",
-         "unprefixed-ignored"],
+         "unprefixed-ignored", "bindpath", "bind-then-bindpath", "cwd-variable", "pwd-beats-target-pwd",
+         "cwd-flag-beats-env"],
 )
 def test_options_from_environment(argv: list[str], env: dict[str, str], values: dict[str, Any]) -> None:
     assert parse_action("exec", [*argv, "img"], env) == (values, ["img"])
@@ -152,12 +158,11 @@ def test_help_skips_the_environment() -> None:
 
 def test_every_option_with_env_is_read_from_every_prefix() -> None:
     for option in ACTION_OPTIONS:
-        if not option.env:
-            continue
-        for prefix in ENV_PREFIXES:
-            values, _ = parse_action("exec", ["img"], {prefix + option.env: "1"})
-            expected: object = (["1"] if option.repeat else "1") if option.value else True
-            assert values == {option.dest: expected}, (prefix, option.env)
+        for suffix in (option.env, *option.env_also) if option.env else ():
+            for prefix in ENV_PREFIXES:
+                values, _ = parse_action("exec", ["img"], {prefix + suffix: "1"})
+                expected: object = (["1"] if option.repeat else "1") if option.value else True
+                assert values == {option.dest: expected}, (prefix, suffix)
 
 
 def test_command_line_beats_env_unless_the_option_appends() -> None:
@@ -258,7 +263,9 @@ def test_option_tables_have_unique_names() -> None:
     for table in (ACTION_OPTIONS, GLOBAL_OPTIONS):
         names = [name for option in table for name in (option.long, option.short) if name]
         assert len(names) == len(set(names))
-        assert len({option.dest for option in table}) == len(table)
+        main = [option for option in table if not option.help.startswith("synonym for ")]
+        assert len({option.dest for option in main}) == len(main)
+        assert {option.dest for option in table} == {option.dest for option in main}  # a synonym has its option
 
 
 # --- the typer side: the same global flags, click errors by type -------------------------------------------------

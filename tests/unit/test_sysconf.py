@@ -41,7 +41,25 @@ EXPECTED_DEFAULTS = {
     "network ptp subnet": "10.23.0.0/16",
     "unsquash": False,
     "allow kernel squashfs": True,
+    "allow ipc ns": True,
+    "allow uts ns": True,
+    "allow net groups": (),
+    "allow netns paths": (),
+    "enable overlay": "yes",
+    "sessiondir max size": 64,
+    "max loop devices": 256,
+    "memory fs type": "tmpfs",
+    "limit container owners": (),
+    "limit container groups": (),
+    "limit container paths": (),
+    "allow container sif": True,
+    "allow container encrypted": True,
+    "allow container squashfs": True,
+    "allow container extfs": True,
+    "allow container dir": True,
 }
+# Written in the shipped etc/singpy.conf: every directive singpy applies, at its default.
+APPLIED = list(EXPECTED_DEFAULTS)[:list(EXPECTED_DEFAULTS).index("allow kernel squashfs") + 1]
 
 
 @pytest.mark.parametrize(("name", "value"), list(EXPECTED_DEFAULTS.items()), ids=list(EXPECTED_DEFAULTS))
@@ -88,7 +106,7 @@ def test_shipped_file_lists_every_directive_except_the_network_lists() -> None:
     text = SHIPPED.read_text()
     written = {line.partition("=")[0].strip() for line in text.splitlines() if line.strip() and
                not line.lstrip().startswith("#")}
-    assert written == set(EXPECTED_DEFAULTS) - {"allow net users", "allow net networks"}
+    assert written == set(APPLIED) - {"allow net users", "allow net networks"}
 
 
 @pytest.mark.parametrize(
@@ -154,13 +172,13 @@ def test_parse_errors_carry_file_and_line(text: str, message: str) -> None:
 
 
 def test_int_values_and_errors_carry_file_and_line() -> None:
-    # No shipped directive is an INT yet; the converter is checked on a directive of that kind.
     directive = Directive("max things", INT, 0, "a number")
     assert sysconf._convert(directive, "42", "x.conf:7") == 42
-    assert sysconf._convert(directive, "-3", "x.conf:7") == -3
-    with pytest.raises(ConfigError) as caught:
-        sysconf._convert(directive, "many", "x.conf:7")
-    assert caught.value.message == "x.conf:7: max things must be a number, not 'many'"
+    assert sysconf._convert(directive, "0", "x.conf:7") == 0
+    for bad in ("many", "-3", "", "1.5", "\u0663"):  # Apptainer's numbers are unsigned; an Arabic-Indic 3 is no number
+        with pytest.raises(ConfigError) as caught:
+            sysconf._convert(directive, bad, "x.conf:7")
+        assert caught.value.message == f"x.conf:7: max things must be a number (0 or more), not {bad!r}"
 
 
 def test_load_reads_a_file(tmp_path: Path) -> None:
@@ -274,3 +292,221 @@ def test_load_refuses_special_files_without_blocking(tmp_path: Path, kind: str) 
         os.mkfifo(path)
     with pytest.raises(ConfigError, match=rf"^configuration {path} is a .*, not a regular file$"):
         sysconf.load(str(path))  # returns at once: a FIFO is never opened for a blocking read
+
+
+# --- Apptainer's apptainer.conf carries over -------------------------------------------------------------------------
+
+# The directives of Apptainer 1.4.5's default apptainer.conf (pkg/util/apptainerconf/config.go, TemplateAsset rendered
+# with the defaults), in its order; its comment lines are skipped like any other.
+STOCK_APPTAINER_CONF = """\
+# APPTAINER.CONF
+allow setuid = yes
+max loop devices = 256
+allow ipc ns = yes
+allow pid ns = yes
+allow user ns = yes
+allow uts ns = yes
+config passwd = yes
+config group = yes
+config resolv_conf = yes
+mount proc = yes
+mount sys = yes
+mount dev = yes
+mount devpts = yes
+mount home = yes
+mount tmp = yes
+mount hostfs = no
+#bind path = /etc/apptainer/default-nsswitch.conf:/etc/nsswitch.conf
+bind path = /etc/localtime
+bind path = /etc/hosts
+user bind control = yes
+enable fusemount = yes
+enable overlay = yes
+enable underlay = yes
+mount slave = yes
+sessiondir max size = 64
+#limit container owners = gmk, apptainer, nobody
+allow container sif = yes
+allow container encrypted = yes
+allow container squashfs = yes
+allow container extfs = yes
+allow container dir = yes
+# allow setuid-mount encrypted = yes
+# allow setuid-mount squashfs = iflimited
+# allow setuid-mount extfs = no
+#allow net users = gmk, apptainer
+always use nv = no
+use nvidia-container-cli = no
+always use rocm = no
+root default capabilities = full
+memory fs type = tmpfs
+#cni configuration path =
+mksquashfs procs = 0
+shared loop devices = no
+image driver =
+download concurrency = 3
+download part size = 5242880
+download buffer size = 32768
+systemd cgroups = yes
+apptheus socket path = /run/apptheus/gateway.sock
+allow monitoring = no
+"""
+
+# Every other directive Apptainer 1.4 knows (set by admins, absent from the default file), at a non-default value.
+OTHER_APPTAINER_LINES = """\
+allow setuid-mount encrypted = no
+allow setuid-mount squashfs = yes
+allow setuid-mount extfs = yes
+sync writable extfs = yes
+limit container owners = alice, bob
+limit container groups = hpc
+limit container paths = /scratch, /project
+allow net users = alice
+allow net groups = hpc
+allow net networks = bridge, ptp
+allow netns paths = /var/run/netns/a
+cni configuration path = /etc/cni
+cni plugin path = /usr/libexec/cni
+binary path = /usr/bin:/bin
+suidbinary path = /usr/bin
+mksquashfs mem = 1G
+apptheus communication socket path = /run/a.sock
+"""
+
+IGNORED_IN_STOCK = ["allow setuid", "allow user ns", "enable fusemount", "enable underlay", "mount slave",
+                    "mksquashfs procs", "shared loop devices", "image driver", "download concurrency",
+                    "download part size", "download buffer size", "systemd cgroups", "apptheus socket path",
+                    "allow monitoring"]
+
+
+def test_stock_apptainer_conf_loads(capsys: pytest.CaptureFixture[str]) -> None:
+    config = sysconf.parse(STOCK_APPTAINER_CONF, "/etc/apptainer/apptainer.conf")
+    # Apptainer's defaults where singpy's differ: nvidia-container-cli only when asked, binds from the file.
+    assert dict(config.values) == {**EXPECTED_DEFAULTS, "use nvidia-container-cli": False,
+                                   "bind path": ("/etc/localtime", "/etc/hosts")}
+    assert capsys.readouterr().err == ""  # notes only with --verbose
+
+
+def test_ignored_directives_give_one_verbose_note_each(capsys: pytest.CaptureFixture[str]) -> None:
+    from singpy import console
+
+    before = console.level()
+    console.set_level(console.VERBOSE)
+    try:
+        sysconf.parse(STOCK_APPTAINER_CONF + "allow setuid = no\n", "a.conf")
+    finally:
+        console.set_level(before)
+    notes = capsys.readouterr().err.splitlines()
+    assert len(notes) == len(IGNORED_IN_STOCK)
+    for name, note in zip(IGNORED_IN_STOCK, notes, strict=True):
+        assert note.startswith("VERBOSE:")
+        assert f"Apptainer directive {name!r} has no meaning for singpy: ignored" in note
+    assert "a.conf:2: " in notes[0]  # the first `allow setuid`, once
+
+
+def test_every_apptainer_directive_is_accepted() -> None:
+    config = sysconf.parse(STOCK_APPTAINER_CONF + OTHER_APPTAINER_LINES, "a.conf")
+    assert config.items("limit container owners") == ("alice", "bob")
+    assert config.items("limit container groups") == ("hpc",)
+    assert config.items("limit container paths") == ("/scratch", "/project")
+    assert config.items("allow net networks") == ("bridge", "ptp")
+    assert config.items("allow netns paths") == ("/var/run/netns/a",)
+    names = {line.partition("=")[0].strip().lstrip("# ") for line in (STOCK_APPTAINER_CONF + OTHER_APPTAINER_LINES)
+             .splitlines() if "=" in line}
+    known = {d.name for d in DIRECTIVES} | sysconf.APPTAINER_IGNORED
+    assert names - {"bind path = /etc/apptainer/default-nsswitch.conf:/etc/nsswitch.conf"} <= known
+
+
+@pytest.mark.parametrize(("text", "name", "value"), [
+    ("enable overlay = try", "enable overlay", "try"),
+    ("enable overlay = driver", "enable overlay", "driver"),
+    ("sessiondir max size = 0", "sessiondir max size", 0),
+    ("max loop devices = 4096", "max loop devices", 4096),
+    ("memory fs type = ramfs", "memory fs type", "ramfs"),
+    ("allow container sif = no", "allow container sif", False),
+    ("allow container dir = no", "allow container dir", False),
+    ("bind path = /etc/localtime,/etc/hosts", "bind path", ("/etc/localtime", "/etc/hosts")),
+    ("bind path = /a , /b:/c\nbind path = /d", "bind path", ("/a", "/b:/c", "/d")),
+    ("limit container paths = /x,\nlimit container paths = /y", "limit container paths", ("/x", "/y")),
+], ids=["overlay-try", "overlay-driver", "sessiondir-0", "loop", "ramfs", "no-sif", "no-dir", "bind-comma",
+        "bind-comma-repeat", "limit-paths-repeat"])
+def test_apptainer_values(text: str, name: str, value: object) -> None:
+    assert sysconf.parse(text, "a.conf").get(name) == value
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("enable overlay = maybe", "a.conf:1: enable overlay must be one of yes, no, try, driver, not 'maybe'"),
+    ("sessiondir max size = -1", "a.conf:1: sessiondir max size must be a number (0 or more), not '-1'"),
+    ("max loop devices = lots", "a.conf:1: max loop devices must be a number (0 or more), not 'lots'"),
+    ("memory fs type = ext4", "a.conf:1: memory fs type must be one of tmpfs, ramfs, not 'ext4'"),
+    ("allow container sif = sometimes", "a.conf:1: allow container sif must be yes or no, not 'sometimes'"),
+    ("bind path = /a,etc", "a.conf:1: bind path source 'etc' is not an absolute path"),
+    ("allow setuid\n", "a.conf:1: unknown directive 'allow setuid'"),
+    ("allow setuidx = yes", "a.conf:1: unknown directive 'allow setuidx'"),
+], ids=["overlay", "negative", "not-a-number", "memfs", "bool", "bind-comma-relative", "ignored-without-value",
+        "near-miss"])
+def test_apptainer_value_errors_carry_file_and_line(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        sysconf.parse(text, "a.conf")
+    assert caught.value.message == message
+
+
+# --- where singpy looks --------------------------------------------------------------------------------------------
+
+
+def _candidates(root: Path) -> list[Path]:
+    return [root / "etc/singpy/singpy.conf", root / "etc/apptainer/apptainer.conf",
+            root / "etc/singularity/singularity.conf", root / "shipped/singpy.conf"]
+
+
+@pytest.mark.parametrize("present", [(0, 1, 2, 3), (1, 2, 3), (2, 3), (3,), (1,), (2,), ()],
+                         ids=["singpy", "apptainer", "singularity", "shipped", "apptainer-only", "singularity-only",
+                              "none"])
+def test_choose_path_order(tmp_path: Path, present: tuple[int, ...]) -> None:
+    candidates = _candidates(tmp_path)
+    for index in present:
+        candidates[index].parent.mkdir(parents=True)
+        candidates[index].write_text("")
+    expected = str(candidates[present[0]]) if present else ""
+    assert sysconf.choose_path({}, [str(path) for path in candidates]) == expected
+    assert sysconf.choose_path({"SINGPY_CONFIG": "/named.conf"}, [str(path) for path in candidates]) == "/named.conf"
+
+
+def test_default_path_reads_apptainer_conf_when_no_singpy_conf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    apptainer = tmp_path / "apptainer" / "apptainer.conf"
+    apptainer.parent.mkdir()
+    apptainer.write_text(STOCK_APPTAINER_CONF)
+    (apptainer.parent / "nvliblist.conf").write_text("libcuda.so\n")
+    monkeypatch.setattr(sysconf, "SYSTEM_PATH", str(tmp_path / "absent.conf"))
+    monkeypatch.setattr(sysconf, "APPTAINER_PATHS", (str(apptainer), str(tmp_path / "singularity.conf")))
+    path = sysconf.default_path({})
+    assert path == str(apptainer)
+    config = sysconf.load(path)
+    assert sysconf.confdir(config) == str(apptainer.parent)  # nvliblist.conf / rocmliblist.conf beside it
+
+
+def test_default_path_built_in_defaults_when_nothing_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed wheel without its data files (pip --target, say): built-in defaults, not an error."""
+    monkeypatch.setattr(sysconf, "SYSTEM_PATH", str(tmp_path / "a.conf"))
+    monkeypatch.setattr(sysconf, "APPTAINER_PATHS", (str(tmp_path / "b.conf"),))
+    monkeypatch.setattr(sysconf, "SHIPPED_DIR", str(tmp_path / "no-etc"))
+    monkeypatch.setattr(sysconf, "INSTALLED_DIR", str(tmp_path / "no-prefix-etc"))
+    assert sysconf.default_path({}) == ""
+    assert sysconf.load("") == sysconf.defaults()
+    assert sysconf.confdir(sysconf.defaults()) == str(tmp_path / "no-prefix-etc")
+
+
+def test_default_path_installed_data_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = tmp_path / "prefix" / "etc" / "singpy"
+    installed.mkdir(parents=True)
+    (installed / "singpy.conf").write_text("mount tmp = no\n")
+    monkeypatch.setattr(sysconf, "SYSTEM_PATH", str(tmp_path / "a.conf"))
+    monkeypatch.setattr(sysconf, "APPTAINER_PATHS", ())
+    monkeypatch.setattr(sysconf, "SHIPPED_DIR", str(tmp_path / "no-etc"))
+    monkeypatch.setattr(sysconf, "INSTALLED_DIR", str(installed))
+    assert sysconf.default_path({}) == str(installed / "singpy.conf")
+    assert sysconf.confdir(sysconf.defaults()) == str(installed)
+
+
+def test_real_apptainer_paths_constant() -> None:
+    assert sysconf.APPTAINER_PATHS == ("/etc/apptainer/apptainer.conf", "/etc/singularity/singularity.conf")
