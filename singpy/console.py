@@ -28,6 +28,15 @@ def _write(tag: str, message: str) -> None:
     sys.stderr.flush()
 
 
+def human_size(count: float) -> str:
+    """A byte count as people read it: 512 B, 1.9 MiB, 3.2 GiB."""
+    for unit in ("B", "KiB", "MiB"):
+        if count < 1024:
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GiB"
+
+
 def fatal(message: str) -> None:
     _write("FATAL:  ", message)
 

@@ -8,6 +8,7 @@ import time
 
 import typer
 
+from singpy.console import human_size
 from singpy.image import cache
 
 cache_app = typer.Typer(name="cache", help="Manage the cache of unpacked and pulled images.",
@@ -19,14 +20,6 @@ def _location() -> str:
 
     info = host.capture()
     return cache.cache_dir(info.env, info.home)
-
-
-def _human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("not reached")
 
 
 @cache_app.command("list")
@@ -42,7 +35,7 @@ def list_command() -> None:
         total += size
         created = info.get("created")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(str(created)))) if created else "?"
-        rows.append((digest[:16], _human(size), when, str(info.get("source", "?"))))
+        rows.append((digest[:16], human_size(size), when, str(info.get("source", "?"))))
     if not rows:
         print(f"no unpacked images in {location}")
         return
@@ -50,7 +43,7 @@ def list_command() -> None:
     widths = [max(len(row[column]) for row in rows) for column in range(3)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[3])
-    print(f"{len(rows) - 1} unpacked image(s), {_human(total)}, in {location}")
+    print(f"{len(rows) - 1} unpacked image(s), {human_size(total)}, in {location}")
 
 
 @cache_app.command("clean")
@@ -98,13 +91,13 @@ def _list_pulled(location: str) -> None:
     for digest, info in pulled:
         created = info.get("created")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(created))) if isinstance(created, int) else "?"
-        rows.append((digest[:16], _human(int(info["size"])), when, str(info.get("platform", "?")),
+        rows.append((digest[:16], human_size(int(info["size"])), when, str(info.get("platform", "?")),
                      str(info.get("source", "?"))))
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])
-    print(f"{len(rows) - 1} pulled image(s), {_human(sum(int(info['size']) for _, info in pulled))}; "
-          f"{count} layer blob(s), {_human(size)}")
+    print(f"{len(rows) - 1} pulled image(s), {human_size(sum(int(info['size']) for _, info in pulled))}; "
+          f"{count} layer blob(s), {human_size(size)}")
     print()
 
 

@@ -227,13 +227,38 @@ def unpack_filter(root: bool) -> list[str]:
 
 
 def _write_info(path: str, source: str, offset: int) -> None:
-    import json
     import time
 
+    write_record(path, {"source": os.path.realpath(source), "offset": offset, "created": int(time.time())})
+
+
+def write_record(path: str, record: Mapping[str, object]) -> None:
+    """A small JSON file of the cache, written whole or not at all (an OSError leaves nothing behind)."""
+    import json
+
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as handle:
-        json.dump({"source": os.path.realpath(source), "offset": offset, "created": int(time.time())}, handle)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            json.dump(record, handle)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_record(path: str) -> dict[str, object]:
+    """What `write_record` wrote, or {}: the cache is the user's, anything may be there instead."""
+    import json
+
+    from singpy.errors import SingpyError
+    from singpy.hostfiles import read_text
+
+    try:
+        data = json.loads(read_text(path, what="cache record", error=SingpyError, limit=1 << 16))
+    except (SingpyError, ValueError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _write_index(cache: str, key: str, digest: str) -> None:
@@ -277,20 +302,10 @@ def entries(cache: str) -> Iterator[str]:
 
 def entry_info(cache: str, digest: str, *, size: bool = True) -> dict[str, object]:
     """What `_write_info` recorded about an entry, plus (`size`) its size on disk in bytes."""
-    import json
-
-    from singpy.errors import SingpyError
-    from singpy.hostfiles import read_text
-
-    info: dict[str, object] = {}
-    try:  # written by _write_info, but the cache is the user's: anything may be there instead
-        data = json.loads(read_text(f"{cache}/{ROOTFS}/{digest}.json", what="cache record", error=SingpyError,
-                                    limit=1 << 16))
-    except (SingpyError, ValueError, RecursionError):
-        data = {}
-    if isinstance(data, dict):  # only the fields _write_info writes, of the types it writes
-        info = {key: data[key] for key, kind in (("source", str), ("offset", int), ("created", int))
-                if isinstance(data.get(key), kind) and not isinstance(data.get(key), bool)}
+    data = read_record(f"{cache}/{ROOTFS}/{digest}.json")
+    # only the fields _write_info writes, of the types it writes
+    info = {key: data[key] for key, kind in (("source", str), ("offset", int), ("created", int))
+            if isinstance(data.get(key), kind) and not isinstance(data.get(key), bool)}
     if size:
         info["size"] = sum(_blocks(parent, names) for parent, _, names in os.walk(f"{cache}/{ROOTFS}/{digest}"))
     return info

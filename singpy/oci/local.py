@@ -54,6 +54,7 @@ from singpy.oci.registry import (
     MANIFEST_TYPES,
     OCI_INDEX,
     OCI_MANIFEST,
+    SCHEMA1_TYPES,
     Manifest,
     manifest_problem,
 )
@@ -72,8 +73,6 @@ CHUNK = 1 << 20
 _HASHES = {"sha256": hashlib.sha256, "sha512": hashlib.sha512}
 _MAX_LINKS = 16  # links followed from one archive member to another
 _COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"\x28\xb5\x2f\xfd", "zstd"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"))
-_SCHEMA1 = ("application/vnd.docker.distribution.manifest.v1+json",
-            "application/vnd.docker.distribution.manifest.v1+prettyjws")
 
 
 def open_source(ref: Reference) -> LocalSource:
@@ -218,7 +217,7 @@ class LocalSource:
         if not isinstance(body, dict):
             raise ImageError(f"{self.where}: malformed manifest {digest} (not a JSON object)")
         media_type = _media_type(body, declared)
-        if media_type in _SCHEMA1:
+        if media_type in SCHEMA1_TYPES:
             raise ImageError(f"{self.where}: manifest {digest} is a Docker schema 1 manifest, which singpy does "
                              "not read")
         if media_type not in INDEX_TYPES + MANIFEST_TYPES:
@@ -339,7 +338,7 @@ def _media_type(body: dict[str, Any], declared: str | None) -> str:
     if declared:
         return declared
     if body.get("schemaVersion") == 1 or "fsLayers" in body:
-        return _SCHEMA1[0]
+        return SCHEMA1_TYPES[0]
     return OCI_INDEX if "manifests" in body else OCI_MANIFEST
 
 

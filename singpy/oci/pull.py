@@ -241,9 +241,11 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
                                                    f"{error.strerror}"), os.path.dirname(work), env) from None
             except ImageError as error:
                 raise store.space_error(error, os.path.dirname(work), env) from None
-        store.write_record(sif.removesuffix(".sif") + ".json",
-                           {"source": str(resolved.reference), "platform": resolved.platform,
-                            "created": int(time.time())})
+        try:  # for `singpy cache list`: the image is usable without it
+            cache.write_record(sif.removesuffix(".sif") + ".json", {
+                "source": str(resolved.reference), "platform": resolved.platform, "created": int(time.time())})
+        except OSError as error:
+            console.debug(f"can't record where {sif} came from: {error.strerror}")
     finally:
         cache.remove_tree(work)
         os.close(held)
@@ -491,18 +493,11 @@ class Steps:
     def transfer(self, description: str, total: int | None) -> Callable[[int], None] | None:
         """A callback for each chunk's byte count (several threads call theirs at once)."""
         if self.bar is None:
-            console.info(description + (f" ({_size(total)})" if total is not None else ""))
+            console.info(description + (f" ({console.human_size(total)})" if total is not None else ""))
             return None
         task = self.bar.add_task(description, total=total)
         return lambda count: self.bar.update(task, advance=count)
 
-
-def _size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if count < 1024:
-            return f"{count} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024  # type: ignore[assignment]
-    return f"{count:.1f} GiB"
 
 
 def wait_single_threaded() -> None:

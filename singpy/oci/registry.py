@@ -54,7 +54,7 @@ DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
 MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
-_SCHEMA1_TYPES = ("application/vnd.docker.distribution.manifest.v1+json",
+SCHEMA1_TYPES = ("application/vnd.docker.distribution.manifest.v1+json",
                   "application/vnd.docker.distribution.manifest.v1+prettyjws")
 ACCEPT = ", ".join((OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST))
 
@@ -172,7 +172,7 @@ class Registry:
         if not isinstance(body, dict):
             raise ImageError(f"malformed manifest for {image} from {self.host}: not a JSON object")
         media_type = _media_type(body, content_type)
-        if media_type in _SCHEMA1_TYPES:
+        if media_type in SCHEMA1_TYPES:
             raise ImageError(f"{image} has a Docker schema 1 manifest, a format deprecated since 2017 that singpy "
                              "does not read", hint="push the image again with a current docker, podman or skopeo")
         if media_type not in INDEX_TYPES + MANIFEST_TYPES:
@@ -653,7 +653,7 @@ def _media_type(body: dict[str, Any], content_type: str) -> str:
     if isinstance(declared, str) and declared:
         return declared
     if body.get("schemaVersion") == 1 or "fsLayers" in body:
-        return _SCHEMA1_TYPES[0]
+        return SCHEMA1_TYPES[0]
     if "manifests" in body:
         return content_type if content_type in INDEX_TYPES else OCI_INDEX
     if "layers" in body or "config" in body:
@@ -667,24 +667,22 @@ def manifest_problem(body: dict[str, Any], media_type: str) -> str | None:
     if version != 2 or isinstance(version, bool):
         return f"schemaVersion is {str(version)[:20]}, not 2"
     if media_type in INDEX_TYPES:
-        manifests = body.get("manifests")
-        if not isinstance(manifests, list):
-            return "'manifests' is not a list"
-        for position, item in enumerate(manifests):
-            problem = descriptor_problem(item)
-            if problem:
-                return f"manifests[{position}]{problem}"
-        return None
+        return _descriptors_problem(body, "manifests")
     problem = descriptor_problem(body.get("config"))
     if problem:
         return f"config{problem}"
-    layers = body.get("layers")
-    if not isinstance(layers, list):
-        return "'layers' is not a list"
-    for position, item in enumerate(layers):
+    return _descriptors_problem(body, "layers")
+
+
+def _descriptors_problem(body: dict[str, Any], key: str) -> str | None:
+    """What is wrong with the list of descriptors `body[key]` (None when nothing is)."""
+    items = body.get(key)
+    if not isinstance(items, list):
+        return f"'{key}' is not a list"
+    for position, item in enumerate(items):
         problem = descriptor_problem(item)
         if problem:
-            return f"layers[{position}]{problem}"
+            return f"{key}[{position}]{problem}"
     return None
 
 

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping
 from singpy import console
 from singpy.errors import ImageError
 from singpy.image import cache
+from singpy.oci.ref import valid_digest
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time (a cached image starts fast)
 if TYPE_CHECKING:
@@ -32,19 +33,18 @@ if TYPE_CHECKING:
 
 BLOBS, SIFS, REFS, WORK = "blobs/sha256", "sif", "refs", "tmp"
 TMPDIR_VARIABLES = ("SINGPY_TMPDIR", "APPTAINER_TMPDIR", "SINGULARITY_TMPDIR")
-_HEX_DIGITS = frozenset("0123456789abcdef")
 
 
 def hex_of(digest: str) -> str:
     """The hex part of a sha256 digest, checked: digests come from the network and name files."""
-    if not (digest.startswith("sha256:") and is_hex(digest[7:])):
+    if not (digest.startswith("sha256:") and valid_digest(digest)):
         raise ImageError(f"unsupported digest {digest[:80]!r}: singpy stores sha256 digests only")
     return digest[7:]
 
 
 def is_hex(text: str) -> bool:
     """Whether `text` is the 64 lower-case hex digits of a sha256 digest."""
-    return len(text) == 64 and _HEX_DIGITS.issuperset(text)
+    return valid_digest(f"sha256:{text}")
 
 
 def ensure(location: str, sub: str) -> str:
@@ -74,35 +74,6 @@ def locked(path: str, *, waiting_for: str) -> Iterator[None]:
         with contextlib.suppress(OSError):
             os.unlink(path)  # while locked, as cache.lock_file requires
         os.close(fd)
-
-
-def write_record(path: str, record: Mapping[str, Any]) -> None:
-    """A small JSON file, written whole or not at all."""
-    import json
-
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as handle:
-            json.dump(record, handle)
-        os.replace(tmp, path)
-    except OSError as error:  # the image is usable without it
-        console.debug(f"can't write {path}: {error.strerror}")
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-
-
-def read_record(path: str) -> dict[str, Any]:
-    """What `write_record` wrote, or {} (the cache is the user's: anything may be there)."""
-    import json
-
-    from singpy.errors import SingpyError
-    from singpy.hostfiles import read_text
-
-    try:
-        data = json.loads(read_text(path, what="cache record", error=SingpyError, limit=1 << 16))
-    except (SingpyError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _ref_path(location: str, reference: str, platform: str) -> str:
@@ -146,7 +117,7 @@ def recall(location: str, reference: str, platform: str) -> dict[str, str]:
         return {}
     finally:
         os.close(fd)
-    if len(words) != 2 or not all(word.startswith("sha256:") and is_hex(word[7:]) for word in words):
+    if len(words) != 2 or not all(word.startswith("sha256:") and valid_digest(word) for word in words):
         return {}
     return {"top": words[0], "digest": words[1]}
 
@@ -219,7 +190,7 @@ def pulled_images(location: str) -> list[tuple[str, dict[str, Any]]]:
             size = os.lstat(f"{location}/{SIFS}/{name}").st_blocks * 512
         except OSError:
             continue
-        record = read_record(f"{location}/{SIFS}/{hex_digest}.json")
+        record = cache.read_record(f"{location}/{SIFS}/{hex_digest}.json")
         found.append((hex_digest, {**record, "size": size}))
     return sorted(found, key=lambda item: created(item[1]))
 
