@@ -6,13 +6,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Debian packages, by what needs them. The demo: Python venv + headers and libcap for python-prctl,
 # busybox-static for its image, squashfs-tools, squashfuse and fuse3 for SIF files, uidmap and
-# util-linux. The tests add fuse-overlayfs, siftool, iproute2 (network namespaces), a real registry
-# (docker-registry), skopeo and umoci, htpasswd (apache2-utils) and openssl for its Basic-auth and TLS
-# variants. The benchmark adds the tools it compares with: bubblewrap and Charliecloud.
+# util-linux. The tests add fuse-overlayfs, e2fsprogs and fuse2fs (overlays), pipx (an install test),
+# siftool, iproute2 (network namespaces), a real registry (docker-registry), skopeo and umoci, htpasswd
+# (apache2-utils) and openssl for its Basic-auth and TLS variants. The benchmark adds the tools it compares
+# with: bubblewrap and Charliecloud.
 DEMO_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev busybox-static squashfs-tools \
 	squashfuse fuse3 uidmap util-linux
-TEST_PACKAGES := $(DEMO_PACKAGES) fuse-overlayfs siftool iproute2 docker-registry skopeo umoci apache2-utils \
-	openssl ca-certificates
+TEST_PACKAGES := $(DEMO_PACKAGES) fuse-overlayfs e2fsprogs fuse2fs pipx siftool iproute2 docker-registry skopeo \
+	umoci apache2-utils openssl ca-certificates
 BENCH_PACKAGES := $(TEST_PACKAGES) bubblewrap charliecloud-runtime
 # Where `make install` puts the `singpy` command: /usr/local/bin as root, ~/.local/bin otherwise.
 PREFIX ?= $(if $(filter 0,$(shell id -u)),/usr/local,$(HOME)/.local)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import Singpy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,5 +26,58 @@ def test_make_install_links_a_working_singpy(tmp_path: Path) -> None:
     command = tmp_path / "bin" / "singpy"
     assert command.is_symlink() and os.readlink(command) == str(REPO / ".venv" / "bin" / "singpy")
     assert f"add {tmp_path}/bin to your PATH" in done.stdout
+    shown = subprocess.run([str(command), "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert shown.returncode == 0 and shown.stdout.startswith("singpy version "), shown.stderr
+
+
+# --- pipx install . ------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pipx_installed(workdir: Path) -> Iterator[Path]:
+    """`pipx install` of the tracked files into a PIPX_HOME of our own: the `singpy` command pipx links.
+
+    pipx makes its own virtual environment and installs the dependencies into it from the package
+    index, as it does for a user; where no index answers, the test skips rather than fails.
+    """
+    pipx = shutil.which("pipx")
+    if pipx is None:
+        pytest.skip("pipx is not installed (Debian package pipx)")
+    root = workdir / "pipx-install"
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(mode=0o755)
+    source = root / "source"
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True,
+                             timeout=60).stdout.decode().split("\0")
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    env = {**os.environ, "PIPX_HOME": str(root / "home"), "PIPX_BIN_DIR": str(root / "bin")}
+    done = subprocess.run([pipx, "install", "--python", os.path.realpath(sys.executable),
+                           str(source)], capture_output=True, text=True, timeout=600, check=False, env=env)
+    if done.returncode != 0:
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"pipx could not install the repository (no package index?): {done.stderr.strip()[-400:]}")
+    for path in (root, *root.rglob("*")):  # the test user runs it too (umask may have been 077)
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o555 if path.is_dir() else path.stat().st_mode | 0o444)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_pipx_install_gives_a_working_singpy(singpy: Singpy, pipx_installed: Path, image: Path) -> None:
+    command = pipx_installed / "bin" / "singpy"
+    venv = pipx_installed / "home" / "venvs" / "singpy"
+    assert command.resolve() == venv / "bin" / "singpy"
+    shipped = venv / "etc" / "singpy" / "singpy.conf"
+    assert shipped.read_text() == (REPO / "etc" / "singpy.conf").read_text()
+    result = subprocess.run([str(command), "--verbose", "exec", str(image), "echo", "ran"],  # type: ignore[call-overload]
+                            capture_output=True, text=True, timeout=120, check=False, env=singpy.env(), cwd="/",
+                            **singpy.switch())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ran\n"
+    if not any(Path(path).exists() for path in ("/etc/singpy/singpy.conf", "/etc/apptainer/apptainer.conf",
+                                                 "/etc/singularity/singularity.conf")):
+        assert f"configuration: {shipped}" in result.stderr
     shown = subprocess.run([str(command), "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0 and shown.stdout.startswith("singpy version "), shown.stderr
