@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import sys
 
-QUIET, NORMAL, VERBOSE, DEBUG = -1, 0, 1, 2
+# Apptainer's levels: --silent shows errors only, --quiet warnings too (its "suppress normal output").
+SILENT, QUIET, NORMAL, VERBOSE, DEBUG = -2, -1, 0, 1, 2
 
 _level = NORMAL
 
@@ -46,7 +47,7 @@ def hint(message: str) -> None:
 
 
 def warning(message: str) -> None:
-    if _level >= NORMAL:
+    if _level >= QUIET:
         _write("WARNING:", message)
 
 

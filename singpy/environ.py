@@ -7,13 +7,15 @@ Precedence, lowest first (Apptainer's action script and its docs,
    the APPTAINER_/SINGULARITY_ variables describing the container;
 2. the image's `/.singularity.d/env/*.sh`, sourced in lexical order;
 3. injected variables: `SINGULARITYENV_X` < `APPTAINERENV_X` < `SINGPYENV_X`
-   < `--env-file` < `--env`;
-4. PATH rules: `..ENV_PREPEND_PATH`, `..ENV_APPEND_PATH`, then `..ENV_PATH`;
+   < `--env-file` < `--env` (singpy.envfile reads the files);
+4. PATH rules: `..ENV_PREPEND_PATH`, `..ENV_APPEND_PATH`, then `..ENV_PATH`,
+   each evaluated like an injected value, so `$PATH` in them is the image's;
 5. LD_LIBRARY_PATH always ends with /.singularity.d/libs (where --nv/--rocm
    put the host's GPU libraries);
 6. host variables, only where nothing above set the same name (skipped with
    --cleanenv, except TERM and the proxy variables). PATH, LD_LIBRARY_PATH and
-   the launcher's own SINGULARITY_/APPTAINER_/SINGPY_ variables never pass.
+   the launcher's own SINGULARITY_/APPTAINER_/SINGPY_ variables never pass;
+7. `singpy shell` exports SHELL, the shell it starts, over all of the above.
 
 When the image has env scripts, step 2 needs a shell inside the container:
 `ACTION_SCRIPT` does steps 2-6 there. Otherwise `final_env` does them here,
@@ -48,6 +50,7 @@ class EnvPlan(Record):
     path: str = ""  # replaces PATH when set
     host: tuple[tuple[str, str], ...] = ()  # step 6 candidates
     evaluate: bool = False  # injected values are evaluated once by the container's shell (not --no-eval)
+    shell: str = ""  # step 7: SHELL, set inside the container by singpy.process for `singpy shell`
 
 
 def is_valid_name(name: str) -> bool:
@@ -56,8 +59,14 @@ def is_valid_name(name: str) -> bool:
 
 
 def injected_from_host(host_env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
-    """Variables the host asks to inject via prefixes; also returns warnings."""
+    """Variables the host asks to inject via prefixes; also returns warnings.
+
+    A name set through two prefixes with different values is a warning in
+    Apptainer's words (`SINGULARITYENV_X and APPTAINERENV_X have different
+    values, using the latter`); the later prefix wins.
+    """
     found: dict[str, str] = {}
+    set_by: dict[str, str] = {}
     warnings = []
     for prefix in INJECT_PREFIXES:
         for key, value in host_env.items():
@@ -66,7 +75,9 @@ def injected_from_host(host_env: Mapping[str, str]) -> tuple[dict[str, str], lis
                 if name in PROTECTED:
                     warnings.append(f"overriding {name} environment variable with {key} is not permitted")
                     continue
-                found[name] = value
+                if found.get(name, value) != value:
+                    warnings.append(f"{set_by[name]} and {key} have different values, using the latter")
+                found[name], set_by[name] = value, key
     return found, warnings
 
 
@@ -104,6 +115,8 @@ def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None) -> dict
     env["LD_LIBRARY_PATH"] = with_libs_dir(env.get("LD_LIBRARY_PATH", ""))
     for key, value in plan.host:
         env.setdefault(key, value)
+    if plan.shell:
+        env["SHELL"] = plan.shell
     return env
 
 
@@ -114,8 +127,9 @@ def with_libs_dir(value: str) -> str:
 
 
 def needs_shell(plan: EnvPlan) -> bool:
-    """Whether an injected value must be evaluated by a shell ($VAR, `cmd`, backslashes)."""
-    return plan.evaluate and any(mark in value for _, value in plan.injected for mark in _EVALUATED)
+    """Whether an injected value or a PATH rule must be evaluated by a shell ($VAR, `cmd`, backslashes)."""
+    values = [value for _, value in plan.injected] + [plan.prepend_path, plan.append_path, plan.path]
+    return plan.evaluate and any(mark in value for value in values for mark in _EVALUATED)
 
 
 _EVALUATED = ("$", "`", "\\")
@@ -164,13 +178,13 @@ def shell_env(plan: EnvPlan, env_scripts: tuple[str, ...] = ()) -> dict[str, str
     env["__SINGPY_INJECT"] = " ".join(key for key, _ in plan.injected)
     if plan.evaluate:
         env["__SINGPY_EVAL"] = "1"
-    env.update({f"__SINGPY_I_{key}": double_quoted_body(value) if plan.evaluate else value
-                for key, value in plan.injected})
+    quoted = double_quoted_body if plan.evaluate else str
+    env.update({f"__SINGPY_I_{key}": quoted(value) for key, value in plan.injected})
     host = [(key, value) for key, value in plan.host if key not in env]  # a base name is always set
     env["__SINGPY_HOST"] = " ".join(key for key, _ in host)
     env.update({f"__SINGPY_H_{key}": value for key, value in host})
-    env.update({"__SINGPY_PREPEND": plan.prepend_path, "__SINGPY_APPEND": plan.append_path,
-                "__SINGPY_PATH": plan.path})
+    env.update({"__SINGPY_PREPEND": quoted(plan.prepend_path), "__SINGPY_APPEND": quoted(plan.append_path),
+                "__SINGPY_PATH": quoted(plan.path), "__SINGPY_SHELL": plan.shell})
     return env
 
 
@@ -198,19 +212,30 @@ for __f in $__SINGPY_ENV_SCRIPTS; do
     esac
 done
 set +f
-for __n in $__SINGPY_INJECT; do
-    if [ -n "$__SINGPY_EVAL" ]; then
-        eval "__v=\${__SINGPY_I_$__n}"
-        if ! (eval "__f() { : \"$__v\"; }") 2>&- || ! __v=$(eval "printf '%s.' \"$__v\""); then
-            echo "FATAL:   can't evaluate $__n: not valid shell text between double quotes (see --no-eval)" >&2
-            exit 255
-        fi
-        eval "export $__n=\"\${__v%.}\""
-    else
-        eval "export $__n=\"\${__SINGPY_I_$__n}\""
+__singpy_value() {  # __v := the value held by variable $2, evaluated unless --no-eval; $1 names it
+    eval "__v=\${$2}"
+    [ -n "$__SINGPY_EVAL" ] || return 0
+    if ! (eval "__f() { : \"$__v\"; }") 2>&- || ! __v=$(eval "printf '%s.' \"$__v\""); then
+        echo "FATAL:   can't evaluate $1: not valid shell text between double quotes (see --no-eval)" >&2
+        exit 255
     fi
+    __v=${__v%.}
+}
+for __n in $__SINGPY_INJECT; do
+    __singpy_value $__n __SINGPY_I_$__n
+    eval "export $__n=\"\$__v\""
     unset __SINGPY_I_$__n
 done
+# The PATH rules: all three evaluated against the image's PATH before any applies, as Apptainer does.
+__v=
+[ -z "$__SINGPY_PREPEND" ] || __singpy_value PREPEND_PATH __SINGPY_PREPEND
+__SINGPY_PREPEND=$__v
+__v=
+[ -z "$__SINGPY_APPEND" ] || __singpy_value APPEND_PATH __SINGPY_APPEND
+__SINGPY_APPEND=$__v
+__v=
+[ -z "$__SINGPY_PATH" ] || __singpy_value PATH __SINGPY_PATH
+__SINGPY_PATH=$__v
 [ -n "$__SINGPY_PREPEND" ] && PATH="$__SINGPY_PREPEND:$PATH"
 [ -n "$__SINGPY_APPEND" ] && PATH="$PATH:$__SINGPY_APPEND"
 [ -n "$__SINGPY_PATH" ] && PATH="$__SINGPY_PATH"
@@ -224,8 +249,10 @@ export LD_LIBRARY_PATH
 for __n in $__SINGPY_HOST; do
     eval "[ -n \"\${$__n+x}\" ] || export $__n=\"\${__SINGPY_H_$__n}\"; unset __SINGPY_H_$__n"
 done
+[ -z "$__SINGPY_SHELL" ] || export SHELL="$__SINGPY_SHELL"
+unset -f __singpy_value
 unset __f __n __v __SINGPY_ENV_SCRIPTS __SINGPY_INJECT __SINGPY_EVAL __SINGPY_HOST __SINGPY_PREPEND \
-    __SINGPY_APPEND __SINGPY_PATH
+    __SINGPY_APPEND __SINGPY_PATH __SINGPY_SHELL
 if ! __f=$(command -v "$1" 2>&-); then
     echo "FATAL:   \"$1\": executable file not found in \$PATH" >&2
     exit 255
@@ -252,30 +279,6 @@ def redact_secrets(env_data: dict[str, object]) -> None:
         pairs = env_data.get(field)
         if isinstance(pairs, list):
             env_data[field] = [[pair[0], REDACTED] if looks_secret(str(pair[0])) else pair for pair in pairs]
-
-
-def parse_env_file(text: str, origin: str) -> dict[str, str]:
-    """NAME=VALUE lines (optionally `export NAME=...`, quoted values, # comments).
-
-    A bad line is an error of the file, not of the command line: exit 255.
-    """
-    from singpy.errors import SingpyError
-    from singpy.hostfiles import shown
-
-    values = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export "):].strip()
-        name, sep, value = line.partition("=")
-        if not sep or not is_valid_name(name):
-            raise SingpyError(f"{origin}:{number}: expected NAME=VALUE, got {shown(raw.strip())!r}")
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-            value = value[1:-1]
-        values[name] = value
-    return values
 
 
 def parse_env_option(values: Iterable[str]) -> dict[str, str]:

@@ -54,7 +54,7 @@ import os
 import sys
 
 from singpy import console, process, rootfs
-from singpy.config.sysconf import SysConfig
+from singpy.config.sysconf import IMAGE_LIMITS, SysConfig
 from singpy.constants import LIBS_DIR
 from singpy.host import HostInfo
 from singpy.image.detect import detect
@@ -66,6 +66,7 @@ from singpy.mounts.apply import apply_mounts, survey
 from singpy.mounts.rootpath import Tree
 from singpy.plan import ImageSpec, LaunchPlan
 from singpy.planner import LaunchRequest, build_plan
+from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: b
         console.warning(warning)
     for note in gpu.notes if gpu else ():
         console.verbose(note)
+    if request.nvccli and request.writable_tmpfs:
+        console.info("--nvccli: the image is writable in memory (--writable-tmpfs), as with Apptainer")
     if dry_run:
         _print_dry_run(planned.plan, gpu, planned.warnings)
         return 0
@@ -102,7 +105,7 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, rootfs: str
     from singpy.gpu.request import discover_gpus
 
     return discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
-                         rootfs=rootfs)
+                         rootfs=rootfs, nvccli=request.nvccli)
 
 
 def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tuple[str, ...]) -> None:
@@ -142,13 +145,23 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
     user's cache, which outlives the container (singpy.image.squashfs).
     """
     image = detect(request.image)
+    if host.uid != 0 and config.changed(IMAGE_LIMITS):  # before anything is extracted from a refused image
+        from singpy import policy
+
+        policy.check_image(image, config, host.uid)
     if image.kind == "sandbox":
         return image
+    if request.writable:  # refused before anything is extracted
+        from singpy.image.detect import overlay_partition
+        from singpy.overlay import check_writable_image
+
+        check_writable_image(image, overlay_partition(image.path) if image.kind == "sif" else None)
     from singpy.image import cache, squashfs
 
     image = squashfs.choose(image, uid=host.uid, unsquash=request.unsquash or config.flag("unsquash"),
                             allow_kernel=config.flag("allow kernel squashfs"), env=host.env,
-                            cache=cache.cache_dir(host.env, host.home), user_namespace=request.fakeroot)
+                            cache=cache.cache_dir(host.env, host.home),
+                            user_namespace=request.fakeroot or request.userns)
     return image if dry_run else squashfs.prepare(image, root=host.uid == 0)
 
 
@@ -162,25 +175,42 @@ def launch(plan: LaunchPlan, net_fd: int | None = None) -> int:
     if plan.image.strategy in ("loop", "fuse"):
         # Imported now: after the first pivot the package is out of reach (attach_image).
         from singpy.image import squashfs  # noqa: F401
+    if _layered(plan):
+        from singpy import overlayfs  # noqa: F401  (same reason: prepare_root)
+    if any(layer.kind == "extfs" for layer in plan.overlays):
+        from singpy.image import extfs  # noqa: F401
+    _limit_loop_devices(plan)
     enter_namespaces(plan, net_fd)
-    rootfs.enter_staging()
+    rootfs.enter_staging(plan.staging_fs, plan.staging_size)
     image_root, helpers = attach_image(plan)
+    root, layer_helpers = prepare_root(plan, image_root)
+    helpers = (*reversed(layer_helpers), *helpers)  # stopped top first: fuse-overlayfs, fuse2fs, squashfuse
     if plan.namespaces.pid:
         k.unshare(k.CLONE_NEWPID)  # only now: a helper must not become the new namespace's PID 1
-        return process.supervise(lambda: _pid1(plan, image_root), helpers)
+        return process.supervise(lambda: _pid1(plan, root), helpers)
     if helpers:
-        return process.supervise(lambda: _container(plan, image_root), helpers)
-    scripts = build_container(plan, image_root)
+        return process.supervise(lambda: _container(plan, root), helpers)
+    scripts = build_container(plan, root)
     process.exec_process(plan.process, scripts)
 
 
-def _pid1(plan: LaunchPlan, image_root: str) -> NoReturn:
-    scripts = build_container(plan, image_root)
+def _limit_loop_devices(plan: LaunchPlan) -> None:
+    """`max loop devices`, set before anything attaches one (the image's squashfs, an ext3 overlay)."""
+    if plan.image.strategy == "loop" or any(layer.strategy == "loop" for layer in plan.overlays):
+        from singpy.kernel import loop
+
+        loop.set_max_devices(plan.max_loop_devices)
+
+
+def _pid1(plan: LaunchPlan, root: PreparedRoot) -> NoReturn:
+    scripts = build_container(plan, root)
+    if not plan.process.init:  # --no-init: the payload is PID 1, signals without a handler never reach it
+        process.exec_process(plan.process, scripts)
     process.init(lambda: process.exec_process(plan.process, scripts))
 
 
-def _container(plan: LaunchPlan, image_root: str) -> NoReturn:
-    scripts = build_container(plan, image_root)
+def _container(plan: LaunchPlan, root: PreparedRoot) -> NoReturn:
+    scripts = build_container(plan, root)
     process.exec_process(plan.process, scripts)
 
 
@@ -253,21 +283,66 @@ def enter_namespaces(plan: LaunchPlan, net_fd: int | None = None) -> None:
         netns.loopback_up()
 
 
-def build_container(plan: LaunchPlan, image_root: str) -> ImageScripts:
-    """Called in the staging root, in the new namespaces (inside the new PID namespace with --pid).
+class PreparedRoot(Record):
+    """The image on NEWROOT, before the plan's mounts (prepare_root), for build_container."""
+
+    image: Tree  # the image's own root, open: what is read from it is its own
+    scripts: ImageScripts  # its scripts the payload may use
+
+
+def _layered(plan: LaunchPlan) -> bool:
+    """Whether the root is written or has layers over it: singpy.overlayfs builds it then."""
+    return plan.writable or bool(plan.overlays) or plan.overlay_driver == "fuse"
+
+
+def _no_layer(plan: LaunchPlan) -> str:
+    """Why the mount points the image lacks can't be added to it ("" when they can, in an overlay layer)."""
+    if plan.writable and not plan.overlays:
+        return "with --writable, singpy makes no mount point in the image"
+    if plan.overlay_driver == "none":
+        return "`enable overlay = no` in the configuration: singpy can't add mount points to the image"
+    return ""
+
+
+def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple[int, ...]]:
+    """Called in the staging root before anything is forked: the image, and its layers, on NEWROOT.
 
     `image_root` is the image's root as seen from the staging root (attach_image).
-    Returns the image's scripts the payload may use, found in the image alone.
+    Returns the pids of the helpers serving layers (fuse2fs, fuse-overlayfs):
+    started here, they are the launcher's children, which its supervisor stops.
     """
-    with Tree(image_root, proc=rootfs.PROC) as image:  # the image alone: what is read from it is its own
+    image = Tree(image_root, proc=rootfs.PROC)
+    try:
         found = survey(plan.mounts, image)
         scripts = find_scripts(image, covered=found.covers, runscript=plan.process.action == "run")
-        for path, _ in found.missing:
+        missing = [] if _no_layer(plan) else found.missing
+        for path, _ in missing:
             console.debug(f"mount point /{path} is missing from the image: adding it in an overlay layer")
-        rootfs.mount_image(image, mount_points=found.missing, writable=plan.writable_tmpfs,
-                           userns=plan.namespaces.user)
-        apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs)
-    rootfs.finish_root(writable=plan.writable_tmpfs)
+        helpers: tuple[int, ...] = ()
+        if _layered(plan):
+            from singpy import overlayfs
+
+            helpers = overlayfs.mount_root(plan, image, missing, plan.uid, plan.gid)
+        else:
+            rootfs.mount_image(image, mount_points=missing, writable=plan.writable_tmpfs,
+                               userns=plan.namespaces.user)
+    except BaseException:
+        image.close()
+        raise
+    return PreparedRoot(image=image, scripts=scripts), helpers
+
+
+def build_container(plan: LaunchPlan, root: PreparedRoot) -> ImageScripts:
+    """Called in the staging root, in the new namespaces (inside the new PID namespace with --pid).
+
+    `root` is the image on NEWROOT (prepare_root). Returns the image's
+    scripts the payload may use, found in the image alone.
+    """
+    writes = plan.writable or plan.writable_tmpfs or any(not layer.readonly for layer in plan.overlays)
+    with root.image as image:
+        apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs, no_layer=_no_layer(plan))
+    rootfs.finish_root(writable=writes)
+    scripts = root.scripts
     if plan.hostname is not None:
         k.sethostname(plan.hostname)
     return scripts

@@ -14,9 +14,9 @@ networks`; [2] etc/network/*.conflist):
 
 `bridge` and `ptp` create interfaces in the host's network namespace, which
 needs CAP_NET_ADMIN there: root only, since singpy is never setuid. So for an
-unprivileged user they are refused; `allow net users` / `allow net networks`
-(Apptainer's directives, comma lists, may repeat) say whether the site meant
-to allow them, which only changes what the refusal says. No NAT and no
+unprivileged user they are refused; `allow net users`, `allow net groups` and
+`allow net networks` (Apptainer's directives, comma lists, may repeat) say
+whether the site meant to allow them, which only changes what the refusal says. No NAT and no
 forwarding are set up: the host's firewall decides what lies beyond.
 """
 
@@ -45,7 +45,7 @@ def plan_network(*, net: bool, network: str | None, network_args: tuple[str, ...
     if kind not in TYPES:
         raise NetworkError(f"unknown network type {kind!r}: choose one of {', '.join(TYPES)}")
     if uid != 0 and kind != "none":
-        raise NetworkError(_refusal(kind, user, config), hint="--net alone (--network none) gives a private "
+        raise NetworkError(_refusal(kind, uid, user, config), hint="--net alone (--network none) gives a private "
                            "network namespace with only the loopback")
     args = parse_network_args(network_args)
     if kind == "none":
@@ -63,14 +63,45 @@ def plan_network(*, net: bool, network: str | None, network_args: tuple[str, ...
     return NetworkSpec(type=kind, bridge=bridge, subnet=subnet, address=address)
 
 
-def _refusal(kind: str, user: str, config: SysConfig) -> str:
+def _refusal(kind: str, uid: int, user: str, config: SysConfig) -> str:
+    """Why a user may not have `kind`: not allowed by singpy.conf, or allowed but beyond what singpy can do.
+
+    As in Apptainer, a user is allowed when `allow net users` names them (or
+    their uid) or `allow net groups` one of their groups (name or gid), and
+    `allow net networks` names the network.
+    """
     users = _words(config.items("allow net users"))
-    networks = _words(config.items("allow net networks"))
-    if user not in users or kind not in networks:
+    allowed = user in users or str(uid) in users or _in_groups(uid, _words(config.items("allow net groups")))
+    if not allowed or kind not in _words(config.items("allow net networks")):
         return (f"network {kind} is not allowed for user {user}: unprivileged users may use --network none "
-                "(allow net users / allow net networks in singpy.conf)")
+                "(allow net users / allow net groups / allow net networks in singpy.conf)")
     return (f"network {kind} needs root: singpy is never setuid, so it cannot create interfaces on the host "
             f"for user {user}, although singpy.conf allows it")
+
+
+def _in_groups(uid: int, groups: set[str]) -> bool:
+    """Whether the user is a member of one of `groups` (names or gids): their passwd group and those of /etc/group.
+
+    The user and group databases are read only when `allow net groups` is set.
+    """
+    if not groups:
+        return False
+    import grp
+    import os
+    import pwd
+
+    try:
+        entry = pwd.getpwuid(uid)
+        gids = os.getgrouplist(entry.pw_name, entry.pw_gid)
+    except (KeyError, OSError):
+        return False
+    names = set()
+    for gid in gids:
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return bool(groups & ({str(gid) for gid in gids} | names))
 
 
 def _words(values: tuple[str, ...]) -> set[str]:

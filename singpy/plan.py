@@ -113,6 +113,8 @@ class ProcessSpec(Record):
     cwd_required: bool = False  # --pwd: a cwd missing in the container is an error, not a fallback to the home
     shell: str | None = None  # --shell, for the shell action
     privileges: Privileges = Privileges()  # capabilities left to the payload (applied just before execve)
+    umask: int | None = None  # --no-umask: the payload's umask (0o022); None keeps the caller's, as Apptainer
+    init: bool = True  # with a PID namespace: singpy's init is PID 1 (False: --no-init, the payload is)
 
 
 class ImageSpec(Record):
@@ -129,6 +131,23 @@ class ImageSpec(Record):
     cache: str = ""  # the user's extraction cache directory (extract)
 
 
+class OverlaySpec(Record):
+    """One layer put over the image's root: an --overlay, or the SIF's own overlay partition with --writable.
+
+    Apptainer's layout: the layer's files are in `upper/` and the kernel's
+    scratch in `work/`, both at the top of the directory or of the ext3
+    filesystem.
+    """
+
+    path: str  # absolute host path: a directory, an ext3 image file, or the SIF holding the partition
+    kind: str  # "dir" (a host directory) or "extfs" (an ext3 filesystem in a file)
+    readonly: bool = False  # :ro, a lower layer only; the one writable overlay (at most one) is the top layer
+    offset: int = 0  # extfs: byte offset of the filesystem in the file (a SIF partition), 0 for a whole file
+    size: int = 0  # extfs: its size in bytes (0: to the end of the file)
+    strategy: str = "directory"  # directory (kind dir), loop (root: kernel ext3 on a loop device) or fuse (fuse2fs)
+    tool: str = ""  # host path of fuse2fs (strategy fuse)
+
+
 class LaunchPlan(Record):
     """Everything the launch phases need; nothing after the planner reads argv, env or conf."""
 
@@ -140,8 +159,15 @@ class LaunchPlan(Record):
     process: ProcessSpec
     hostname: str | None = None  # sethostname() in the new uts namespace
     writable_tmpfs: bool = False  # overlay a writable tmpfs on the image root
+    writable: bool = False  # --writable: the image itself (a sandbox) or its overlay partition (a SIF) is written
+    overlays: tuple[OverlaySpec, ...] = ()  # layers over the image, lowest first (--overlay, a SIF's partition)
     network: NetworkSpec | None = None  # the network namespace's set-up (with --net), None without
     fakeroot: IdMap | None = None  # --fakeroot: uid 0 inside, mapped to `uid` (and ranges) outside
+    staging_fs: str = "tmpfs"  # `memory fs type`: the staging root's filesystem (tmpfs or ramfs), see singpy.rootfs
+    staging_size: int = 0  # `sessiondir max size` in MiB for it (a user's tmpfs), 0: no limit
+    max_loop_devices: int = 256  # `max loop devices`: loop devices numbered below this only (singpy.kernel.loop)
+    overlay_driver: str = "kernel"  # root overlay: kernel (overlayfs) or fuse (fuse-overlayfs); see singpy.overlay
+    overlay_tool: str = ""  # host path of fuse-overlayfs: driver fuse, or kernel's fallback should it refuse ("": none)
 
     def to_json_data(self) -> dict[str, object]:
         """A JSON-ready dict (enums as their values) for --dry-run and logging."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
-from singpy.config.sysconf import SysConfig, confdir
+from singpy.config.sysconf import IMAGE_LIMITS, SysConfig, confdir
 from singpy.constants import DEFAULT_PATH
 from singpy.environ import EnvPlan, host_passthrough, injected_from_host, split_path_rules
 from singpy.errors import BindSpecError, SingpyError
@@ -35,6 +35,7 @@ from singpy.record import Record
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from singpy.mounts.parse import BindSpec
+    from singpy.overlay import OverlayChoice
 
 _HOSTNAME_MAX = 64  # HOST_NAME_MAX: what sethostname() takes
 
@@ -54,6 +55,8 @@ class LaunchRequest(Record):
     no_home: bool = False
     pwd: str | None = None
     writable_tmpfs: bool = False
+    writable: bool = False  # --writable: the image (a sandbox) or its overlay partition (a SIF) is written
+    overlays: tuple[str, ...] = ()  # --overlay values, as given (PATH[:ro], comma lists)
     hostname: str | None = None
     pid: bool = False
     ipc: bool = False
@@ -72,6 +75,11 @@ class LaunchRequest(Record):
     no_privs: bool = False  # --no-privs
     add_caps: tuple[str, ...] = ()  # --add-caps values, as given
     drop_caps: tuple[str, ...] = ()  # --drop-caps values, as given
+    no_mount: tuple[str, ...] = ()  # --no-mount names, checked (singpy.mounts.system.check_no_mount)
+    no_init: bool = False  # --no-init: with --pid, the payload is PID 1
+    no_umask: bool = False  # --no-umask: the payload starts with umask 0022, not the caller's
+    userns: bool = False  # -u/--userns: a user namespace even as root (root mapped to itself)
+    nvccli: bool = False  # --nvccli: the library list must come from nvidia-container-cli
 
 
 class Planned(Record, kw_only=False):
@@ -85,25 +93,91 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                gpu_mounts: tuple[MountSpec, ...] = (), keep_host_env: tuple[str, ...] = ()) -> Planned:
     if request.hostname is not None:
         _check_hostname(request.hostname)
-    if request.pid and not config.flag("allow pid ns"):
-        raise SingpyError("--pid is not allowed by the system administrator (allow pid ns = no)")
+    pid, ipc, uts, hostname, dropped = _namespaces(request, config)
     network = _network(request, host, config)
     fakeroot = _fakeroot(request, host)
     privileges = _privileges(request, config, host)
     home_source, home_dest = _home(request, host)
-    namespaces = Namespaces(user=host.uid != 0 or fakeroot is not None, pid=request.pid, ipc=request.ipc,
-                            uts=request.uts or request.hostname is not None, net=network is not None)
+    namespaces = Namespaces(user=host.uid != 0 or fakeroot is not None or request.userns, pid=pid,
+                            ipc=ipc, uts=uts, net=network is not None)
     mounts = _mounts(request, config, host, namespaces, home_source, home_dest) + list(gpu_mounts)
     mounts += _user_binds(request, config)
     env_plan, warnings = _env_plan(request, host, image, home_dest, keep_host_env)
+    layers = _layers(request, config, host, image, namespaces.user)
+    if layers is not None:
+        if host.uid != 0 and config.changed(IMAGE_LIMITS):
+            from singpy import policy
+
+            policy.check_overlays(layers.overlays, image.path, config, host.uid)
+        warnings += layers.warnings
+        if host.uid == 0 and (request.writable or layers.writable_tmpfs
+                              or any(not layer.readonly for layer in layers.overlays)):
+            mounts = _without_identity_files(mounts)
     process = ProcessSpec(action=request.action, args=request.args, env=env_plan,
                           cwd=_cwd(request, host, home_dest), cwd_required=bool(request.pwd), shell=request.shell,
-                          privileges=privileges)
+                          privileges=privileges, umask=0o022 if request.no_umask else None, init=not request.no_init)
     plan = LaunchPlan(image=image, namespaces=namespaces, uid=host.uid, gid=host.gid,
                       mounts=tuple(sorted(mounts, key=lambda spec: spec.stage)), process=process,
-                      hostname=request.hostname, writable_tmpfs=request.writable_tmpfs,
-                      network=network, fakeroot=fakeroot)
-    return Planned(plan, tuple(warnings))
+                      hostname=hostname,
+                      writable_tmpfs=layers.writable_tmpfs if layers is not None else request.writable_tmpfs,
+                      writable=request.writable, overlays=tuple(layers.overlays) if layers is not None else (),
+                      overlay_driver=layers.driver if layers is not None else _default_driver(config),
+                      overlay_tool=layers.tool if layers is not None else "",
+                      network=network, fakeroot=fakeroot, staging_fs=config.text("memory fs type"),
+                      staging_size=_staging_size(config, host.uid),
+                      max_loop_devices=config.number("max loop devices"))
+    return Planned(plan, (*dropped, *warnings))
+
+
+def _layers(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec,
+            user_namespace: bool) -> OverlayChoice | None:
+    """--writable, --overlay, a SIF's overlay partition, `enable overlay` (singpy.overlay, imported only then)."""
+    enable = config.text("enable overlay")
+    partition = None
+    if image.kind == "sif":
+        from singpy.image.detect import overlay_partition
+
+        partition = overlay_partition(image.path)
+    needed = request.writable or request.overlays or partition is not None
+    if not needed and not (request.writable_tmpfs and enable in ("no", "driver")):
+        return None
+    from singpy.overlay import plan_overlays
+
+    return plan_overlays(image=image, writable=request.writable, overlays=request.overlays,
+                         writable_tmpfs=request.writable_tmpfs, enable=enable, uid=host.uid,
+                         user_namespace=user_namespace, cwd=host.cwd, env=host.env, partition=partition)
+
+
+def _default_driver(config: SysConfig) -> str:
+    """No overlay asked for: the layer of missing mount points is the kernel's overlayfs, or none at all."""
+    return "none" if config.text("enable overlay") == "no" else "kernel"
+
+
+def _without_identity_files(mounts: list[MountSpec]) -> list[MountSpec]:
+    """Root writing the image keeps its own /etc/passwd and /etc/group (Apptainer binds none then)."""
+    from singpy import console
+
+    console.verbose("not binding /etc/passwd and /etc/group: the container is writable and you are root")
+    return [spec for spec in mounts if not (spec.op is MountOp.FILE and spec.dest in ("/etc/passwd", "/etc/group"))]
+
+
+def _namespaces(request: LaunchRequest, config: SysConfig) -> tuple[bool, bool, bool, str | None, tuple[str, ...]]:
+    """(pid, ipc, uts, hostname, warnings): what `allow pid/ipc/uts ns` leave (singpy.policy, loaded only then)."""
+    uts = request.uts or request.hostname is not None
+    refused = ((request.pid and not config.flag("allow pid ns")) or (request.ipc and not config.flag("allow ipc ns"))
+               or (uts and not config.flag("allow uts ns")))
+    if not refused:
+        return request.pid, request.ipc, uts, request.hostname, ()
+    from singpy import policy
+
+    return policy.grant_namespaces(config, pid=request.pid, ipc=request.ipc, uts=uts, hostname=request.hostname)
+
+
+def _staging_size(config: SysConfig, uid: int) -> int:
+    """`sessiondir max size` (MiB) of the staging tmpfs: for users, as in Apptainer; root's and a ramfs have none."""
+    if uid == 0 or config.text("memory fs type") != "tmpfs":
+        return 0
+    return config.number("sessiondir max size")
 
 
 def _network(request: LaunchRequest, host: HostInfo, config: SysConfig) -> NetworkSpec | None:
@@ -172,9 +246,12 @@ def _check_hostname(name: str) -> None:
 
 def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespaces: Namespaces,
             home_source: str, home_dest: str) -> list[MountSpec]:
+    skipped = set(request.no_mount)  # --no-mount
     dev = "minimal" if request.contain and config.text("mount dev") == "yes" else config.text("mount dev")
-    mounts = system.kernel_mounts(new_pid=namespaces.pid, proc=config.flag("mount proc"),
-                                  sys=config.flag("mount sys"), dev=dev, devpts=config.flag("mount devpts"))
+    mounts = system.kernel_mounts(new_pid=namespaces.pid, proc=config.flag("mount proc") and "proc" not in skipped,
+                                  sys=config.flag("mount sys") and "sys" not in skipped,
+                                  dev="no" if "dev" in skipped else dev,
+                                  devpts=config.flag("mount devpts") and "devpts" not in skipped)
     own_ids = not request.fakeroot  # with --fakeroot the user is the image's own root inside
     mounts += system.identity_files(
         passwd_entry=system.passwd_line(user=host.user, uid=host.uid, gid=host.gid, gecos=host.gecos,
@@ -182,19 +259,20 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
         if config.flag("config passwd") and own_ids else None,
         group_entry=system.group_line(group=host.group, gid=host.gid, user=host.user)
         if config.flag("config group") and own_ids else None)
-    mounts += system.host_files(config.items("bind path"),
-                                resolv_conf=config.flag("config resolv_conf") and not request.dns)
+    mounts += system.host_files(system.kept_bind_paths(config.items("bind path"), skipped),
+                                resolv_conf=config.flag("config resolv_conf") and not request.dns
+                                and not skipped & {"bind-paths", "/etc/resolv.conf"})
     if request.dns:
         from singpy import network as net
 
         mounts.append(net.resolv_conf(net.parse_dns(request.dns)))
-    if config.flag("mount hostfs"):
+    if config.flag("mount hostfs") and "hostfs" not in skipped:
         mounts += system.hostfs_mounts(_read("/proc/self/mountinfo"))
-    mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp"))
+    mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp") and "tmp" not in skipped)
     home = system.home_mounts(source=_home_source(request, home_source), dest=home_dest,
                               enabled=_home_enabled(request, config, home_dest))
     mounts += home
-    if not request.contain:
+    if not request.contain and "cwd" not in skipped:
         mounts += system.cwd_mount(host.cwd, home + mounts)
     return mounts
 
@@ -204,7 +282,7 @@ def _home_enabled(request: LaunchRequest, config: SysConfig, home_dest: str) -> 
 
     A home of `/` (HOME=/, as for some system accounts) is not, as in Apptainer: it would hide the image.
     """
-    if request.no_home or home_dest == "/":
+    if request.no_home or "home" in request.no_mount or home_dest == "/":
         return False
     if request.home is None:
         return config.flag("mount home")
@@ -252,11 +330,15 @@ def _user_binds(request: LaunchRequest, config: SysConfig) -> list[MountSpec]:
 def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_dest: str,
               keep_host_env: tuple[str, ...]) -> tuple[EnvPlan, list[str]]:
     injected, warnings = injected_from_host(host.env)
-    for name, value in request.env_file + request.env:  # --env-file < --env
-        if name in ("HOME",):
-            warnings.append(f"overriding {name} environment variable with --env is not permitted")
-            continue
-        injected[name] = value
+    flags = dict(request.env)
+    warnings += [f"ignored environment file variable {name}: override from --env" for name, value in request.env_file
+                 if flags.get(name, value) != value and name != "HOME"]  # Apptainer's words; HOME: see below
+    for origin, pairs in (("--env-file", request.env_file), ("--env", request.env)):  # --env-file < --env
+        for name, value in pairs:
+            if name == "HOME":
+                warnings.append(f"overriding HOME environment variable with {origin} is not permitted")
+                continue
+            injected[name] = value
     injected, rules = split_path_rules(injected)
     base = {"HOME": home_dest, "PATH": DEFAULT_PATH}
     if request.cleanenv:
@@ -265,6 +347,8 @@ def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_des
     for prefix in ("SINGULARITY", "APPTAINER"):
         base.update({f"{prefix}_CONTAINER": image.path, f"{prefix}_NAME": name,
                      f"{prefix}_COMMAND": request.action})
+        if request.shell:  # Apptainer sets it with --shell
+            base[f"{prefix}_SHELL"] = request.shell
         if request.no_eval:  # the runscript of an OCI image reads it (Apptainer's launcher sets it too)
             base[f"{prefix}_NO_EVAL"] = "1"
     base["PS1"] = "Singpy> "

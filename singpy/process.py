@@ -71,12 +71,15 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     argv = payload_argv(process, scripts)
     _chdir(process.cwd, dict(process.env.base).get("HOME", "/"), required=process.cwd_required)
     _check_command(argv[0])
+    if process.umask is not None:  # --no-umask; otherwise the caller's, inherited, as Apptainer passes it on
+        os.umask(process.umask)
     k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
     caps.apply(process.privileges)  # last: the steps before may still need what is dropped
-    if (scripts.env or needs_shell(process.env)) and os.access("/bin/sh", os.X_OK):
+    env_plan = process.env.replace(shell=argv[0]) if process.action == "shell" else process.env  # SHELL: the one run
+    if (scripts.env or needs_shell(env_plan)) and os.access("/bin/sh", os.X_OK):
         console.debug("environment through /bin/sh: the image's env scripts, or values to evaluate")
-        _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(process.env, scripts.env))
-    env = final_env(process.env)
+        _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(env_plan, scripts.env))
+    env = final_env(env_plan)
     _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env)
 
 
@@ -259,7 +262,8 @@ def _parent_alive(parent: int, lifeline: int) -> bool:
         return True
 
 
-def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool) -> tuple[int, int]:
+def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool,
+                 death_signal: int = signal.SIGKILL) -> tuple[int, int]:
     """Start a long-running helper program; return its pid and the read end of its stderr.
 
     The child chroots to `root` (the host tree, where its dynamic loader and
@@ -269,12 +273,15 @@ def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool) -> tu
     the launcher (`fork_tied`). `keep_fd` stays open in it; stdin and
     stdout are /dev/null (a pipe held open by it would delay the reader's end
     of file); its stderr goes to a pipe we read only if it fails, or to ours
-    at -d (`quiet` false).
+    at -d (`quiet` false). `death_signal` is what it gets if the launcher
+    dies (SIGTERM for fuse2fs, which must flush a writable image).
     """
     errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
     pid = fork_tied()
     if pid == 0:
         try:
+            if death_signal != signal.SIGKILL:
+                k.prctl(k.PR_SET_PDEATHSIG, death_signal)
             os.setsid()
             os.chroot(root)
             os.chdir("/")
@@ -292,6 +299,9 @@ def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool) -> tu
     return pid, errors_read
 
 
+_STOP_GRACE = 10.0  # seconds a helper gets to exit after SIGTERM (fuse2fs flushing a large image)
+
+
 def helper_failure(pid: int, errors: int) -> str:
     """After a helper failed: its last line on stderr ("" if none); reaps it."""
     with os.fdopen(errors, "rb") as pipe:
@@ -302,10 +312,23 @@ def helper_failure(pid: int, errors: int) -> str:
 
 
 def _stop(pid: int) -> None:
-    """Kill a helper and reap it. SIGKILL: it serves a read-only image, there is nothing to flush."""
+    """Stop a helper and reap it: SIGTERM, then SIGKILL if it is still there after _STOP_GRACE seconds.
+
+    SIGTERM first: fuse2fs, serving a writable overlay image, writes its
+    bitmaps and superblock only when it exits (libfuse ends its loop on
+    SIGTERM and unmounts); killed, it would leave the image inconsistent.
+    """
+    import time
+
     try:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + _STOP_GRACE
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.002)
     except (ProcessLookupError, ChildProcessError):
         return
 

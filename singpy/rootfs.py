@@ -33,10 +33,17 @@ IMAGE = "/image"  # mount point of a squashfs image (loop or FUSE), see singpy.i
 PROC = HOST + "/proc"  # the host's procfs, seen from the staging root (for /proc/self/fd/N)
 
 
-def enter_staging() -> None:
-    """Called in the new mount namespace, with CAP_SYS_ADMIN over it."""
+def enter_staging(fstype: str = "tmpfs", size_mib: int = 0) -> None:
+    """Called in the new mount namespace, with CAP_SYS_ADMIN over it.
+
+    The staging filesystem is Apptainer's session directory: `fstype` (tmpfs,
+    or ramfs, `memory fs type`) and `size_mib` (`sessiondir max size`, 0 for
+    no limit: the kernel's default of half the memory) bound what
+    --writable-tmpfs can write, since its upper layer lives there.
+    """
     k.mount(None, "/", None, k.MS_REC | k.MS_PRIVATE)
-    k.mount("singpy", STAGE, "tmpfs", k.MS_NOSUID | k.MS_NODEV, "mode=0755")
+    options = f"mode=0755,size={size_mib}m" if size_mib else "mode=0755"
+    k.mount("singpy", STAGE, fstype, k.MS_NOSUID | k.MS_NODEV, options)
     for name in (HOST, NEWROOT, SCRATCH):
         os.mkdir(STAGE + name)
     k.pivot_root(STAGE, STAGE + HOST)
@@ -63,9 +70,9 @@ def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: 
         k.mount(image.root, NEWROOT, None, k.MS_BIND | k.MS_REC)
         remount(NEWROOT, k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV)  # read-only before anything is mounted on it
         return
-    layers = _escape(image.root)
+    layers = escape(image.root)
     if mount_points:
-        _make_mount_point_layer(image, mount_points)
+        make_mount_point_layer(image, mount_points)
         layers = f"{SCRATCH}/layer:{layers}"
     options = f"lowerdir={layers}"
     if writable:
@@ -75,7 +82,7 @@ def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: 
     k.mount("overlay", NEWROOT, "overlay", k.MS_NOSUID | k.MS_NODEV, options + (",userxattr" if userns else ""))
 
 
-def _make_mount_point_layer(image: Tree, mount_points: list[tuple[str, bool]]) -> None:
+def make_mount_point_layer(image: Tree, mount_points: list[tuple[str, bool]]) -> None:
     """Empty files and directories for the missing mount points, with the image's directory modes.
 
     The paths were resolved in the image (no link in them); the layer is a
@@ -134,7 +141,7 @@ def _mount_flags(target: str) -> int:
     return sum(ms for st, ms in _STATVFS_TO_MS if flags & st)
 
 
-def _escape(path: str) -> str:
+def escape(path: str) -> str:
     """overlayfs splits its options on ',' and its layers on ':'."""
     return path.replace("\\", "\\\\").replace(",", "\\,").replace(":", "\\:")
 

@@ -25,6 +25,8 @@ def verbosity(values: Mapping[str, Any], base: int = 0) -> int:
         return max(base, console.VERBOSE)
     if values.get("quiet"):
         return console.QUIET
+    if values.get("silent"):
+        return console.SILENT
     return base
 
 
@@ -39,6 +41,9 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
         raise UsageError(f"singpy {action} needs an IMAGE", hint=f"Run 'singpy {action} --help' for usage.")
     if action == "exec" and len(positionals) < 2:
         raise UsageError("singpy exec needs a COMMAND after the IMAGE", hint="Run 'singpy exec --help' for usage.")
+    if action == "shell" and len(positionals) > 1:  # Apptainer's words; the shell starts without them
+        console.warning("parameters to shell command are ignored")
+        positionals = positionals[:1]
 
     from singpy import host as host_module
     from singpy import launch
@@ -67,28 +72,31 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
     from singpy.environ import parse_env_option
     from singpy.planner import LaunchRequest
 
-    containall = bool(values.get("containall"))
+    compat = bool(values.get("compat"))  # Apptainer's --compat: these five, no more
+    containall = compat or bool(values.get("containall"))
     return LaunchRequest(
         action=action,
         image=positionals[0],
         args=tuple(positionals[1:]),
-        binds=_binds(values.get("bind", []), cwd),
+        binds=_binds(values.get("bind", []), cwd) + _mounts(values.get("mount", []), cwd),
         contain=containall or bool(values.get("contain")),
         cleanenv=containall or bool(values.get("cleanenv")),
         env=tuple(parse_env_option(values.get("env", [])).items()),
-        env_file=tuple(_read_env_files(values.get("env_file", []))),
+        env_file=tuple(_read_env_files(values.get("env_file", []), positionals[0])),
         home=values.get("home"),
         no_home=bool(values.get("no_home")),
         pwd=values.get("pwd"),
-        writable_tmpfs=bool(values.get("writable_tmpfs")),
+        writable_tmpfs=compat or bool(values.get("writable_tmpfs")) or _nvccli_tmpfs(values),
         hostname=values.get("hostname") or None,  # --hostname '' sets nothing, as in Apptainer
         pid=containall or bool(values.get("pid")),
         ipc=containall or bool(values.get("ipc")),
         uts=bool(values.get("uts")),
         shell=values.get("shell"),
-        no_eval=bool(values.get("no_eval")),
+        no_eval=compat or bool(values.get("no_eval")),
         unsquash=bool(values.get("unsquash")),
-        nv=bool(values.get("nv")),
+        writable=bool(values.get("writable")),
+        overlays=tuple(values.get("overlay", [])),
+        nv=bool(values.get("nv") or values.get("nvccli")),
         rocm=bool(values.get("rocm")),
         net=bool(values.get("net")),
         network=values.get("network"),
@@ -99,6 +107,11 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         no_privs=bool(values.get("no_privs")),
         add_caps=tuple(values.get("add_caps", [])),
         drop_caps=tuple(values.get("drop_caps", [])),
+        no_mount=_no_mount(values.get("no_mount", [])),
+        no_init=compat or bool(values.get("no_init")),
+        no_umask=compat or bool(values.get("no_umask")),
+        userns=bool(values.get("userns")),
+        nvccli=bool(values.get("nvccli")),
     )
 
 
@@ -111,14 +124,48 @@ def _binds(values: list[str], cwd: str) -> tuple[BindSpec, ...]:
     return parse_bind_list(values, cwd)
 
 
-def _read_env_files(paths: list[str]) -> list[tuple[str, str]]:
-    """The files' variables, later files winning; each a regular UTF-8 file of at most 1 MiB."""
-    from singpy.environ import parse_env_file
+def _nvccli_tmpfs(values: Mapping[str, Any]) -> bool:
+    """--nvccli makes the image writable in memory unless it is already writable, as Apptainer does."""
+    if not values.get("nvccli") or values.get("writable") or values.get("writable_tmpfs"):
+        return False
+    return all(spec.endswith(":ro") for spec in values.get("overlay", []))  # a writable overlay will do
+
+
+def _mounts(values: list[str], cwd: str) -> tuple[BindSpec, ...]:
+    """--mount (and SINGULARITY_MOUNT...): docker's CSV syntax, parsed only when given (start-up time)."""
+    if not values:
+        return ()
+    from singpy.mounts.parse import parse_mount_list
+
+    return parse_mount_list(values, cwd)
+
+
+def _no_mount(values: list[str]) -> tuple[str, ...]:
+    """--no-mount's comma lists, each name checked (singpy.mounts.system.check_no_mount)."""
+    if not values:
+        return ()
+    from singpy.mounts.system import check_no_mount
+
+    return check_no_mount([name for value in values for name in value.split(",")])
+
+
+def _read_env_files(paths: list[str], image: str) -> list[tuple[str, str]]:
+    """The files' variables, later files winning; each a regular UTF-8 file of at most 1 MiB.
+
+    Each is evaluated as shell assignments (singpy.envfile, imported only
+    here: start-up time) seeing the host's environment and APPTAINER_IMAGE,
+    as Apptainer evaluates it; one file's variables are not seen by the next.
+    """
+    if not paths:
+        return []
+    from singpy.envfile import evaluate
     from singpy.errors import SingpyError
     from singpy.hostfiles import read_text, shown
 
+    scope = {**os.environ, "APPTAINER_IMAGE": os.path.abspath(image)}
     merged: dict[str, str] = {}
     for value in paths:
         for path in value.split(","):
-            merged.update(parse_env_file(read_text(path, what="--env-file", error=SingpyError), shown(path)))
+            text = read_text(path, what="--env-file", error=SingpyError)
+            merged.update(evaluate(text, shown(path), scope=scope))
     return list(merged.items())

@@ -76,12 +76,14 @@ def _register_image_commands() -> None:
     from singpy.cli.build import build_command
     from singpy.cli.cache import cache_app
     from singpy.cli.inspect import inspect_command
+    from singpy.cli.overlay import overlay_app
     from singpy.cli.pull import pull_command
 
     app.command(name="inspect")(inspect_command)
     app.command(name="build")(build_command)
     app.command(name="pull")(pull_command)
     app.add_typer(cache_app)
+    app.add_typer(overlay_app)
 
 
 _register_image_commands()

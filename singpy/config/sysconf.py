@@ -69,7 +69,7 @@ DIRECTIVES: tuple[Directive, ...] = (
               "capabilities root keeps in the container: all, those capability.json grants root, or none",
               ("full", "file", "no")),
     Directive("allow net users", LIST, (),
-              "users allowed to ask for a network other than none (comma list); may repeat"),
+              "users (names or ids) allowed to ask for a network other than none (comma list); may repeat"),
     Directive("allow net networks", LIST, (), "networks those users may ask for (comma list); may repeat"),
     Directive("network bridge name", STRING, "singpy0", "host bridge of --network bridge (made if missing)"),
     Directive("network bridge subnet", STRING, "10.22.0.0/16",
@@ -79,24 +79,34 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("unsquash", BOOL, False, "always extract SIF/squashfs images instead of mounting them"),
     Directive("allow kernel squashfs", BOOL, True, "let root mount SIF/squashfs images with the kernel's "
               "squashfs on a loop device (no: squashfuse or extraction)"),
-    # Apptainer directives singpy reads and checks but does not apply yet (see docs/configuration.md).
-    Directive("allow ipc ns", BOOL, True, f"allow --ipc {_LATER}"),
-    Directive("allow uts ns", BOOL, True, f"allow --uts and --hostname {_LATER}"),
-    Directive("allow net groups", LIST, (), f"groups allowed to ask for a network other than none {_LATER}"),
-    Directive("allow netns paths", LIST, (), f"network namespaces users may join {_LATER}"),
-    Directive("enable overlay", CHOICE, "yes", f"use overlayfs for the container's root {_LATER}",
+    # Apptainer's own directives (docs/configuration.md says how singpy applies each).
+    Directive("allow ipc ns", BOOL, True, "allow --ipc (no: the container gets no IPC namespace, with a warning)"),
+    Directive("allow uts ns", BOOL, True, "allow --uts and --hostname (no: they are ignored, with a warning)"),
+    Directive("allow net groups", LIST, (), "groups (names or ids) whose members may ask for a network other than "
+              "none (comma list); may repeat"),
+    Directive("allow netns paths", LIST, (), "network namespaces users may join (Apptainer's --netns-path, which "
+              "singpy does not have: not used)"),
+    Directive("enable overlay", CHOICE, "yes", "overlays (--overlay, --writable-tmpfs, mount points the image "
+              "lacks): yes (try is yes), driver (always fuse-overlayfs) or no (none; see docs/overlays.md)",
               ("yes", "no", "try", "driver")),
-    Directive("sessiondir max size", INT, 64, f"size in MiB of the tmpfs of --writable-tmpfs {_LATER}"),
-    Directive("max loop devices", INT, 256, f"most loop devices singpy may use {_LATER}"),
-    Directive("memory fs type", CHOICE, "tmpfs", f"file system of in-memory mounts {_LATER}", ("tmpfs", "ramfs")),
-    Directive("limit container owners", LIST, (), f"only run images owned by these users {_LATER}"),
-    Directive("limit container groups", LIST, (), f"only run images owned by these groups {_LATER}"),
-    Directive("limit container paths", LIST, (), f"only run images under these directories {_LATER}"),
-    Directive("allow container sif", BOOL, True, f"allow SIF images {_LATER}"),
-    Directive("allow container encrypted", BOOL, True, f"allow encrypted SIF images {_LATER}"),
-    Directive("allow container squashfs", BOOL, True, f"allow squashfs images {_LATER}"),
-    Directive("allow container extfs", BOOL, True, f"allow ext2/3/4 images {_LATER}"),
-    Directive("allow container dir", BOOL, True, f"allow sandbox directories {_LATER}"),
+    Directive("sessiondir max size", INT, 64, "size in MiB of the staging tmpfs, which holds what --writable-tmpfs "
+              "writes, for users other than root (0: no limit)"),
+    Directive("max loop devices", INT, 256, "loop devices singpy may use: /dev/loop0 up to this number, excluded"),
+    Directive("memory fs type", CHOICE, "tmpfs", "file system of the staging root, which holds what --writable-tmpfs "
+              "writes (ramfs: no size limit)", ("tmpfs", "ramfs")),
+    Directive("limit container owners", LIST, (),
+              "users other than root may only use images and overlays owned by these users"),
+    Directive("limit container groups", LIST, (),
+              "users other than root may only use images and overlays owned by these groups"),
+    Directive("limit container paths", LIST, (), "users other than root may only use images and overlays in these "
+              "directories (absolute paths) or below them"),
+    Directive("allow container sif", BOOL, True, "allow SIF images, as images or overlays (for users other than root)"),
+    Directive("allow container encrypted", BOOL, True, "allow encrypted SIF images (singpy runs none: no effect)"),
+    Directive("allow container squashfs", BOOL, True, "allow bare squashfs images (for users other than root)"),
+    Directive("allow container extfs", BOOL, True,
+              "allow ext3 overlay images (for users other than root; singpy runs no ext image as the root)"),
+    Directive("allow container dir", BOOL, True,
+              "allow sandbox directories and overlay directories (for users other than root)"),
 )
 
 # Apptainer 1.4 directives that have no meaning for singpy (never setuid, no CNI, no build or
@@ -113,6 +123,9 @@ APPTAINER_IGNORED: frozenset[str] = frozenset({
 })
 
 _BY_NAME = {directive.name: directive for directive in DIRECTIVES}
+# What limits the images and overlays users may run (singpy.policy, loaded only when one of them is set).
+IMAGE_LIMITS = ("limit container owners", "limit container groups", "limit container paths", "allow container sif",
+                "allow container squashfs", "allow container extfs", "allow container dir")
 _PROGRAM_PATHS = ("nvidia-container-cli path", "ldconfig path")  # run by singpy: checked like bind paths
 _TRUE, _FALSE = ("yes", "true", "1"), ("no", "false", "0")
 
@@ -136,6 +149,15 @@ class SysConfig(Record, kw_only=False):
         value = self.values[name]
         assert isinstance(value, tuple)
         return value
+
+    def number(self, name: str) -> int:
+        value = self.values[name]
+        assert isinstance(value, int)
+        return value
+
+    def changed(self, names: Sequence[str]) -> bool:
+        """Whether any of these directives differs from its default: a cheap test before a policy is loaded."""
+        return any(self.values[name] != _BY_NAME[name].default for name in names)
 
 
 SYSTEM_PATH = "/etc/singpy/singpy.conf"
@@ -215,6 +237,13 @@ def _list_items(directive: Directive, value: str, where: str) -> list[str]:
     if directive.name == "bind path":
         for item in items or [value]:  # an empty `bind path =` is reported, not skipped
             _check_bind_path(item, where)
+    if directive.name == "limit container paths":
+        for item in items:  # a relative one would be relative to wherever the user runs singpy from
+            if not item.startswith("/") or path_problem(item):
+                raise ConfigError(f"{where}: limit container paths {shown(item)!r} is not a usable absolute path")
+    if directive.name == "allow netns paths" and items:
+        console.verbose(f"{where}: singpy has no --netns-path (it never joins an existing network namespace): "
+                        "allow netns paths is not used")
     return items
 
 

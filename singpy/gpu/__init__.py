@@ -31,6 +31,7 @@ class GpuHost(Record):
     nvliblist: str  # nvliblist.conf
     rocmliblist: str  # rocmliblist.conf
     nvidia_container_cli: str | None = None  # its path when singpy.conf lets it be used
+    nvccli: bool = False  # --nvccli: the library list comes from nvidia-container-cli or the launch fails
     dev_dir: str = "/dev"
     ldconfig: str = "/sbin/ldconfig"  # the fallback when the ld cache can't be read directly
     ld_cache_file: str | None = None  # the ld cache read directly (None: /etc/ld.so.cache)

@@ -18,7 +18,7 @@ import os
 from collections.abc import Mapping
 
 from singpy.config.liblist import load_liblist
-from singpy.errors import ConfigError
+from singpy.errors import ConfigError, GpuError
 from singpy.gpu import GpuContribution, GpuHost, ImageHints
 from singpy.gpu.elf import elf_identity, host_elf_identity
 from singpy.gpu.ldcache import (
@@ -203,6 +203,8 @@ def _host_files(host: GpuHost, image_glibc: str | None) -> HostFiles:
         try:
             return drop_newer_glibc(files_from_container_cli(cli), image_glibc)
         except (OSError, subprocess.SubprocessError) as exc:
+            if host.nvccli:
+                raise GpuError(f"--nvccli: {cli} list failed: {_why(exc)}") from None
             fallback_warning = (f"nvidia-container-cli list failed ({_why(exc)}); using {host.nvliblist} instead",)
     try:
         liblist = load_liblist(host.nvliblist)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from singpy.config.sysconf import SysConfig, confdir
 from singpy.constants import ENV_DIR
-from singpy.errors import PathError
+from singpy.errors import GpuError, PathError
 from singpy.gpu import GpuContribution, GpuHost, ImageHints, merge
 from singpy.gpu.versions import major_minor
 from singpy.hostfiles import which
@@ -28,9 +28,11 @@ _LIBC_PATHS = ("lib/x86_64-linux-gnu/libc.so.6", "lib/aarch64-linux-gnu/libc.so.
 
 
 def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, host_env: Mapping[str, str],
-                  rootfs: str | None) -> GpuContribution:
+                  rootfs: str | None, nvccli: bool = False) -> GpuContribution:
     """Devices, libraries, binaries and warnings for the requested vendors."""
     host = gpu_host(config, host_env)
+    if nvccli:
+        host = host.replace(nvidia_container_cli=_required_container_cli(config, host.path_env), nvccli=True)
     image = image_hints(rootfs) if rootfs else ImageHints()
     parts = []
     if nv:
@@ -57,6 +59,18 @@ def _container_cli(config: SysConfig, path_env: str) -> str | None:
     if not config.flag("use nvidia-container-cli"):
         return None
     return config.text("nvidia-container-cli path") or which("nvidia-container-cli", path_env)
+
+
+def _required_container_cli(config: SysConfig, path_env: str) -> str:
+    """--nvccli: nvidia-container-cli, even with `use nvidia-container-cli = no` (the flag asks for it, as in
+    Apptainer); an error when there is none to run, never a quiet fallback to nvliblist.conf."""
+    configured = config.text("nvidia-container-cli path")
+    found = configured or which("nvidia-container-cli", path_env)
+    if found is None or not (os.path.isfile(found) and os.access(found, os.X_OK)):
+        where = f"at {configured} (`nvidia-container-cli path`)" if configured else "on PATH"
+        raise GpuError(f"--nvccli: no executable nvidia-container-cli {where}",
+                       hint="install libnvidia-container-tools, or use --nv alone")
+    return found
 
 
 def image_hints(rootfs: str) -> ImageHints:

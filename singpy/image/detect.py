@@ -31,6 +31,8 @@ _HEADER = struct.Struct("<32s10s3s3s16s8q")  # as singpy.image.sif.HEADER
 _DESCRIPTOR = struct.Struct("<i?III7q128s384s")  # as singpy.image.sif.DESCRIPTOR
 _PARTITION = 0x4004
 _PRIMSYS = 2
+_OVERLAY = 4  # part type Overlay
+_FS_EXT3 = 2
 _FS_NAMES = {1: "squashfs", 2: "ext3", 3: "immutable object", 4: "raw", 5: "encrypted squashfs",
              6: "gocryptfs squashfs"}
 
@@ -95,8 +97,30 @@ def sif_partition(path: str, *, check_arch: bool = True) -> ImageSpec:
     return ImageSpec(kind="sif", path=path, offset=offset, size=size, arch=arch)
 
 
+def overlay_partition(path: str) -> tuple[int, int] | None:
+    """(offset, size) of a SIF's writable overlay partition (ext3, part type Overlay); None without one.
+
+    What `singpy overlay create FILE.sif` and Apptainer's `overlay create`
+    add. A file that is not a readable SIF has none (its detection names
+    what is wrong with it).
+    """
+    for datatype, offset, length, extra in _partitions(path) or ():
+        fstype, parttype = struct.unpack_from("<ii", extra)
+        if datatype == _PARTITION and parttype == _OVERLAY and fstype == _FS_EXT3:
+            return offset, length
+    return None
+
+
 def _scan(path: str) -> tuple[int, int, int, str] | None:
-    """(offset, size, fstype, arch) of the primary partition, or None if anything is amiss.
+    """(offset, size, fstype, arch) of the primary partition, or None if anything is amiss."""
+    for datatype, offset, length, extra in _partitions(path) or ():
+        if datatype == _PARTITION and struct.unpack_from("<i", extra, 4)[0] == _PRIMSYS:
+            return offset, length, struct.unpack_from("<i", extra)[0], arch_name(extra[8:11])
+    return None
+
+
+def _partitions(path: str) -> list[tuple[int, int, int, bytes]] | None:
+    """(datatype, offset, size, extra) of every used descriptor in slot order, or None if anything is amiss.
 
     The checks are those of `singpy.image.sif.read_raw`: magic, version,
     descriptor table inside the file, every used object inside the file.
@@ -124,14 +148,13 @@ def _scan(path: str) -> tuple[int, int, int, str] | None:
         os.close(fd)
     if len(table) != table_size:
         return None
-    found = None
+    found = []
     for datatype, used, _, _, _, offset, length, *_, extra in _DESCRIPTOR.iter_unpack(table):
         if not used:
             continue
         if offset < 0 or length < 0 or offset + length > size:
             return None
-        if datatype == _PARTITION and found is None and struct.unpack_from("<i", extra, 4)[0] == _PRIMSYS:
-            found = (offset, length, struct.unpack_from("<i", extra)[0], arch_name(extra[8:11]))
+        found.append((datatype, offset, length, extra))
     return found
 
 

@@ -355,3 +355,21 @@ def build_sif_from_squashfs(
         sif.DATA_PARTITION, path=squashfs_path, fstype=sif.FS_SQUASHFS, parttype=sif.PART_PRIMSYS, arch=arch,
     ))
     create_sif(out_path, objects, deterministic=deterministic)
+
+
+def append_partition(path: str | os.PathLike[str], obj: SifObject) -> None:
+    """`add_object` for a partition streamed from a file (an overlay), durable in that order.
+
+    The data goes past the current end of the image and reaches the disk
+    before the descriptor and the header that point at it are written: a
+    crash in between leaves the image as it was, plus unused bytes at its
+    end. Any error or signal before that truncates them away (`_edit`).
+    """
+
+    def edit(image: _Image, t: int) -> None:
+        image.add(obj, t)
+        image.f.flush()
+        os.fsync(image.f.fileno())
+        image.hdr = image.hdr._replace(modified=t)
+
+    _edit(path, None, edit)

@@ -44,29 +44,43 @@ _STATUS = struct.Struct("=" + _INFO64)
 # everyone who asks until one of them configures it, so 32 runs of one image started together (a job array
 # on one node) collide many times; a short random pause spreads them out.
 _ATTEMPTS = 64
+# `max loop devices` (singpy.conf, Apptainer's directive): only /dev/loop0 to loop{N-1} are used, as Apptainer
+# scans them; set by the launch from its plan (singpy.launch) before anything is attached.
+_max_devices = 256
 
 
-def _info(path: str, offset: int, size: int) -> tuple[object, ...]:
+def set_max_devices(count: int) -> None:
+    global _max_devices
+    _max_devices = count
+
+
+def _info(path: str, offset: int, size: int, writable: bool = False) -> tuple[object, ...]:
     name = os.fsencode(path)[-63:]  # shown by `losetup -a`; truncated as the kernel does
-    flags = LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR
+    flags = LO_FLAGS_AUTOCLEAR if writable else LO_FLAGS_READ_ONLY | LO_FLAGS_AUTOCLEAR
     return (0, 0, 0, offset, size, 0, 0, 0, flags, name, b"", b"", 0, 0)
 
 
-def attach(image: str, offset: int, size: int, *, dev: str = "/dev") -> tuple[int, str]:
+def attach(image: str, offset: int, size: int, *, dev: str = "/dev", writable: bool = False) -> tuple[int, str]:
     """Attach `size` bytes of `image` from `offset` (0: to the end) to a free loop device.
 
     Returns an open read-only descriptor of the device and its path. The
     caller mounts the device, then closes the descriptor: with autoclear set
     the device stays attached exactly as long as something uses it.
+    `writable`: a read-write device (an ext3 overlay image), else read-only.
     """
-    backing = _open(image, "image")
+    backing = _open(image, "image", writable)
     try:
         for _ in range(_ATTEMPTS):
             number = _free_device(dev)
+            if number >= _max_devices:
+                # No path in the message: `image` is seen from the staging root here (/oldroot/...).
+                raise KernelError(f"can't attach a loop device: no loop devices available (the first free one "
+                                  f"is loop{number}; max loop devices = {_max_devices})",
+                                  hint="`max loop devices` in singpy.conf may be raised")
             path = f"{dev}/loop{number}"
-            loop = _open(path, "loop device")
+            loop = _open(path, "loop device", writable)
             try:
-                _configure(loop, backing, image, offset, size)
+                _configure(loop, backing, image, offset, size, writable)
             except BlockingIOError:  # EAGAIN/EBUSY: taken meanwhile, ask for another one
                 os.close(loop)
                 _pause()
@@ -87,9 +101,9 @@ def _pause() -> None:
     time.sleep(random.uniform(0, 0.005))
 
 
-def _open(path: str, what: str) -> int:
+def _open(path: str, what: str, writable: bool = False) -> int:
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
     except OSError as error:
         raise KernelError(f"can't open {what} {path}: {error.strerror}") from None
 
@@ -104,8 +118,8 @@ def _free_device(dev: str) -> int:
         os.close(control)
 
 
-def _configure(loop: int, backing: int, image: str, offset: int, size: int) -> None:
-    info = _info(image, offset, size)
+def _configure(loop: int, backing: int, image: str, offset: int, size: int, writable: bool = False) -> None:
+    info = _info(image, offset, size, writable)
     try:
         fcntl.ioctl(loop, LOOP_CONFIGURE, _CONFIG.pack(backing, 0, *info, *([0] * 8)))
         return

@@ -27,6 +27,7 @@ MS_REMOUNT = 0x20
 MS_NOATIME = 0x400
 MS_NODIRATIME = 0x800
 MS_BIND = 0x1000
+MS_MOVE = 0x2000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 MS_SLAVE = 0x80000
@@ -149,3 +150,41 @@ def capbset_drop(number: int) -> bool:
     if errno:
         raise KernelError(f"can't drop capability {number} from the bounding set: {os.strerror(errno)}")
     return True
+
+
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAP_VERSION_3 = 0x20080522  # struct __user_cap_header_struct.version: two 32-bit halves per set
+
+
+def _capabilities() -> tuple[ctypes.Array[ctypes.c_uint32], ctypes.Array[ctypes.c_uint32]]:
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; low half then high half
+    _check(_libc.capget(header, data), "read the capability sets (capget)")
+    return header, data
+
+
+def raise_ambient(number: int) -> int:
+    """Put capability `number` in the inheritable and ambient sets: a program exec'd now keeps it.
+
+    Without that a program run by a user who is not root in the user
+    namespace loses every capability at execve (capabilities(7)). Returns
+    the inheritable set as it was, for `clear_ambient`.
+    """
+    header, data = _capabilities()
+    previous = data[2] | data[5] << 32
+    data[2 + 3 * (number // 32)] |= 1 << (number % 32)
+    _check(_libc.capset(header, data), "set the inheritable capabilities (capset)")
+    _check(_libc.prctl(ctypes.c_int(PR_CAP_AMBIENT), ctypes.c_ulong(PR_CAP_AMBIENT_RAISE), ctypes.c_ulong(number),
+                       0, 0), f"raise ambient capability {number}")
+    return previous
+
+
+def clear_ambient(inheritable: int) -> None:
+    """Empty the ambient set and put the inheritable set back (see raise_ambient)."""
+    _check(_libc.prctl(ctypes.c_int(PR_CAP_AMBIENT), ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0),
+           "clear the ambient capabilities")
+    header, data = _capabilities()
+    data[2], data[5] = inheritable & 0xFFFFFFFF, inheritable >> 32
+    _check(_libc.capset(header, data), "set the inheritable capabilities (capset)")

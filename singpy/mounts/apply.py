@@ -42,10 +42,16 @@ if TYPE_CHECKING:
 IDENTITY_LIMIT = 16 << 20  # /etc/passwd and /etc/group of an image: LDAP-sized files are a few MB
 
 
-def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bool) -> None:
-    """Apply `specs` in order on NEWROOT; `image` is the image's own root, for what is read from it."""
+def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bool, no_layer: str = "") -> None:
+    """Apply `specs` in order on NEWROOT; `image` is the image's own root, for what is read from it.
+
+    `writable_root`: the root's upper layer is a tmpfs of this launch (--writable-tmpfs), where a
+    missing mount point may be made. `no_layer`: why the image got no layer of mount points
+    (--writable, `enable overlay = no`), for the message naming one it lacks.
+    """
     with Tree(NEWROOT, proc=PROC) as container:
         applier = _Applier(container, image, specs, writable_root=writable_root)
+        applier.no_layer = no_layer
         for number, spec in enumerate(specs):
             try:
                 applier.apply(number, spec)
@@ -73,6 +79,7 @@ class _Applier:
         self.to_seal = {spec.dest for spec in specs if spec.op is MountOp.SEAL}
         self.sealing: set[int] = set()  # devices of tmpfs a SEAL will make read-only, with all below them
         self.deferred: list[tuple[str, int]] = []  # (resolved dest, flags) of read-only binds the seal covers
+        self.no_layer = ""  # why no mount point the image lacks was added (--writable...), "" when they were
 
     def apply(self, number: int, spec: MountSpec) -> None:
         match spec.op:
@@ -119,6 +126,9 @@ class _Applier:
         if binds:
             path, source = max(binds, key=lambda bind: len(bind[0]))
             reason = f"the host's {source} is bound on {path}"
+        elif self.no_layer and device == os.fstat(self.container.fd).st_dev:
+            raise PathError(f"{found.path} does not exist in the image ({self.no_layer})",
+                            hint=f"create {found.path} in the image first")
         else:
             reason = f"nothing may be created in {where}"
         raise PathError(f"{found.path} does not exist and can't be made ({reason}; singpy creates nothing "

@@ -22,6 +22,35 @@ SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", 
                "/usr", "/var")
 
 
+# What --no-mount names, as Apptainer: its `mount xxx` directives, `bind-paths` (every `bind path` entry and
+# /etc/resolv.conf) and `cwd`; an absolute path names one `bind path` destination (or /etc/resolv.conf).
+NO_MOUNT_NAMES = ("proc", "sys", "dev", "devpts", "home", "tmp", "hostfs", "cwd", "bind-paths")
+
+
+def check_no_mount(names: list[str]) -> tuple[str, ...]:
+    """--no-mount's names, checked: a known name or an absolute path (normalised), each once.
+
+    Apptainer only warns about an unknown name and mounts everything; a typo
+    (`--no-mount hmoe`) would then silently expose what the user meant to
+    hide, so singpy refuses it.
+    """
+    import os.path
+
+    checked: dict[str, None] = {}
+    for raw in names:
+        name = raw.strip()
+        if name.startswith("/"):
+            name = "/" + os.path.normpath(name).lstrip("/")
+        elif name not in NO_MOUNT_NAMES:
+            from singpy.errors import BindSpecError
+            from singpy.hostfiles import shown
+
+            raise BindSpecError(f"--no-mount: unknown mount {shown(name)!r} (expected {', '.join(NO_MOUNT_NAMES)} "
+                                "or the absolute destination of a `bind path` entry)")
+        checked[name] = None
+    return tuple(checked)
+
+
 def kernel_mounts(*, new_pid: bool, proc: bool, sys: bool, dev: str, devpts: bool = True) -> list[MountSpec]:
     """/proc, /sys and /dev. `dev` is "yes" (host /dev), "minimal" or "no"."""
     specs = []
@@ -78,6 +107,23 @@ def host_files(bind_paths: tuple[str, ...], *, resolv_conf: bool) -> list[MountS
         specs.append(MountSpec(op=MountOp.BIND, source="/etc/resolv.conf", dest="/etc/resolv.conf",
                                missing=Missing.SKIP, stage=Stage.SYSTEM_FILES))
     return specs
+
+
+def kept_bind_paths(bind_paths: tuple[str, ...], skipped: set[str]) -> tuple[str, ...]:
+    """The `bind path` entries --no-mount leaves: none with `bind-paths`, else those whose destination it does
+    not name."""
+    if "bind-paths" in skipped:
+        return ()
+    return tuple(entry for entry in bind_paths if _bind_path_dest(entry) not in skipped)
+
+
+def _bind_path_dest(entry: str) -> str:
+    """The destination of a `bind path` entry (src[:dst[:opts]]), normalised as --no-mount's paths are."""
+    import os.path
+
+    parts = entry.split(":")
+    dest = parts[1] if len(parts) > 1 and parts[1] else parts[0]
+    return "/" + os.path.normpath(dest).lstrip("/")
 
 
 def home_mounts(*, source: str | None, dest: str, enabled: bool) -> list[MountSpec]:

@@ -19,13 +19,12 @@ from singpy.environ import (
     injected_from_host,
     looks_secret,
     needs_shell,
-    parse_env_file,
     parse_env_option,
     redact_secrets,
     shell_env,
     split_path_rules,
 )
-from singpy.errors import SingpyError, UsageError
+from singpy.errors import UsageError
 
 # --- injected_from_host -----------------------------------------------------------------------------------------
 
@@ -37,9 +36,7 @@ from singpy.errors import SingpyError, UsageError
         ({"SINGULARITYENV_FOO": "s"}, {"FOO": "s"}),
         ({"APPTAINERENV_FOO": "a"}, {"FOO": "a"}),
         ({"SINGPYENV_FOO": "p"}, {"FOO": "p"}),
-        ({"SINGULARITYENV_FOO": "s", "APPTAINERENV_FOO": "a"}, {"FOO": "a"}),
-        ({"APPTAINERENV_FOO": "a", "SINGULARITYENV_FOO": "s"}, {"FOO": "a"}),
-        ({"SINGPYENV_FOO": "p", "APPTAINERENV_FOO": "a", "SINGULARITYENV_FOO": "s"}, {"FOO": "p"}),
+        ({"SINGULARITYENV_FOO": "same", "APPTAINERENV_FOO": "same", "SINGPYENV_FOO": "same"}, {"FOO": "same"}),
         ({"SINGULARITYENV_A": "1", "APPTAINERENV_B": "2", "SINGPYENV_C": "3"}, {"A": "1", "B": "2", "C": "3"}),
         ({"SINGULARITYENV_PATH": "/p", "APPTAINERENV_PREPEND_PATH": "/pre"}, {"PATH": "/p", "PREPEND_PATH": "/pre"}),
         ({"SINGULARITYENV_": "x", "SINGULARITYENV_1X": "x", "APPTAINERENV_A-B": "x", "SINGPYENV_A B": "x",
@@ -48,14 +45,40 @@ from singpy.errors import SingpyError, UsageError
         ({"FOO": "host", "SINGULARITY_BIND": "/x", "XSINGULARITYENV_Y": "z"}, {}),
         ({"SINGULARITYENV_V": "a b $(x) 'q' \"d\"\n\\"}, {"V": "a b $(x) 'q' \"d\"\n\\"}),
     ],
-    ids=["empty", "singularity", "apptainer", "singpy", "apptainer-beats-singularity", "order-independent",
-         "singpy-beats-all", "distinct-names", "path-rules-kept", "invalid-names-dropped", "empty-value",
+    ids=["empty", "singularity", "apptainer", "singpy", "same-value-everywhere", "distinct-names", "path-rules-kept",
+         "invalid-names-dropped", "empty-value",
          "not-prefixed", "value-verbatim"],
 )
 def test_injected_from_host(host: dict[str, str], expected: dict[str, str]) -> None:
     found, warnings = injected_from_host(host)
     assert found == expected
     assert warnings == []
+
+
+@pytest.mark.parametrize(
+    ("host", "value", "warnings"),
+    [
+        ({"SINGULARITYENV_FOO": "s", "APPTAINERENV_FOO": "a"}, "a",
+         ["SINGULARITYENV_FOO and APPTAINERENV_FOO have different values, using the latter"]),
+        ({"APPTAINERENV_FOO": "a", "SINGULARITYENV_FOO": "s"}, "a",
+         ["SINGULARITYENV_FOO and APPTAINERENV_FOO have different values, using the latter"]),
+        ({"SINGPYENV_FOO": "p", "APPTAINERENV_FOO": "a", "SINGULARITYENV_FOO": "s"}, "p",
+         ["SINGULARITYENV_FOO and APPTAINERENV_FOO have different values, using the latter",
+          "APPTAINERENV_FOO and SINGPYENV_FOO have different values, using the latter"]),
+        ({"SINGULARITYENV_FOO": "s", "APPTAINERENV_FOO": "s", "SINGPYENV_FOO": "p"}, "p",
+         ["APPTAINERENV_FOO and SINGPYENV_FOO have different values, using the latter"]),
+        ({"SINGULARITYENV_FOO": "s", "SINGPYENV_FOO": "p"}, "p",
+         ["SINGULARITYENV_FOO and SINGPYENV_FOO have different values, using the latter"]),
+        ({"SINGULARITYENV_FOO": "", "APPTAINERENV_FOO": "a"}, "a",
+         ["SINGULARITYENV_FOO and APPTAINERENV_FOO have different values, using the latter"]),
+    ],
+    ids=["apptainer-beats-singularity", "order-independent", "singpy-beats-all", "same-then-different",
+         "singpy-over-singularity", "empty-differs"],
+)
+def test_injected_conflicts_warn_and_later_prefix_wins(host: dict[str, str], value: str,
+                                                       warnings: list[str]) -> None:
+    """Apptainer: APPTAINERENV_ wins over SINGULARITYENV_, with a warning only when the values differ."""
+    assert injected_from_host(host) == ({"FOO": value}, warnings)
 
 
 @pytest.mark.parametrize("key", ["SINGULARITYENV_HOME", "APPTAINERENV_HOME", "SINGPYENV_HOME"])
@@ -176,52 +199,6 @@ def test_final_env_libs_dir_exactly_once_when_image_has_it() -> None:
     env = final_env(EnvPlan(base=BASE, injected=()), {"LD_LIBRARY_PATH": f"{LIBS_DIR}:/img/lib"})
     assert env["LD_LIBRARY_PATH"] == f"{LIBS_DIR}:/img/lib"
     assert env["LD_LIBRARY_PATH"].split(":").count(LIBS_DIR) == 1
-
-
-# --- parse_env_file -----------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("", {}),
-        ("A=1\nB=two\n", {"A": "1", "B": "two"}),
-        ("export A=1\n  export   B=2  \n", {"A": "1", "B": "2"}),
-        ("A=\"x y\"\nB='a \"b\"'\n", {"A": "x y", "B": 'a "b"'}),
-        ("A=\"\"\nB=''\nC=\n", {"A": "", "B": "", "C": ""}),
-        ("A=\"\nB=\"x'\n", {"A": '"', "B": "\"x'"}),
-        ("# comment\n\n   # indented comment\nA=1\n", {"A": "1"}),
-        ("A=x=y\n", {"A": "x=y"}),
-        ("A=$HOME $(date) `id`\n", {"A": "$HOME $(date) `id`"}),
-        ("A=1\nA=2\n", {"A": "2"}),
-        ("A=1\r\nB=2\r\n", {"A": "1", "B": "2"}),
-        ("exportA=1\n", {"exportA": "1"}),
-    ],
-    ids=["empty", "plain", "export-prefix", "quotes", "empty-values", "unbalanced-quotes-kept", "comments",
-         "equals-in-value", "no-expansion", "last-wins", "crlf", "export-without-space"],
-)
-def test_parse_env_file(text: str, expected: dict[str, str]) -> None:
-    assert parse_env_file(text, "vars.env") == expected
-
-
-@pytest.mark.parametrize(
-    ("text", "line", "shown"),
-    [
-        ("junk\n", 1, "junk"),
-        ("A=1\n# c\n\n  bad line  \n", 4, "bad line"),
-        ("1A=x\n", 1, "1A=x"),
-        ("A B=x\n", 1, "A B=x"),
-        ("=x\n", 1, "=x"),
-        ("export\n", 1, "export"),
-    ],
-    ids=["no-equals", "line-number-counts-all-lines", "bad-name", "space-in-name", "empty-name", "bare-export"],
-)
-def test_parse_env_file_errors(text: str, line: int, shown: str) -> None:
-    """A bad line is an error of the file, not of the command line: exit 255, as for an unreadable file."""
-    with pytest.raises(SingpyError) as caught:
-        parse_env_file(text, "/path/vars.env")
-    assert caught.value.message == f"/path/vars.env:{line}: expected NAME=VALUE, got {shown!r}"
-    assert caught.value.exit_code == 255
 
 
 # --- parse_env_option ---------------------------------------------------------------------------------------------
@@ -488,3 +465,55 @@ def test_redact_secrets() -> None:
     assert data["injected"] == [["DB_PASSWORD", REDACTED], ["A", "1"]]
     assert data["host"] == [["GITHUB_TOKEN", REDACTED], ["TERM", "xterm"]]
     assert data["prepend_path"] == "/p"
+
+
+# --- PATH rules: evaluated like injected values, against the image's PATH (Apptainer's e2e "...LiteralDefaultPath")
+
+IMAGE_PATH_SCRIPT = {"90-environment.sh": "export PATH=/img/bin:$PATH\n"}
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(
+    ("rules", "evaluate", "path"),
+    [
+        ({"path": "$PATH:/x"}, True, f"/img/bin:{DEFAULT_PATH}:/x"),
+        ({"path": "/x:${PATH}"}, True, f"/x:/img/bin:{DEFAULT_PATH}"),
+        ({"prepend_path": "$HOME/pre", "append_path": "`echo /app`"}, True, f"/h/pre:/img/bin:{DEFAULT_PATH}:/app"),
+        ({"prepend_path": "/pre", "path": "/first:$PATH"}, True, f"/first:/img/bin:{DEFAULT_PATH}"),
+        ({"path": "\\$PATH"}, True, "$PATH"),
+        ({"path": "$NOTHING"}, True, f"/img/bin:{DEFAULT_PATH}"),
+        ({"path": "$PATH:/x", "append_path": "$HOME"}, False, "$PATH:/x"),
+    ],
+    ids=["append-literal", "prepend-literal", "prepend-append-evaluated", "evaluated-before-any-applies",
+         "escaped-dollar", "empty-after-evaluation-changes-nothing", "no-eval-literal"],
+)
+def test_path_rules_are_evaluated_against_the_image_path(shell: tuple[str, ...], rules: dict[str, str],
+                                                         evaluate: bool, path: str, tmp_path: Path) -> None:
+    plan = EnvPlan(base=(("HOME", "/h"), ("PATH", DEFAULT_PATH)), injected=(), evaluate=evaluate,
+                   prepend_path=rules.get("prepend_path", ""), append_path=rules.get("append_path", ""),
+                   path=rules.get("path", ""))
+    assert needs_shell(plan) is evaluate
+    write_env_scripts(tmp_path / "env", IMAGE_PATH_SCRIPT)
+    assert run_action_script(shell, plan, tmp_path / "env", tmp_path)["PATH"] == path
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_unparsable_path_rule_is_one_fatal_line(shell: tuple[str, ...], tmp_path: Path) -> None:
+    plan = EnvPlan(base=(("HOME", "/h"), ("PATH", DEFAULT_PATH)), injected=(), prepend_path="$(echo", evaluate=True)
+    result = subprocess.run([*shell, "-c", ACTION_SCRIPT, "singpy", "/usr/bin/env"], env=shell_env(plan),
+                            cwd=tmp_path, capture_output=True, timeout=20)
+    assert (result.returncode, result.stdout) == (255, b"")
+    assert result.stderr.decode() == ("FATAL:   can't evaluate PREPEND_PATH: not valid shell text between double "
+                                      "quotes (see --no-eval)\n")
+
+
+# --- SHELL for `singpy shell`: set over everything, on both paths -----------------------------------------------
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_shell_variable_is_set_last_on_both_paths(shell: tuple[str, ...], tmp_path: Path) -> None:
+    plan = EnvPlan(base=(("HOME", "/h"), ("PATH", DEFAULT_PATH)), injected=(("SHELL", "/injected"),),
+                   host=(("SHELL", "/bin/host-shell"),), shell="/bin/ash")
+    write_env_scripts(tmp_path / "env", {"50-shell.sh": "export SHELL=/image\n"})
+    assert run_action_script(shell, plan, tmp_path / "env", tmp_path)["SHELL"] == "/bin/ash"
+    assert final_env(plan, {"SHELL": "/image"})["SHELL"] == "/bin/ash"
+    assert final_env(plan.replace(shell=""))["SHELL"] == "/injected"

@@ -28,7 +28,9 @@ from tests.support.images import build_busybox_rootfs
 NEVER = ("typer", "click", "rich", "pyroute2", "prctl", "singpy.image.sifwrite")
 # The registry client, layer applier and converter (issue 10) are only for docker:// and OCI sources.
 PULL = ("singpy.oci", "http", "ssl", "zstandard", "tarfile")
-NOT_ON_PLAIN_PATH = (*NEVER, *PULL, "dataclasses", "typing", "pathlib", "json")
+# The --env-file reader only with --env-file; site policy only when limits are set; overlay code only with overlays.
+NOT_ON_PLAIN_PATH = (*NEVER, *PULL, "dataclasses", "typing", "pathlib", "json", "singpy.envfile", "singpy.policy",
+                     "singpy.overlay", "singpy.overlayfs", "singpy.image.extfs")
 # Runs the console script's code (singpy.cli.main:main) with the given arguments.
 ENTRY = "import sys; from singpy.cli.main import main; sys.argv[0] = 'singpy'; sys.exit(main())"
 MARK = "hot-path-ok"
@@ -99,3 +101,14 @@ def test_the_check_sees_a_heavy_import(sandbox: Path) -> None:
     modules, done = imported_modules("version", cwd=sandbox.parent)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "typer" in offenders(modules, NEVER)
+
+
+def test_env_file_reader_comes_with_env_file_only(sandbox: Path, tmp_path: Path) -> None:
+    """The other half of the check above: with --env-file, singpy.envfile is imported (and works)."""
+    env_file = tmp_path / "vars.env"
+    env_file.write_text(f"export GREETING='{MARK}'\n")
+    modules, done = imported_modules("exec", "--env-file", str(env_file), str(sandbox), "/bin/sh", "-c",
+                                     "echo $GREETING", cwd=sandbox.parent)
+    assert done.returncode == 0 and done.stdout == f"{MARK}\n", done.stderr[-2000:]
+    assert "singpy.envfile" in modules
+    assert offenders(modules, ("typer", "click", "rich", "dataclasses", "typing", "pathlib", "json")) == []

@@ -12,7 +12,7 @@ import pytest
 from singpy import host as host_module
 from singpy.config import sysconf
 from singpy.constants import DEFAULT_PATH
-from singpy.errors import BindSpecError, SingpyError
+from singpy.errors import BindSpecError
 from singpy.host import HostInfo
 from singpy.mounts.parse import parse_bind_list
 from singpy.mounts.system import DEV_LINKS, MINIMAL_DEV_NODES
@@ -317,11 +317,11 @@ def test_user_bind_control_no(host: HostInfo, image: ImageSpec, tmp_path: Path) 
     assert plan(host, image, "user bind control = no").mounts == plan(host, image).mounts
 
 
-def test_allow_pid_ns_no(host: HostInfo, image: ImageSpec) -> None:
-    with pytest.raises(SingpyError, match="allow pid ns = no") as caught:
-        plan(host, image, "allow pid ns = no", pid=True)
-    assert caught.value.exit_code == 255
-    assert plan(host, image, "allow pid ns = no").namespaces.pid is False
+def test_allow_pid_ns_no_drops_the_namespace(host: HostInfo, image: ImageSpec) -> None:
+    planned = build_plan(LaunchRequest(action="exec", image=image.path, args=("true",), pid=True),
+                         sysconf.parse("allow pid ns = no", "test.conf"), host, image)
+    assert planned.plan.namespaces.pid is False
+    assert any("allow pid ns = no" in warning for warning in planned.warnings)
 
 
 # --- --home -------------------------------------------------------------------------------------------------------
