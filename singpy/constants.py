@@ -25,4 +25,5 @@ MACHINE_ARCH = {
 }
 
 # Images singpy pulls rather than opens (singpy.oci.ref parses them; this is the cheap test of the hot path).
+FUSE_DEVICE = "/dev/fuse"  # opened by the launcher for squashfuse, fuse-overlayfs; fuse2fs opens its own
 IMAGE_URI_PREFIXES = ("docker://", "oci:", "oci-archive:", "docker-archive:")

@@ -59,6 +59,11 @@ class PathError(SingpyError):
 class KernelError(SingpyError):
     """A system call failed: "can't VERB OBJECT: strerror"."""
 
+    @property
+    def reason(self) -> str:
+        """The strerror part, for messages of a caller's own wording."""
+        return self.message.rsplit(": ", 1)[-1]
+
 
 class ExecError(SingpyError):
     """The payload could not be started inside the container."""

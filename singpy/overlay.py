@@ -37,11 +37,11 @@ import stat
 from collections.abc import Mapping
 
 from singpy import console
+from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, SingpyError
 from singpy.hostfiles import kind_name, reason, shown
 from singpy.plan import ImageSpec, OverlaySpec
 
-FUSE_DEVICE = "/dev/fuse"
 FUSE_OVERLAYFS = "fuse-overlayfs"
 EXT_MAGIC_AT = 1080  # s_magic of an ext2/3/4 superblock (which starts at byte 1024)
 EXT_MAGIC = b"\x53\xef"

@@ -42,7 +42,6 @@ from singpy.kernel import syscalls as k
 from singpy.mounts.rootpath import Tree
 from singpy.plan import LaunchPlan, OverlaySpec
 
-FUSE_DEVICE = "/dev/fuse"
 _FLAGS = k.MS_NOSUID | k.MS_NODEV
 # What fuse-overlayfs needs from the host, linked into the staging root (where it runs).
 _HOST_DIRS = ("usr", "lib", "lib64", "lib32", "libx32", "bin", "sbin", "etc", "proc", "dev")
@@ -142,9 +141,9 @@ def _mount(plan: LaunchPlan, layers: Layers, uid: int, gid: int) -> int | None:
             return None
         except KernelError as error:
             if not plan.overlay_tool:
-                raise ImageError(f"can't mount the overlay on the image: {_reason(error)}",
+                raise ImageError(f"can't mount the overlay on the image: {error.reason}",
                                  hint="install fuse-overlayfs, which singpy uses where the kernel refuses") from None
-            console.verbose(f"the kernel's overlayfs refused the layers ({_reason(error)}): using fuse-overlayfs")
+            console.verbose(f"the kernel's overlayfs refused the layers ({error.reason}): using fuse-overlayfs")
     return _mount_fuse(plan, layers, uid, gid)
 
 
@@ -174,16 +173,9 @@ def _mount_fuse(plan: LaunchPlan, layers: Layers, uid: int, gid: int) -> int:
     options = "noacl,lowerdir=" + ":".join(lower)
     if layers.upper:
         options += f",upperdir={layers.upper},workdir={layers.work}"
+    fd = rootfs.mount_fuse(rootfs.NEWROOT, "fuse-overlayfs", "fuse.fuse-overlayfs", _FLAGS, uid=uid, gid=gid,
+                           what="fuse-overlayfs")
     try:
-        fd = os.open(rootfs.host_path(FUSE_DEVICE), os.O_RDWR | os.O_CLOEXEC)
-    except OSError as error:
-        raise ImageError(f"can't open {FUSE_DEVICE} for fuse-overlayfs: {error.strerror}") from None
-    try:
-        try:
-            k.mount("fuse-overlayfs", rootfs.NEWROOT, "fuse.fuse-overlayfs", _FLAGS,
-                    f"fd={fd},rootmode=40000,user_id={uid},group_id={gid}")
-        except KernelError as error:
-            raise ImageError(f"can't mount FUSE for fuse-overlayfs: {_reason(error)}") from None
         argv = [rootfs.host_path(plan.overlay_tool), "-f", "-o", options, f"/dev/fd/{fd}"]
         console.verbose("root overlay: fuse-overlayfs")
         console.debug(f"running {' '.join(argv)}")
@@ -203,7 +195,3 @@ def _link_host_dirs() -> None:
     for name in _HOST_DIRS:
         if os.path.lexists(f"{rootfs.HOST}/{name}") and not os.path.lexists(f"/{name}"):
             os.symlink(f"{rootfs.HOST}/{name}", f"/{name}")
-
-
-def _reason(error: KernelError) -> str:
-    return error.message.rsplit(": ", 1)[-1]

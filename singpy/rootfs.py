@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import stat
 
+from singpy.constants import FUSE_DEVICE
+from singpy.errors import ImageError, KernelError
 from singpy.kernel import syscalls as k
 from singpy.mounts.rootpath import Tree, resolve
 
@@ -115,6 +117,26 @@ def _mirror_dir(image: Tree, layer: str, relative: str) -> None:
         if stat.S_ISDIR(info.st_mode):
             mode = stat.S_IMODE(info.st_mode)
     os.chmod(path, mode)
+
+
+def mount_fuse(target: str, source: str, fstype: str, flags: int, *, uid: int, gid: int, what: str,
+               hint: str | None = None) -> int:
+    """Open /dev/fuse and mount a FUSE filesystem on `target` for it; the descriptor, for the server to serve.
+
+    rootmode is the mode of the root inode's type (a directory); user_id and
+    group_id are who may use the mount without allow_other ([1]
+    linux/fs/fuse/inode.c). `what` names the filesystem in messages.
+    """
+    try:
+        fd = os.open(host_path(FUSE_DEVICE), os.O_RDWR | os.O_CLOEXEC)
+    except OSError as error:
+        raise ImageError(f"can't open {FUSE_DEVICE} for {what}: {error.strerror}") from None
+    try:
+        k.mount(source, target, fstype, flags, f"fd={fd},rootmode=40000,user_id={uid},group_id={gid}")
+    except KernelError as error:
+        os.close(fd)
+        raise ImageError(f"can't mount FUSE for {what}: {error.reason}", hint=hint) from None
+    return fd
 
 
 def remount(target: str, flags: int, *, shown: str | None = None) -> None:

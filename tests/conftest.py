@@ -177,6 +177,13 @@ def _end_what_we_started() -> Iterator[None]:
             process.wait()
 
 
+def readable_by_all(root: Path) -> None:
+    """Make a tree readable (and its directories searchable) by everyone, whatever the umask it was made under."""
+    for path in (root, *root.rglob("*")):
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o555 if path.is_dir() else path.stat().st_mode | 0o444)
+
+
 def assert_one_fatal(result: subprocess.CompletedProcess[str], message: str, code: int = 255) -> None:
     """Exit `code`, one FATAL line holding `message` (a HINT may follow), no traceback, nothing on stdout."""
     assert result.returncode == code, result.stderr

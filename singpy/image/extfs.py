@@ -37,12 +37,12 @@ import time
 from collections.abc import Mapping
 
 from singpy import console, process, rootfs
+from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, KernelError
 from singpy.kernel import loop
 from singpy.kernel import syscalls as k
 from singpy.plan import OverlaySpec
 
-FUSE_DEVICE = "/dev/fuse"
 FUSE_TOOL = "fuse2fs"
 FUSE_HINT = "install fuse2fs (Debian, Ubuntu: package fuse2fs; RHEL, Fedora: e2fsprogs or fuse2fs)"
 CAP_SYS_ADMIN = 21
@@ -169,7 +169,7 @@ def _mount_loop(spec: OverlaySpec, target: str) -> None:
         try:
             k.mount(device, target, "ext3", flags)
         except KernelError as error:
-            raise ImageError(f"can't mount the overlay image {spec.path}: {_reason(error)}",
+            raise ImageError(f"can't mount the overlay image {spec.path}: {error.reason}",
                              hint="the image may be corrupt: check it with `e2fsck -f`") from None
     finally:
         os.close(fd)  # with autoclear, the mount now holds the device alone
@@ -254,8 +254,3 @@ def _wait_mounted(spec: OverlaySpec, mount_point: str, pid: int, errors: int) ->
             raise ImageError(f"can't mount the overlay image {spec.path}: fuse2fs did not mount it in "
                              f"{MOUNT_TIMEOUT:.0f} s" + (f" ({reason})" if reason else ""))
         time.sleep(0.002)
-
-
-def _reason(error: KernelError) -> str:
-    """The strerror part of "can't VERB OBJECT: strerror"."""
-    return error.message.rsplit(": ", 1)[-1]

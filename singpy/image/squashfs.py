@@ -32,12 +32,12 @@ import os
 from collections.abc import Mapping
 
 from singpy import console, process, rootfs
+from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, KernelError
 from singpy.kernel import loop
 from singpy.kernel import syscalls as k
 from singpy.plan import ImageSpec
 
-FUSE_DEVICE = "/dev/fuse"
 FUSE_TOOLS = ("squashfuse_ll", "squashfuse")  # the low-level one is faster (Apptainer prefers it too)
 _MOUNT_FLAGS = k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV
 
@@ -117,7 +117,7 @@ def _mount_loop(image: ImageSpec) -> None:
         try:
             k.mount(device, rootfs.IMAGE, "squashfs", _MOUNT_FLAGS)
         except KernelError as error:
-            raise ImageError(f"can't mount the squashfs of {image.path}: {_reason(error)}",
+            raise ImageError(f"can't mount the squashfs of {image.path}: {error.reason}",
                              hint="the image may be corrupt: check it with `singpy inspect --list`") from None
     finally:
         os.close(fd)  # with autoclear, the mount now holds the device alone
@@ -125,19 +125,9 @@ def _mount_loop(image: ImageSpec) -> None:
 
 def _mount_fuse(image: ImageSpec, uid: int, gid: int) -> int:
     """Mount FUSE on IMAGE and start squashfuse serving it; return squashfuse's pid."""
+    fd = rootfs.mount_fuse(rootfs.IMAGE, "squashfuse", f"fuse.{os.path.basename(image.tool)}", _MOUNT_FLAGS,
+                           uid=uid, gid=gid, what=image.path, hint="run with --unsquash to extract the image instead")
     try:
-        fd = os.open(rootfs.host_path(FUSE_DEVICE), os.O_RDWR | os.O_CLOEXEC)
-    except OSError as error:
-        raise ImageError(f"can't open {FUSE_DEVICE}: {error.strerror}") from None
-    try:
-        # rootmode is the mode of the root inode's type (a directory); user_id/group_id
-        # are who may use the mount without allow_other ([1] linux/fs/fuse/inode.c).
-        try:
-            k.mount("squashfuse", rootfs.IMAGE, f"fuse.{os.path.basename(image.tool)}", _MOUNT_FLAGS,
-                    f"fd={fd},rootmode=40000,user_id={uid},group_id={gid}")
-        except KernelError as error:
-            raise ImageError(f"can't mount FUSE for {image.path}: {_reason(error)}",
-                             hint="run with --unsquash to extract the image instead") from None
         argv = [image.tool, "-f", "-o", f"offset={image.offset}", image.path, f"/dev/fd/{fd}"]
         pid, errors = process.spawn_helper(argv, root=rootfs.HOST, keep_fd=fd, quiet=console.level() < console.DEBUG)
     finally:
@@ -153,8 +143,3 @@ def _mount_fuse(image: ImageSpec, uid: int, gid: int) -> int:
     # `errors` stays open, unread, for the supervisor's lifetime: closed, a later message
     # from squashfuse would kill it with SIGPIPE.
     return pid
-
-
-def _reason(error: KernelError) -> str:
-    """The strerror part of "can't VERB OBJECT: strerror"."""
-    return error.message.rsplit(": ", 1)[-1]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Singpy, assert_one_fatal
+from tests.conftest import Singpy, assert_one_fatal, readable_by_all
 from tests.unit.test_sysconf import IGNORED_IN_STOCK, STOCK_APPTAINER_CONF
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,9 +102,7 @@ def installed(workdir: Path) -> Iterator[Path]:
     if pip.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"pip could not build the repository (no package index?): {pip.stderr.strip()[-400:]}")
-    for path in (root, *root.rglob("*")):  # the test user runs it too (umask may have been 077)
-        if not path.is_symlink():
-            path.chmod(path.stat().st_mode | 0o555 if path.is_dir() else path.stat().st_mode | 0o444)
+    readable_by_all(root)  # the test user runs it too (umask may have been 077)
     yield venv
     shutil.rmtree(root, ignore_errors=True)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Singpy
+from tests.conftest import Singpy, readable_by_all
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,9 +58,7 @@ def pipx_installed(workdir: Path) -> Iterator[Path]:
     if done.returncode != 0:
         shutil.rmtree(root, ignore_errors=True)
         pytest.skip(f"pipx could not install the repository (no package index?): {done.stderr.strip()[-400:]}")
-    for path in (root, *root.rglob("*")):  # the test user runs it too (umask may have been 077)
-        if not path.is_symlink():
-            path.chmod(path.stat().st_mode | 0o555 if path.is_dir() else path.stat().st_mode | 0o444)
+    readable_by_all(root)  # the test user runs it too (umask may have been 077)
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
