@@ -99,12 +99,17 @@ def test_writable_tmpfs_is_ignored_with_a_warning(singpy: Singpy, workdir: Path)
     assert (image / "opt" / "kept").exists()
 
 
-def test_image_the_user_cannot_write(as_user: Singpy, image: Path) -> None:
-    """The shared fixture image belongs to root: a user can't write it."""
-    before = tree_digest(image)
-    result = as_user.run("exec", "-w", str(image), "true")
-    assert_one_fatal(result, f"--writable: can't write {image} (permission denied)")
-    assert tree_digest(image) == before
+def test_image_the_user_cannot_write(as_user: Singpy, workdir: Path) -> None:
+    """A sandbox whose top directory the user may not write (its own, mode 0555, when the suite runs as a user)."""
+    image = own_sandbox(as_user, workdir, "writable-denied")
+    image.chmod(0o555)
+    try:
+        before = tree_digest(image)
+        result = as_user.run("exec", "-w", str(image), "true")
+        assert_one_fatal(result, f"--writable: can't write {image} (permission denied)")
+        assert tree_digest(image) == before
+    finally:
+        image.chmod(0o755)  # removable again by the next run's own_sandbox, whoever runs the suite
 
 
 def test_sif_without_overlay_partition(singpy: Singpy, workdir: Path) -> None:
