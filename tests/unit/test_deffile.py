@@ -100,10 +100,11 @@ def test_errors_name_file_and_line(text: str, message: str) -> None:
 
 
 def test_a_commented_build_argument_is_not_needed() -> None:
-    text = "Bootstrap: docker\n# From: {{ OLD }}\nFrom: alpine\n%post\n    # echo {{ UNSET }}\n    echo ok\n"
+    text = ("Bootstrap: docker\n# From: {{ OLD }}\nFrom: alpine\n%arguments\n V=1\n%post\n    # echo {{ UNSET }}\n"
+            "    echo {{ V }} #note {{ UNSET }}\n    #!/bin/{{ V }}\n")
     stage = parse(text, "x.def").stages[0]
     assert stage.get("from") == "alpine"
-    assert "# echo {{ UNSET }}" in stage.script("post")
+    assert stage.script("post") == "    # echo {{ UNSET }}\n    echo 1 #note {{ UNSET }}\n    #!/bin/1\n"
 
 
 def test_numbered_otherurl_headers_are_accepted() -> None:
