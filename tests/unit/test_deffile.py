@@ -1,10 +1,10 @@
-"""Definition files parsed as Apptainer parses them, errors with file:line (singpy.build.deffile)."""
+"""Definition files parsed as Apptainer parses them, errors with file:line (singpy.deffile)."""
 
 from __future__ import annotations
 
 import pytest
 
-from singpy.build.deffile import DefinitionError, files_entries, labels, parse
+from singpy.deffile import DefinitionError, files_entries, labels, parse
 
 RECIPE = """\
 # A CUDA application image
