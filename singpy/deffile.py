@@ -199,10 +199,7 @@ def _substitute(line: str, number: int, origin: str, build_args: Mapping[str, st
 def files_entries(section: Section) -> list[tuple[str, str]]:
     """%files lines as (source, destination); destination "" means the same path in the image."""
     entries = []
-    for raw in section.body.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
+    for line in _content_lines(section):
         words = [quoted or plain for quoted, plain in re.findall(r'"([^"]*)"|(\S+)', line)]
         entries.append((words[0], words[1] if len(words) > 1 else ""))
     return entries
@@ -211,10 +208,12 @@ def files_entries(section: Section) -> list[tuple[str, str]]:
 def labels(section: Section) -> list[tuple[str, str]]:
     """%labels lines as (name, value): the name is the first word, the value the rest of the line."""
     found = []
-    for raw in section.body.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
+    for line in _content_lines(section):
         name, _, value = line.partition(" ") if " " in line else line.partition("\t")
         found.append((name, value.strip()))
     return found
+
+
+def _content_lines(section: Section) -> list[str]:
+    """The section's lines, stripped, without blank and comment lines."""
+    return [line for line in (raw.strip() for raw in section.body.splitlines()) if line and not line.startswith("#")]

@@ -152,10 +152,9 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
     if image.kind == "sandbox":
         return image
     if request.writable:  # refused before anything is extracted
-        from singpy.image.detect import overlay_partition
         from singpy.overlay import check_writable_image
 
-        check_writable_image(image, overlay_partition(image.path) if image.kind == "sif" else None)
+        check_writable_image(image, image.overlay_partition())
     from singpy.image import cache, squashfs
 
     image = squashfs.choose(image, uid=host.uid, unsquash=request.unsquash or config.flag("unsquash"),

@@ -129,6 +129,12 @@ class ImageSpec(Record):
     strategy: str = "directory"  # how the root is obtained: directory, loop, fuse or extract (image.squashfs)
     tool: str = ""  # host path of the program the strategy runs (squashfuse, unsquashfs)
     cache: str = ""  # the user's extraction cache directory (extract)
+    overlay_offset: int = 0  # sif: byte offset of its writable overlay partition (ext3), 0 when it has none
+    overlay_size: int = 0  # sif: that partition's size in bytes
+
+    def overlay_partition(self) -> tuple[int, int] | None:
+        """(offset, size) of the SIF's overlay partition, found with its primary partition (image.detect)."""
+        return (self.overlay_offset, self.overlay_size) if self.overlay_offset else None
 
 
 class OverlaySpec(Record):

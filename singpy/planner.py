@@ -133,11 +133,7 @@ def _layers(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Im
             user_namespace: bool) -> OverlayChoice | None:
     """--writable, --overlay, a SIF's overlay partition, `enable overlay` (singpy.overlay, imported only then)."""
     enable = config.text("enable overlay")
-    partition = None
-    if image.kind == "sif":
-        from singpy.image.detect import overlay_partition
-
-        partition = overlay_partition(image.path)
+    partition = image.overlay_partition()
     needed = request.writable or request.overlays or partition is not None
     if not needed and not (request.writable_tmpfs and enable in ("no", "driver")):
         return None

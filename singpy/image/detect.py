@@ -79,7 +79,8 @@ def _sandbox(path: str, reference: str) -> ImageSpec:
 
 def sif_partition(path: str, *, check_arch: bool = True) -> ImageSpec:
     """The SIF's primary system partition, checked to be a squashfs (this host can run)."""
-    found = _scan(path)
+    partitions = _partitions(path)
+    found = _scan(partitions)
     if found is None:
         from singpy.image.sif import read_sif  # names what is wrong, in the reader's words
 
@@ -94,7 +95,9 @@ def sif_partition(path: str, *, check_arch: bool = True) -> ImageSpec:
     host = host_arch()
     if check_arch and arch not in ("unknown", host):
         raise ImageError(f"{path}: image is {arch}, this host is {host}")
-    return ImageSpec(kind="sif", path=path, offset=offset, size=size, arch=arch)
+    overlay_offset, overlay_size = _overlay(partitions) or (0, 0)
+    return ImageSpec(kind="sif", path=path, offset=offset, size=size, arch=arch, overlay_offset=overlay_offset,
+                     overlay_size=overlay_size)
 
 
 def overlay_partition(path: str) -> tuple[int, int] | None:
@@ -104,16 +107,20 @@ def overlay_partition(path: str) -> tuple[int, int] | None:
     add. A file that is not a readable SIF has none (its detection names
     what is wrong with it).
     """
-    for datatype, offset, length, extra in _partitions(path) or ():
+    return _overlay(_partitions(path))
+
+
+def _overlay(partitions: list[tuple[int, int, int, bytes]] | None) -> tuple[int, int] | None:
+    for datatype, offset, length, extra in partitions or ():
         fstype, parttype = struct.unpack_from("<ii", extra)
         if datatype == _PARTITION and parttype == _OVERLAY and fstype == _FS_EXT3:
             return offset, length
     return None
 
 
-def _scan(path: str) -> tuple[int, int, int, str] | None:
+def _scan(partitions: list[tuple[int, int, int, bytes]] | None) -> tuple[int, int, int, str] | None:
     """(offset, size, fstype, arch) of the primary partition, or None if anything is amiss."""
-    for datatype, offset, length, extra in _partitions(path) or ():
+    for datatype, offset, length, extra in partitions or ():
         if datatype == _PARTITION and struct.unpack_from("<i", extra, 4)[0] == _PRIMSYS:
             return offset, length, struct.unpack_from("<i", extra)[0], arch_name(extra[8:11])
     return None

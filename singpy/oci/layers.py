@@ -909,10 +909,7 @@ class _Layer:
             return
         parent, directory = found
         path = _join(directory, hidden)
-        try:
-            mode: int | None = os.stat(hidden, dir_fd=parent, follow_symlinks=False).st_mode
-        except FileNotFoundError:
-            mode = None
+        mode = _mode_at(parent, hidden)
         if path in self.written or path in self.kept:  # this layer's own: only what is below it from lower
             if mode is not None and stat.S_ISDIR(mode):
                 self._prune(path)
@@ -943,10 +940,7 @@ class _Layer:
                 names |= self.ownership.children(directory)
             for name in names:
                 path = _join(directory, name)
-                try:
-                    mode: int | None = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
-                except FileNotFoundError:
-                    mode = None
+                mode = _mode_at(fd, name)
                 if path in self.written or path in self.kept:
                     if mode is not None and stat.S_ISDIR(mode):
                         pending.append(path)
@@ -1005,3 +999,11 @@ def _remove_tree(parent: int, name: str) -> None:
         for _, _, fd in stack:
             if fd is not None:
                 os.close(fd)
+
+
+def _mode_at(directory: int, name: str) -> int | None:
+    """The st_mode of `name` in the open `directory` (links not followed), None when there is none."""
+    try:
+        return os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None

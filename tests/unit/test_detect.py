@@ -29,7 +29,7 @@ def full_reader(path: Path) -> tuple[int, int, int, str] | None:
 
 @pytest.mark.parametrize("name", SIFS)
 def test_scan_agrees_with_the_reader(name: str) -> None:
-    assert detect._scan(str(DATA / name)) == full_reader(DATA / name)
+    assert detect._scan(detect._partitions(str(DATA / name))) == full_reader(DATA / name)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -41,7 +41,7 @@ def test_scan_agrees_on_mutated_images(tmp_path: Path, flips: list[tuple[int, in
         data[offset] = value
     path = tmp_path / "mutated.sif"
     path.write_bytes(bytes(data[:cut]))
-    assert detect._scan(str(path)) == full_reader(path)
+    assert detect._scan(detect._partitions(str(path))) == full_reader(path)
 
 
 def test_errors_come_from_the_reader(tmp_path: Path) -> None:
@@ -148,4 +148,4 @@ def test_unusable_paths_are_one_line(path: str) -> None:
 def test_scan_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    assert detect._scan(str(fifo)) is None  # O_NONBLOCK open, then fstat: not a regular file
+    assert detect._scan(detect._partitions(str(fifo))) is None  # O_NONBLOCK open, then fstat: not a regular file
