@@ -51,6 +51,8 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
 
     host = host_module.capture(env)
     config = sysconf.load(global_values.get("config") or sysconf.default_path(env))
+    if global_values.get("build_config"):
+        config = sysconf.for_build(config)
     if positionals[0].startswith(IMAGE_URI_PREFIXES):
         positionals = [_pulled(positionals[0], values, env, host.home), *positionals[1:]]
     request = build_request(action, values, positionals, host.cwd)

@@ -116,6 +116,8 @@ GLOBAL_OPTIONS: tuple[Option, ...] = (
     Option("verbose", "--verbose", "print each step", "-v"),
     Option("debug", "--debug", "print debugging messages and tracebacks", "-d"),
     Option("config", "--config", "read this singpy.conf instead of the default", value="FILE"),
+    Option("build_config", "--build-config", "the configuration of builds: no `bind path` binds, no home "
+           "directory, no devpts (as Apptainer's)"),
     Option("version", "--version", "print the version and exit"),
     Option("help", "--help", "show this help and exit", "-h"),
 )

@@ -287,6 +287,15 @@ def _convert(directive: Directive, value: str, where: str) -> object:
     return value
 
 
+def for_build(config: SysConfig) -> SysConfig:
+    """`--build-config`: what %post and %test run under (Apptainer's ApplyBuildConfig).
+
+    The site's `bind path` entries are left out: a --writable build container
+    invents no mount point, and an image should not depend on a site's binds.
+    """
+    return SysConfig(config.path, {**config.values, "bind path": (), "mount home": False, "mount devpts": False})
+
+
 def defaults() -> SysConfig:
     return SysConfig("", {d.name: d.default for d in DIRECTIVES})
 

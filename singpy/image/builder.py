@@ -75,7 +75,7 @@ def build_sif(target: str, sandbox: str, *, env: Mapping[str, str]) -> None:
     arch = host_arch()
     deffile = f"bootstrap: localimage\nfrom: {sandbox}\n"
     attributes = read_tree(sandbox)
-    attributes["labels"] = {**attributes.get("labels", {}), **_build_labels(arch, sandbox)}
+    attributes["labels"] = {**attributes.get("labels", {}), **_sandbox_labels(arch, sandbox)}
     attributes.setdefault("deffile", deffile)
     scratch = scratch_dir(target, ".singpy-build-")
     try:
@@ -90,16 +90,22 @@ def build_sif(target: str, sandbox: str, *, env: Mapping[str, str]) -> None:
         cache.remove_tree(scratch)
 
 
-def _build_labels(arch: str, sandbox: str) -> dict[str, str]:
-    """The labels Apptainer's build adds (org.label-schema.*), singpy standing in for apptainer."""
+def build_labels(arch: str) -> dict[str, str]:
+    """The labels Apptainer's build adds to every image (org.label-schema.*), singpy standing in for apptainer."""
+    now = time.gmtime()
     return {
         "org.label-schema.build-arch": arch,
-        "org.label-schema.build-date": time.strftime("%A_%-d_%B_%Y_%H:%M:%S_UTC", time.gmtime()),
+        "org.label-schema.build-date": time.strftime("%A_%-d_%B_%Y_%H:%M:%S_UTC", now),
         "org.label-schema.schema-version": "1.0",
-        "org.label-schema.usage.singularity.deffile.bootstrap": "localimage",
-        "org.label-schema.usage.singularity.deffile.from": sandbox,
         "org.label-schema.usage.singpy.version": __version__,
+        "org.opencontainers.image.architecture": arch,
+        "org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", now),
     }
+
+
+def _sandbox_labels(arch: str, sandbox: str) -> dict[str, str]:
+    return {**build_labels(arch), "org.label-schema.usage.singularity.deffile.bootstrap": "localimage",
+            "org.label-schema.usage.singularity.deffile.from": sandbox}
 
 
 def unpack(target: str, image: str, *, env: Mapping[str, str]) -> None:

@@ -69,6 +69,21 @@ def classify(reference: str) -> ImageSpec:
     raise ImageError(f"{shown} is not a container image (not a directory, SIF or squashfs file)")
 
 
+def is_definition_file(reference: str) -> bool:
+    """Whether `singpy build` should read `reference` as a definition file: a regular file that is no image.
+
+    Anything else (a directory, a SIF, a missing path, a FIFO) goes to
+    `classify`, which says what it is.
+    """
+    try:
+        if not stat.S_ISREG(os.stat(reference).st_mode):
+            return False
+        head = _read_at(os.path.abspath(reference), 0, 64, reference)
+    except (OSError, ValueError, ImageError):
+        return False
+    return head[_SIF_MAGIC_AT:_SIF_MAGIC_AT + len(SIF_MAGIC)] != SIF_MAGIC and head[:4] != SQUASHFS_MAGIC
+
+
 def _sandbox(path: str, reference: str) -> ImageSpec:
     if not os.access(path, os.R_OK | os.X_OK):
         raise ImageError(f"can't read image {hostfiles.shown(reference)}: permission denied")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from singpy import console
 from singpy.errors import ImageError
@@ -91,11 +91,12 @@ def show_progress() -> bool:
     return console.level() >= console.NORMAL and sys.stderr.isatty() and os.environ.get("TERM", "dumb") != "dumb"
 
 
-def run_tool(argv: list[str], *, label: str, failure: str) -> None:
+def run_tool(argv: list[str], *, label: str, failure: str, prefix: Sequence[str] = ()) -> None:
     """Run a squashfs-tools program to completion; `failure` starts the error line.
 
     `-no-progress` is added here when there is no progress bar to feed
     (unsquashfs takes options first, mksquashfs after its sources and target).
+    `prefix` runs the program through another (singpy.recipe.mapped).
     """
     import subprocess  # not on the path of a run that finds its image in the cache
 
@@ -103,6 +104,7 @@ def run_tool(argv: list[str], *, label: str, failure: str) -> None:
     if not progress:
         last = os.path.basename(argv[0]) == "mksquashfs"
         argv = [*argv, "-no-progress"] if last else [argv[0], "-no-progress", *argv[1:]]
+    argv = [*prefix, *argv]
     console.debug(f"running {argv}")
     parent = os.getpid()
     # Blocked while Popen runs: a signal that came once the tool runs but before Popen returns would

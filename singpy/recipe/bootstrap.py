@@ -1,0 +1,108 @@
+"""The base root filesystem of a stage, from its `Bootstrap:` and `From:` headers.
+
+Agents, as Apptainer names them ([1] Apptainer internal/pkg/build/sources):
+`docker`, `oci`, `oci-archive`, `docker-archive` (through singpy's OCI pull,
+its cache included), `localimage` (a SIF, squashfs or sandbox image on this
+host) and `scratch` (nothing). Every rootfs then gets Apptainer's base
+layout: the directories a container needs as mount points and empty
+/etc/hosts and /etc/resolv.conf, made inside the image (its links resolved
+in it, never on the host).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from singpy import console
+from singpy.deffile import DefinitionError, Stage
+from singpy.errors import ImageError, PathError
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from singpy.oci.pull import PullOptions
+
+AGENTS = ("docker", "oci", "oci-archive", "docker-archive", "localimage", "scratch")
+_URI_PREFIX = {"docker": "docker://", "oci": "oci:", "oci-archive": "oci-archive:", "docker-archive": "docker-archive:"}
+BASE_DIRS = (".singularity.d/libs", ".singularity.d/actions", ".singularity.d/env", "dev", "proc", "root", "var/tmp",
+             "tmp", "etc", "sys", "home")
+BASE_FILES = ("etc/hosts", "etc/resolv.conf")
+
+
+def check(stage: Stage, origin: str) -> None:
+    """Refuse an unknown agent or a missing `From:` before anything is fetched (file:line of the stage)."""
+    agent = stage.get("bootstrap").strip().lower()
+    where = f"{origin}:{stage.line}"
+    if not agent:
+        raise DefinitionError(f"{where}: the stage has no Bootstrap: header")
+    if agent not in AGENTS:
+        raise DefinitionError(f"{where}: Bootstrap: {agent} is not supported (singpy builds from "
+                              f"{', '.join(AGENTS)})")
+    if agent != "scratch" and not stage.get("from").strip():
+        raise DefinitionError(f"{where}: Bootstrap: {agent} needs a From: header")
+
+
+def source(stage: Stage, cwd: str) -> str:
+    """What the stage starts from, as `singpy build` would take it: docker://REF, oci:DIR, a path, or ''."""
+    agent = stage.get("bootstrap").strip().lower()
+    base = stage.get("from").strip()
+    if agent == "scratch":
+        return ""
+    if agent == "localimage":
+        return os.path.join(cwd, base)
+    prefix = _URI_PREFIX[agent]
+    if agent == "docker":
+        base = base.removeprefix("docker://")
+    elif agent != "docker" and not base.startswith("/") and base.removeprefix(prefix) == base:
+        base = os.path.join(cwd, base)
+    return base if base.startswith(prefix) else prefix + base
+
+
+def fetch(base: str, rootfs: str, *, options: PullOptions, env: Mapping[str, str], home: str) -> None:
+    """Make `rootfs` (which must not exist) from `base` (see `source`), then lay out the base directories."""
+    if not base:
+        console.info("Creating an empty root filesystem (Bootstrap: scratch)")
+        os.mkdir(rootfs, 0o755)
+    elif base.startswith(tuple(_URI_PREFIX.values())):
+        from singpy.oci.pull import build_from
+
+        build_from(base, rootfs, options, env, home, sandbox=True, force=False)
+    else:
+        _local_image(base, rootfs, env)
+    lay_out_base(rootfs)
+
+
+def _local_image(path: str, rootfs: str, env: Mapping[str, str]) -> None:
+    from singpy.image.detect import classify
+
+    image = classify(path)
+    console.info(f"Using the local image {image.path}")
+    if image.kind != "sandbox":
+        from singpy.image.builder import unpack
+
+        unpack(rootfs, image.path, env=env)
+        return
+    import subprocess
+
+    os.mkdir(rootfs, 0o755)
+    copied = subprocess.run(["cp", "-a", "--", f"{image.path}/.", rootfs], stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin"})
+    if copied.returncode != 0:
+        said = [line for line in copied.stderr.splitlines() if line.strip()]
+        raise ImageError(f"can't copy the sandbox {image.path}: {said[-1] if said else 'cp failed'}")
+
+
+def lay_out_base(rootfs: str) -> None:
+    """Apptainer's base directories and files, where the image lacks them."""
+    from singpy.mounts.rootpath import Tree
+
+    with Tree(rootfs) as tree:
+        try:
+            for guest in (*BASE_DIRS, *BASE_FILES):
+                found = tree.lookup(guest)
+                if found.fd is not None:
+                    os.close(found.fd)
+                    continue
+                os.close(tree.make(found, directory=guest in BASE_DIRS))
+        except PathError as error:
+            raise ImageError(f"can't lay out the image's base directories: {error.message}") from None

@@ -1,0 +1,272 @@
+"""`singpy build OUT RECIPE.def`: the stages in Apptainer's order, then the output.
+
+For each stage ([1] Apptainer internal/pkg/build/build.go, Full): the base
+root filesystem (bootstrap), `%files from` earlier stages, %setup on the
+host, %files from the host, %post in the container, the metadata of
+/.singularity.d, %test in the container. The last stage becomes OUT: a
+sandbox directory renamed into place, or a SIF squashed from it with the
+definition file as its Def.FILE object. Everything happens in one work
+directory (singpy.recipe.workdir), removed at the end whatever happens.
+
+As root, %post runs as real root. Anyone else builds with --fakeroot: root
+in a user namespace, with the user's subordinate ids when /etc/subuid and
+/etc/subgid give a range (singpy.fakeroot). Files %post gives to those ids
+are then out of the user's own reach on the host, so what the build does
+with the tree afterwards (copies between stages, squashing, removing it)
+runs as root of a namespace with the same mapping (singpy.recipe.mapped).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from singpy import console
+from singpy.deffile import Definition, DefinitionError, Section, Stage, files_entries
+from singpy.errors import ImageError
+from singpy.hostfiles import path_problem, shown
+from singpy.plan import IdMap
+from singpy.recipe import bootstrap, sections, workdir
+from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from singpy.oci.pull import PullOptions
+
+_MAX_RECIPE = 4 << 20  # a definition file is text; refuse to read a huge file into memory
+
+
+class BuildRequest(Record):
+    """What `singpy build OUT RECIPE.def` was asked."""
+
+    target: str  # OUT, absolute
+    recipe: str  # the definition file, absolute
+    sandbox: bool = False  # --sandbox: OUT is a directory
+    force: bool = False  # --force: replace OUT; %labels override labels already in the image
+    notest: bool = False  # --notest: %test does not run
+    fakeroot: bool = False  # --fakeroot (what an unprivileged build does anyway)
+    build_args: tuple[tuple[str, str], ...] = ()  # --build-arg and --build-arg-file, in order (last wins)
+    binds: tuple[str, ...] = ()  # --bind values, for %post and %test
+
+
+def read_definition(request: BuildRequest) -> tuple[str, Definition]:
+    """The definition file's text and its stages, checked before anything is fetched or written."""
+    from singpy.deffile import parse
+
+    text = _read_recipe(request.recipe)
+    definition = parse(text, request.recipe, dict(request.build_args))
+    unused = sorted({name for name, _ in request.build_args} - set(definition.consumed))
+    if unused:
+        console.warning(f"unused build args: {', '.join(unused)}")
+    names: list[str] = []
+    for stage in definition.stages:
+        bootstrap.check(stage, request.recipe)
+        for section in stage.sections:
+            source = _from_stage(section)
+            if source and source not in names:
+                raise DefinitionError(f"{request.recipe}:{section.line}: %files from {source}: no earlier stage "
+                                      f"has Stage: {source}")
+        names.append(stage.get("stage").strip())
+    return text, definition
+
+
+def _read_recipe(path: str) -> str:
+    from singpy.hostfiles import read_text
+
+    return read_text(path, what="the definition file", error=ImageError, limit=_MAX_RECIPE)
+
+
+def _from_stage(section: Section) -> str:
+    """The STAGE of a `%files from STAGE` section line, else ''."""
+    words = section.args.split("#", 1)[0].split()
+    return words[1] if section.name == "files" and len(words) == 2 and words[0] == "from" else ""
+
+
+def build(request: BuildRequest, *, options: PullOptions, env: Mapping[str, str], home: str, cwd: str) -> str:
+    """Build OUT from the definition file; returns the closing line. Nothing is left behind on failure."""
+    from singpy.image import tools
+
+    text, definition = read_definition(request)
+    _check_target(request)
+    idmap = _id_map(request)
+    runner = sections.Runner(idmap=idmap, binds=request.binds, env=env)
+    console.info("Starting build...")
+    work = workdir.make(request.target, env)
+    try:
+        with tools.Interruptible():
+            try:
+                rootfs = _build_stages(definition, text, request, work, runner, options=options, env=env, home=home,
+                                       cwd=cwd)
+                _write_output(rootfs, text, request, work, idmap, env)
+            except tools.Interrupted as interrupted:
+                raise tools.Interrupted(f"build of {request.target} {interrupted.message}: nothing was "
+                                        "written") from None
+    finally:
+        workdir.remove(work, idmap)
+    return f"Build complete: {request.target}"
+
+
+def _check_target(request: BuildRequest) -> None:
+    problem = path_problem(request.target)
+    if problem:
+        raise ImageError(f"can't write {shown(request.target)}: {problem}")
+    if os.path.lexists(request.target) and not request.force:
+        raise ImageError(f"{request.target} already exists (use --force to overwrite it)")
+    if not request.sandbox and os.path.isdir(request.target) and not os.path.islink(request.target):
+        raise ImageError(f"{request.target} is a directory: a SIF needs a file name (or use --sandbox)")
+    if not os.path.isdir(os.path.dirname(request.target)):
+        raise ImageError(f"can't write {request.target}: {os.path.dirname(request.target)} is not a directory")
+
+
+def _id_map(request: BuildRequest) -> IdMap | None:
+    """None as root (real root in %post); the --fakeroot mapping for anyone else."""
+    uid = os.getuid()
+    if uid == 0:
+        if request.fakeroot:
+            console.verbose("--fakeroot: ignored as root, %post runs as real root")
+        return None
+    import pwd
+
+    from singpy import fakeroot
+
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    idmap = fakeroot.plan_id_map(uid=uid, gid=os.getgid(), user=user)
+    console.verbose(idmap.note)
+    if not idmap.helper:
+        console.info(f"{idmap.note.split(': ', 2)[1]}: %post runs as root with a single id mapping "
+                     "(no other user or group exists inside)")
+    return idmap
+
+
+def _build_stages(definition: Definition, text: str, request: BuildRequest, work: str, runner: sections.Runner, *,
+                  options: PullOptions, env: Mapping[str, str], home: str, cwd: str) -> str:
+    """Every stage, in order; returns the last one's root filesystem."""
+    from singpy.image.builder import build_labels
+    from singpy.image.detect import host_arch
+    from singpy.recipe import files, metadata
+
+    roots: dict[str, str] = {}
+    rootfs = ""
+    for number, stage in enumerate(definition.stages):
+        name = stage.get("stage").strip()
+        if name:
+            console.info(f"Building stage {name}")
+        rootfs = f"{work}/stage{number}"
+        bootstrap.fetch(bootstrap.source(stage, cwd), rootfs, options=options, env=env, home=home)
+        for section in stage.sections:
+            source = _from_stage(section)
+            if source:
+                files.copy_from_stage(files_entries(section), roots[source], rootfs, run=_host_command(runner.idmap))
+        sections.run_setup(stage, rootfs, work, runner.idmap)
+        host_files = _host_files(stage)
+        if host_files:
+            files.copy_from_host(host_files, rootfs, cwd=cwd)
+        sections.run_post(stage, rootfs, runner)
+        metadata.write_metadata(rootfs, stage, definition=text, build_labels=build_labels(host_arch()),
+                                force=request.force)
+        if stage.script("test").strip() and not request.notest:
+            sections.run_test(rootfs, runner)
+        if name:
+            roots[name] = rootfs
+    return rootfs
+
+
+def _host_files(stage: Stage) -> list[tuple[str, str]]:
+    entries: list[tuple[str, str]] = []
+    for section in stage.sections:
+        if section.name == "files" and not section.args.split("#", 1)[0].strip():
+            entries += files_entries(section)
+    return entries
+
+
+def _host_command(idmap: IdMap | None) -> sections.Command:
+    """Runs a host program (cp) as the build runs %post: as root, or as root of the build's namespace."""
+
+    def run(argv: list[str]) -> None:
+        sections.run_host(argv, what=os.path.basename(argv[0]), idmap=idmap)
+
+    return run
+
+
+def _write_output(rootfs: str, text: str, request: BuildRequest, work: str, idmap: IdMap | None,
+                  env: Mapping[str, str]) -> None:
+    if request.sandbox:
+        _publish_sandbox(rootfs, request.target, work, idmap)
+        return
+    _write_sif(rootfs, text, request.target, work, idmap, env)
+
+
+def _publish_sandbox(rootfs: str, target: str, work: str, idmap: IdMap | None) -> None:
+    """The stage's tree renamed into place; copied first when the work directory is on another filesystem."""
+    console.info(f"Creating sandbox directory {target}")
+    tree = rootfs
+    if os.stat(work).st_dev != os.stat(os.path.dirname(target)).st_dev:
+        from singpy.image.builder import scratch_dir
+
+        holder = scratch_dir(target, workdir.PREFIX)
+        tree = f"{holder}/root"
+        try:
+            _host_command(idmap)(["cp", "-a", "--", rootfs, tree])
+            _publish(tree, target, f"{holder}/old")
+        finally:
+            workdir.remove(holder, idmap)
+        return
+    _publish(tree, target, f"{work}/old")
+
+
+def _publish(tree: str, target: str, old: str) -> None:
+    from singpy.image.builder import publish_tree
+
+    try:
+        publish_tree(tree, target, old)
+    except OSError as error:
+        raise ImageError(f"can't write {target}: {error.strerror}") from None
+
+
+def _write_sif(rootfs: str, text: str, target: str, work: str, idmap: IdMap | None, env: Mapping[str, str]) -> None:
+    from singpy.image import tools
+    from singpy.image.detect import host_arch
+    from singpy.image.metadata import read_tree
+    from singpy.image.sifwrite import build_sif_from_squashfs
+    from singpy.recipe import mapped
+
+    mksquashfs = tools.require_tool("mksquashfs", env, "build a SIF image")
+    squashfs = f"{work}/rootfs.squashfs"
+    console.info("Creating SIF file...")
+    prefix = mapped.command(idmap) if idmap is not None else []
+    tools.run_tool([mksquashfs, rootfs, squashfs, "-noappend", "-comp", "gzip"], label="Squashing the image",
+                   failure=f"can't build {target}", prefix=prefix)
+    attributes = read_tree(rootfs)
+    attributes["deffile"] = text
+    arch = host_arch()
+    partial = f"{work}/image.sif"
+    build_sif_from_squashfs(partial, squashfs, arch=arch, deffile=text,
+                            inspect_metadata={"data": {"attributes": attributes}, "type": "container"})
+    _move(partial, target)
+
+
+def _move(path: str, target: str) -> None:
+    """Into place: a rename on the same filesystem, else a copy next to the target renamed over it."""
+    try:
+        os.replace(path, target)
+        return
+    except OSError as error:
+        import errno
+
+        if error.errno != errno.EXDEV:
+            raise ImageError(f"can't write {target}: {error.strerror}") from None
+    import shutil
+    import tempfile
+
+    fd, partial = tempfile.mkstemp(prefix=workdir.PREFIX, dir=os.path.dirname(target))
+    try:
+        with os.fdopen(fd, "wb") as out, open(path, "rb") as source:
+            shutil.copyfileobj(source, out, 1 << 20)
+        os.chmod(partial, 0o755)
+        os.replace(partial, target)
+    except BaseException:
+        os.unlink(partial)
+        raise

@@ -1,0 +1,65 @@
+"""Where a build works, and removing it whatever happens.
+
+A build's stages are unpacked root filesystems, often gigabytes: the work
+directory is `$SINGPY_TMPDIR` (or APPTAINER_TMPDIR, SINGULARITY_TMPDIR) when
+set, else the directory of the output, never /tmp by default (a small tmpfs
+on many login nodes). A private `.singpy-build-XXXXXXXX` directory there
+holds everything; the output is written there too and renamed into place,
+so the output appears complete or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from singpy import console
+from singpy.errors import ImageError
+from singpy.oci.store import TMPDIR_VARIABLES
+from singpy.plan import IdMap
+
+PREFIX = ".singpy-build-"
+
+
+def parent_dir(target: str, env: Mapping[str, str]) -> str:
+    """The directory the work directory goes in (see the module's docstring)."""
+    chosen = next((name for name in TMPDIR_VARIABLES if env.get(name)), "")
+    if not chosen:
+        return os.path.dirname(target)
+    path = os.path.abspath(env[chosen])
+    if not os.path.isdir(path):
+        raise ImageError(f"{chosen}={env[chosen]} is not a directory: the build has nowhere to work")
+    return path
+
+
+def make(target: str, env: Mapping[str, str]) -> str:
+    import tempfile
+
+    parent = parent_dir(target, env)
+    try:
+        path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
+    except OSError as error:
+        raise ImageError(f"can't create a work directory in {parent}: {error.strerror}") from None
+    os.chmod(path, 0o755)  # %post runs as root inside: it must reach the stage directories below
+    console.verbose(f"work directory: {path}")
+    return path
+
+
+def remove(path: str, idmap: IdMap | None) -> None:
+    """Remove `path`; what the user cannot remove (files of subordinate ids) is removed in the namespace."""
+    from singpy.image import cache
+
+    try:
+        cache.remove_tree(path)
+        return
+    except OSError:
+        if idmap is None:
+            raise
+    import subprocess
+
+    from singpy.recipe import mapped
+
+    subprocess.run([*mapped.command(idmap), "rm", "-rf", "--one-file-system", path], stdin=subprocess.DEVNULL,
+                   check=False)
+    if os.path.lexists(path):
+        raise ImageError(f"can't remove the work directory {path}: remove it by hand")
