@@ -58,7 +58,7 @@ from singpy.config.sysconf import IMAGE_LIMITS, SysConfig
 from singpy.constants import LIBS_DIR
 from singpy.host import HostInfo
 from singpy.image.detect import detect
-from singpy.image.scripts import ImageScripts, find_scripts
+from singpy.image.scripts import ImageScripts, find_scripts, runscript_path
 from singpy.kernel import caps
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_id_maps
@@ -313,7 +313,8 @@ def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple
     image = Tree(image_root, proc=rootfs.PROC)
     try:
         found = survey(plan.mounts, image)
-        scripts = find_scripts(image, covered=found.covers, runscript=plan.process.action == "run")
+        runscript = runscript_path(plan.process.app) if plan.process.action == "run" else None
+        scripts = find_scripts(image, covered=found.covers, runscript=runscript)
         missing = [] if _no_layer(plan) else found.missing
         for path, _ in missing:
             console.debug(f"mount point /{path} is missing from the image: adding it in an overlay layer")

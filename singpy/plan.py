@@ -115,6 +115,7 @@ class ProcessSpec(Record):
     privileges: Privileges = Privileges()  # capabilities left to the payload (applied just before execve)
     umask: int | None = None  # --no-umask: the payload's umask (0o022); None keeps the caller's, as Apptainer
     init: bool = True  # with a PID namespace: singpy's init is PID 1 (False: --no-init, the payload is)
+    app: str = ""  # --app: a SCIF app of the image; `run` executes /scif/apps/APP/scif/runscript
 
 
 class ImageSpec(Record):

@@ -80,6 +80,7 @@ class LaunchRequest(Record):
     no_umask: bool = False  # --no-umask: the payload starts with umask 0022, not the caller's
     userns: bool = False  # -u/--userns: a user namespace even as root (root mapped to itself)
     nvccli: bool = False  # --nvccli: the library list must come from nvidia-container-cli
+    app: str = ""  # --app NAME: a SCIF app of the image (its environment; `run` runs its runscript)
 
 
 class Planned(Record, kw_only=False):
@@ -115,7 +116,8 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
             mounts = _without_identity_files(mounts)
     process = ProcessSpec(action=request.action, args=request.args, env=env_plan,
                           cwd=_cwd(request, host, home_dest), cwd_required=bool(request.pwd), shell=request.shell,
-                          privileges=privileges, umask=0o022 if request.no_umask else None, init=not request.no_init)
+                          privileges=privileges, umask=0o022 if request.no_umask else None, init=not request.no_init,
+                          app=request.app)
     plan = LaunchPlan(image=image, namespaces=namespaces, uid=host.uid, gid=host.gid,
                       mounts=tuple(sorted(mounts, key=lambda spec: spec.stage)), process=process,
                       hostname=hostname,
@@ -347,6 +349,8 @@ def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_des
             base[f"{prefix}_SHELL"] = request.shell
         if request.no_eval:  # the runscript of an OCI image reads it (Apptainer's launcher sets it too)
             base[f"{prefix}_NO_EVAL"] = "1"
+        if request.app:  # the image's 95-apps.sh reads it: the app's PATH, LD_LIBRARY_PATH and env scripts
+            base[f"{prefix}_APPNAME"] = request.app
     base["PS1"] = "Singpy> "
     host_env = host_passthrough(host.env, cleanenv=request.cleanenv, keep=keep_host_env)
     plan = EnvPlan(base=tuple(base.items()), injected=tuple(injected.items()),

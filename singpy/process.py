@@ -49,6 +49,8 @@ def payload_argv(process: ProcessSpec, scripts: ImageScripts) -> list[str]:
     if process.action == "run":
         if scripts.runscript is not None and os.access(scripts.runscript, os.X_OK):
             return [scripts.runscript, *process.args]
+        if process.app:  # Apptainer's words; its action script stops there too
+            raise ExecError(f"no runscript for contained app: {process.app}")
         console.verbose(f"no executable {RUNSCRIPT} in the image: running /bin/sh")
         return ["/bin/sh", *process.args]
     if process.shell:

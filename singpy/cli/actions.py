@@ -114,6 +114,7 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         no_umask=compat or bool(values.get("no_umask")),
         userns=bool(values.get("userns")),
         nvccli=bool(values.get("nvccli")),
+        app=values.get("app") or "",
     )
 
 

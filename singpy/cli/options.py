@@ -91,6 +91,8 @@ ACTION_OPTIONS: tuple[Option, ...] = (
     Option("no_umask", "--no-umask", "start with umask 0022 instead of yours", env="NO_UMASK", group="Environment"),
     Option("shell", "--shell", "shell started by `singpy shell`", "-s", "PATH", env="SHELL",
            group="Environment"),
+    Option("app", "--app", "a SCIF app of the image (/scif/apps/NAME): its environment, and its runscript for "
+           "`run`", value="NAME", env="APP", env_also=("APPNAME",), group="Environment"),
     Option("nv", "--nv", "enable NVIDIA GPU support", env="NV", group="GPU"),
     Option("nvccli", "--nvccli", "--nv with the library list from nvidia-container-cli (which must be there)",
            env="NVCCLI", group="GPU"),

@@ -24,7 +24,7 @@ import stat
 from collections.abc import Callable
 
 from singpy import console
-from singpy.constants import ENV_DIR, RUNSCRIPT
+from singpy.constants import ENV_DIR, RUNSCRIPT, SCIF_APPS
 from singpy.errors import ImageError, PathError
 from singpy.hostfiles import kind_name
 from singpy.mounts.rootpath import Tree
@@ -41,10 +41,16 @@ class ImageScripts(Record):
     runscript: str | None = None  # the runscript (`run`), None when the image has none
 
 
-def find_scripts(image: Tree, *, covered: Callable[[str], bool], runscript: bool) -> ImageScripts:
-    """The image's env scripts (and its runscript when `runscript`), checked as the module says."""
+def find_scripts(image: Tree, *, covered: Callable[[str], bool], runscript: str | None) -> ImageScripts:
+    """The image's env scripts (and the runscript at guest path `runscript`, when given), checked as the module
+    says."""
     env = tuple(path for name in _env_names(image) if (path := _env_script(image, f"{ENV_DIR}/{name}", covered)))
-    return ImageScripts(env=env, runscript=_runscript(image, covered) if runscript else None)
+    return ImageScripts(env=env, runscript=_runscript(image, covered, runscript) if runscript else None)
+
+
+def runscript_path(app: str) -> str:
+    """What `run` executes: the image's runscript, or with --app that of the SCIF app."""
+    return f"{SCIF_APPS}/{app}/scif/runscript" if app else RUNSCRIPT
 
 
 def _env_names(image: Tree) -> list[str]:
@@ -80,23 +86,23 @@ def _env_script(image: Tree, guest: str, covered: Callable[[str], bool]) -> str 
     return found.path
 
 
-def _runscript(image: Tree, covered: Callable[[str], bool]) -> str | None:
+def _runscript(image: Tree, covered: Callable[[str], bool], guest: str) -> str | None:
     try:
-        found = image.lookup(RUNSCRIPT)
+        found = image.lookup(guest)
     except PathError as error:
-        raise ImageError(f"can't run the image's {RUNSCRIPT}: {error.message}") from None
+        raise ImageError(f"can't run the image's {guest}: {error.message}") from None
     if found.fd is None:
-        if found.path != RUNSCRIPT:  # in the container it would lead elsewhere: the host's, another user's
-            raise ImageError(f"can't run the image's {RUNSCRIPT}: it is a link to {found.path}, which is not in "
+        if found.path != guest:  # in the container it would lead elsewhere: the host's, another user's
+            raise ImageError(f"can't run the image's {guest}: it is a link to {found.path}, which is not in "
                              "the image")
         return None
     info = os.fstat(found.fd)
     os.close(found.fd)
     if not stat.S_ISREG(info.st_mode):
-        raise ImageError(f"can't run the image's {RUNSCRIPT}: it {_leads(RUNSCRIPT, found.path)}is "
+        raise ImageError(f"can't run the image's {guest}: it {_leads(guest, found.path)}is "
                          f"{kind_name(info.st_mode)}, not a regular file")
     if covered(found.path):
-        raise ImageError(f"can't run the image's {RUNSCRIPT}: it leads to {found.path}, which the container does "
+        raise ImageError(f"can't run the image's {guest}: it leads to {found.path}, which the container does "
                          "not take from the image")
     return found.path
 

@@ -65,7 +65,7 @@ from singpy.mounts.rootpath import Lookup, Tree
 
 __all__ = ["DEFFILE", "DOCKER_ENV", "HISTORY", "LABELS", "RUNSCRIPT", "SINGULARITY_D", "args_quoted", "deffile_for",
            "environment_script", "escape", "escape_single_quotes", "install", "labels_json", "render_template",
-           "runscript", "singularity_files", "singularity_links", "skeleton_dirs"]
+           "runscript", "singularity_files", "singularity_links", "skeleton_dirs", "base_files", "install_base"]
 DOCKER_ENV = f"{SINGULARITY_D}/env/10-docker2singularity.sh"
 LABELS = f"{SINGULARITY_D}/labels.json"
 DEFFILE = f"{SINGULARITY_D}/Singularity"
@@ -534,19 +534,27 @@ def singularity_files(config: Mapping[str, Any], *, labels: Mapping[str, str],
     """
     settings = _settings(config)
     files: dict[str, tuple[bytes, int]] = {
-        "/etc/hosts": (b"", _DATA),
-        "/etc/resolv.conf": (b"", _DATA),
-        **{f"{SINGULARITY_D}/actions/{name}": (text.encode(), _SCRIPT) for name, text in _ACTIONS.items()},
-        **{f"{SINGULARITY_D}/env/{name}": (text.encode(), _SCRIPT) for name, text in _ENV_SCRIPTS.items()},
+        **base_files(),
         RUNSCRIPT: (runscript(settings.get("Entrypoint"), settings.get("Cmd")).encode(), _SCRIPT),
         f"{SINGULARITY_D}/startscript": (_STARTSCRIPT.encode(), _SCRIPT),
         DOCKER_ENV: (environment_script(settings.get("Env")).encode(), _SCRIPT),
         LABELS: (labels_json({**(settings.get("Labels") or {}), **labels}), _DATA),
-        f"{SINGULARITY_D}/env/94-appsbase.sh": (b"", _SCRIPT),
     }
     if deffile is not None:
         files[DEFFILE] = (deffile, _DATA)
     return files
+
+
+def base_files() -> dict[str, tuple[bytes, int]]:
+    """Guest path -> (content, mode) of the files of Apptainer's base environment ([A] makeFiles): empty
+    /etc/hosts and /etc/resolv.conf, the action scripts, the env scripts, an empty 94-appsbase.sh."""
+    return {
+        "/etc/hosts": (b"", _DATA),
+        "/etc/resolv.conf": (b"", _DATA),
+        **{f"{SINGULARITY_D}/actions/{name}": (text.encode(), _SCRIPT) for name, text in _ACTIONS.items()},
+        **{f"{SINGULARITY_D}/env/{name}": (text.encode(), _SCRIPT) for name, text in _ENV_SCRIPTS.items()},
+        f"{SINGULARITY_D}/env/94-appsbase.sh": (b"", _SCRIPT),
+    }
 
 
 _ACTIONS = {"exec": _EXEC, "run": _RUN, "shell": _SHELL, "start": _START, "test": _TEST}
@@ -759,6 +767,29 @@ def install(root: str | Tree, config: Mapping[str, Any], labels: Mapping[str, st
         if isinstance(root, str):
             tree.close()
     return written
+
+
+def install_base(root: str) -> None:
+    """Apptainer's base environment where the image `root` lacks it ([A] makeBaseEnv, overwrite false): the
+    skeleton directories, the links, and the base files that are missing (an existing one is kept)."""
+    written: dict[str, int] = {}
+    with Tree(root) as tree:
+        try:
+            _owner_writable(tree)
+            for guest in skeleton_dirs():
+                _ensure_directory(tree, guest, keep_anything=not guest.startswith(SINGULARITY_D), written=written)
+            for guest, target in singularity_links().items():
+                _ensure_link(tree, guest.lstrip("/"), target)
+            for guest, (content, mode) in base_files().items():
+                found = tree.lookup(guest)
+                if found.fd is not None:
+                    os.close(found.fd)
+                    continue
+                _write_file(tree, guest, content, mode, written)
+        except PathError as error:
+            raise ImageError(f"can't write Apptainer's files into the image: {error.message}") from None
+        except OSError as error:
+            raise ImageError(f"can't write Apptainer's files into the image at {root}: {error.strerror}") from None
 
 
 def _owner_writable(tree: Tree) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from singpy import console
 from singpy.deffile import DefinitionError, Stage
-from singpy.errors import ImageError, PathError
+from singpy.errors import ImageError
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -24,9 +24,6 @@ if TYPE_CHECKING:
 
 AGENTS = ("docker", "oci", "oci-archive", "docker-archive", "localimage", "scratch")
 _URI_PREFIX = {"docker": "docker://", "oci": "oci:", "oci-archive": "oci-archive:", "docker-archive": "docker-archive:"}
-BASE_DIRS = (".singularity.d/libs", ".singularity.d/actions", ".singularity.d/env", "dev", "proc", "root", "var/tmp",
-             "tmp", "etc", "sys", "home")
-BASE_FILES = ("etc/hosts", "etc/resolv.conf")
 
 
 def check(stage: Stage, origin: str) -> None:
@@ -93,16 +90,7 @@ def _local_image(path: str, rootfs: str, env: Mapping[str, str]) -> None:
 
 
 def lay_out_base(rootfs: str) -> None:
-    """Apptainer's base directories and files, where the image lacks them."""
-    from singpy.mounts.rootpath import Tree
+    """Apptainer's base environment (directories, links, action and env scripts), where the image lacks it."""
+    from singpy.oci.convert import install_base
 
-    with Tree(rootfs) as tree:
-        try:
-            for guest in (*BASE_DIRS, *BASE_FILES):
-                found = tree.lookup(guest)
-                if found.fd is not None:
-                    os.close(found.fd)
-                    continue
-                os.close(tree.make(found, directory=guest in BASE_DIRS))
-        except PathError as error:
-            raise ImageError(f"can't lay out the image's base directories: {error.message}") from None
+    install_base(rootfs)

@@ -26,7 +26,7 @@ from singpy.deffile import Definition, DefinitionError, Section, Stage, files_en
 from singpy.errors import ImageError
 from singpy.hostfiles import path_problem, shown
 from singpy.plan import IdMap
-from singpy.recipe import bootstrap, sections, workdir
+from singpy.recipe import apps, bootstrap, sections, workdir
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
@@ -61,6 +61,7 @@ def read_definition(request: BuildRequest) -> tuple[str, Definition]:
     names: list[str] = []
     for stage in definition.stages:
         bootstrap.check(stage, request.recipe)
+        apps.app_names(stage, request.recipe)
         for section in stage.sections:
             source = _from_stage(section)
             if source and source not in names:
@@ -156,6 +157,9 @@ def _build_stages(definition: Definition, text: str, request: BuildRequest, work
             console.info(f"Building stage {name}")
         rootfs = f"{work}/stage{number}"
         bootstrap.fetch(bootstrap.source(stage, cwd), rootfs, options=options, env=env, home=home)
+        app_names = apps.app_names(stage, request.recipe)
+        if app_names:
+            apps.install(rootfs, stage, app_names, cwd=cwd)
         for section in stage.sections:
             source = _from_stage(section)
             if source:
@@ -164,7 +168,7 @@ def _build_stages(definition: Definition, text: str, request: BuildRequest, work
         host_files = _host_files(stage)
         if host_files:
             files.copy_from_host(host_files, rootfs, cwd=cwd)
-        sections.run_post(stage, rootfs, runner)
+        sections.run_post(stage, rootfs, runner, apps=apps.post_script(stage, app_names))
         metadata.write_metadata(rootfs, stage, definition=text, build_labels=build_labels(host_arch()),
                                 force=request.force)
         if stage.script("test").strip() and not request.notest:

@@ -62,7 +62,7 @@ def write_metadata(rootfs: str, stage: Stage, *, definition: str, build_labels: 
         for section, guest in _SCRIPTS:
             body = stage.script(section)
             if body:
-                _write(image, guest, shebang_script(body, _section_args(stage, section)).encode(), 0o755)
+                write_file(image, guest, shebang_script(body, _section_args(stage, section)).encode(), 0o755)
 
 
 def shebang_script(body: str, args: str) -> str:
@@ -88,7 +88,7 @@ def _write_help(image: Tree, text: str, force: bool) -> None:
     if _exists(image, HELP_FILE) and not force:
         console.warning("Help message already exists and force option is false, not overwriting")
         return
-    _write(image, HELP_FILE, (text + "\n").encode(), 0o644)
+    write_file(image, HELP_FILE, (text + "\n").encode(), 0o644)
 
 
 def _write_labels(image: Tree, stage: Stage, build_labels: Mapping[str, str], force: bool) -> None:
@@ -110,7 +110,7 @@ def _write_labels(image: Tree, stage: Stage, build_labels: Mapping[str, str], fo
             else:
                 found[name] = value
     text = json.dumps(found, indent="\t", sort_keys=True, ensure_ascii=False)  # Go's MarshalIndent(.., "", "\t")
-    _write(image, LABELS_FILE, text.encode(), 0o644)
+    write_file(image, LABELS_FILE, text.encode(), 0o644)
 
 
 def _existing_labels(image: Tree) -> dict[str, str]:
@@ -161,10 +161,10 @@ def _post_labels(image: Tree) -> dict[str, str]:
 
 def _write_definition(image: Tree, definition: str) -> None:
     """The definition file; one the base image already has goes to bootstrap_history/ first."""
-    directory = _directory(image, SINGULARITY_D, DEFINITION_FILE)
+    directory = open_directory(image, SINGULARITY_D, DEFINITION_FILE)
     try:
         if _lstat(directory, "Singularity") is not None:
-            history = _directory(image, HISTORY_DIR, DEFINITION_FILE)
+            history = open_directory(image, HISTORY_DIR, DEFINITION_FILE)
             try:
                 name = _history_name(image, history)
                 os.rename("Singularity", name, src_dir_fd=directory, dst_dir_fd=history)
@@ -175,7 +175,7 @@ def _write_definition(image: Tree, definition: str) -> None:
                 os.close(history)
     finally:
         os.close(directory)
-    _write(image, DEFINITION_FILE, definition.encode(), 0o644)
+    write_file(image, DEFINITION_FILE, definition.encode(), 0o644)
 
 
 def _history_name(image: Tree, history: int) -> str:
@@ -196,7 +196,7 @@ def _write_environment(image: Tree, script: str) -> None:
     except PathError as error:
         raise ImageError(f"can't add %environment to the image's {ENVIRONMENT_FILE}: {error.message}") from None
     text = f"#!/bin/sh\n\n{script}\n" if existing is None else f"{existing.decode(errors='replace')}\n{script}\n"
-    _write(image, ENVIRONMENT_FILE, text.encode(), 0o755)
+    write_file(image, ENVIRONMENT_FILE, text.encode(), 0o755)
 
 
 def _exists(image: Tree, guest: str) -> bool:
@@ -218,7 +218,12 @@ def _lstat(directory: int, name: str) -> os.stat_result | None:
         return None
 
 
-def _directory(image: Tree, guest: str, purpose: str) -> int:
+def make_directory(image: Tree, guest: str) -> None:
+    """Directory `guest` made (with its parents, 0755) where missing."""
+    os.close(open_directory(image, guest, guest))
+
+
+def open_directory(image: Tree, guest: str, purpose: str) -> int:
     """A descriptor (the caller's) of directory `guest`, made when missing; errors name `purpose`."""
     try:
         found = image.lookup(guest)
@@ -249,10 +254,10 @@ def _make_directories(parent: int, names: tuple[str, ...], failure: str) -> int:
     return current
 
 
-def _write(image: Tree, guest: str, data: bytes, mode: int) -> None:
+def write_file(image: Tree, guest: str, data: bytes, mode: int) -> None:
     """Create file `guest` anew with `data` and `mode`, replacing (never following) what has its name."""
     parent, name = guest.rsplit("/", 1)
-    directory = _directory(image, parent or "/", guest)
+    directory = open_directory(image, parent or "/", guest)
     try:
         existing = _lstat(directory, name)
         if existing is not None and stat.S_ISDIR(existing.st_mode):

@@ -91,12 +91,13 @@ def _prefix(idmap: IdMap | None) -> list[str]:
     return mapped.command(idmap) if idmap is not None else []
 
 
-def run_post(stage: Stage, rootfs: str, runner: Runner) -> None:
-    """%post inside the container, written to /.post.script there for the time it runs."""
-    body = stage.script("post")
+def run_post(stage: Stage, rootfs: str, runner: Runner, *, apps: str = "") -> None:
+    """%post inside the container, written to /.post.script there for the time it runs; `apps` follows it
+    (the %appinstall sections, singpy.recipe.apps)."""
+    body = stage.script("post") + apps
     if not body.strip():
         return
-    section = next(section for section in _sections(stage, "post"))
+    args = next((section.args for section in _sections(stage, "post")), "")
     script = f"{rootfs}{POST_SCRIPT}"
     _write_script(script, body, in_image=True)
     env = {"APPTAINER_ENVIRONMENT": ENV_SCRIPT, "SINGULARITY_ENVIRONMENT": ENV_SCRIPT,
@@ -104,7 +105,7 @@ def run_post(stage: Stage, rootfs: str, runner: Runner) -> None:
     argv = runner.launcher(rootfs, writable=True)
     for name, value in env.items():
         argv += ["--env", f"{name}={value}"]
-    argv += [rootfs, *shell_argv("post", POST_SCRIPT, section.args)]
+    argv += [rootfs, *shell_argv("post", POST_SCRIPT, args)]
     console.info("Running post scriptlet")
     try:
         _run(argv, env=runner.env, what="%post", idmap=runner.idmap)

@@ -46,7 +46,7 @@ def test_env_scripts_in_name_order_through_links(root: Path, image: Tree) -> Non
     write(root, "/opt/env/real.sh")
     os.symlink("/opt/env/real.sh", root / ENV_DIR.lstrip("/") / "50-linked.sh")
     write(root, f"{ENV_DIR}/README")  # not *.sh: not an env script
-    found = find_scripts(image, covered=never, runscript=False)
+    found = find_scripts(image, covered=never, runscript=None)
     assert found == ImageScripts(env=(f"{ENV_DIR}/01-base.sh", "/opt/env/real.sh", f"{ENV_DIR}/90-environment.sh"))
 
 
@@ -62,7 +62,7 @@ def test_env_scripts_that_are_not_files_are_skipped(root: Path, image: Tree, kin
         os.symlink("/dev/zero", path)  # the image has no /dev/zero: nothing to source, as `[ -f ]` says
     else:
         os.symlink("10-odd.sh", path)
-    assert find_scripts(image, covered=never, runscript=False).env == ()
+    assert find_scripts(image, covered=never, runscript=None).env == ()
     said = capsys.readouterr().err
     assert ("10-odd.sh" in said) is (kind != "dangling")
 
@@ -71,7 +71,7 @@ def test_env_script_leading_to_a_covered_path_is_skipped(root: Path, image: Tree
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     write(root, "/tmp/x.sh")  # in the image, but the container's /tmp is the host's
     os.symlink("/tmp/x.sh", root / ENV_DIR.lstrip("/") / "90-x.sh")
-    found = find_scripts(image, covered=lambda path: path == "/tmp" or path.startswith("/tmp/"), runscript=False)
+    found = find_scripts(image, covered=lambda path: path == "/tmp" or path.startswith("/tmp/"), runscript=None)
     assert found.env == ()
     assert "leads to /tmp/x.sh, which the container does not take from the image" in capsys.readouterr().err
 
@@ -79,25 +79,25 @@ def test_env_script_leading_to_a_covered_path_is_skipped(root: Path, image: Tree
 def test_env_script_with_a_name_a_shell_would_split_is_skipped(root: Path, image: Tree) -> None:
     write(root, f"{ENV_DIR}/90 two words.sh")
     write(root, f"{ENV_DIR}/91-glob*.sh")
-    assert find_scripts(image, covered=never, runscript=False).env == ()
+    assert find_scripts(image, covered=never, runscript=None).env == ()
 
 
 def test_huge_env_script_is_refused(root: Path, image: Tree) -> None:
     path = write(root, f"{ENV_DIR}/90-huge.sh", "")
     os.truncate(path, (16 << 20) + 1)  # sparse: no disk used
     with pytest.raises(ImageError, match="too large"):
-        find_scripts(image, covered=never, runscript=False)
+        find_scripts(image, covered=never, runscript=None)
 
 
 def test_runscript_found_through_a_link_inside_the_image(root: Path, image: Tree) -> None:
     write(root, "/opt/run.sh", "#!/bin/sh\n")
     os.symlink("../opt/run.sh", root / RUNSCRIPT.lstrip("/"))
-    assert find_scripts(image, covered=never, runscript=True).runscript == "/opt/run.sh"
-    assert find_scripts(image, covered=never, runscript=False).runscript is None
+    assert find_scripts(image, covered=never, runscript=RUNSCRIPT).runscript == "/opt/run.sh"
+    assert find_scripts(image, covered=never, runscript=None).runscript is None
 
 
 def test_no_runscript(image: Tree) -> None:
-    assert find_scripts(image, covered=never, runscript=True).runscript is None
+    assert find_scripts(image, covered=never, runscript=RUNSCRIPT).runscript is None
 
 
 @pytest.mark.parametrize(("kind", "message"), [
@@ -115,4 +115,17 @@ def test_runscript_out_of_the_image_is_refused(root: Path, image: Tree, kind: st
         write(root, "/tmp/run.sh")
         os.symlink("/tmp/run.sh", path)
     with pytest.raises(ImageError, match=message):
-        find_scripts(image, covered=lambda path: path.startswith("/tmp/"), runscript=True)
+        find_scripts(image, covered=lambda path: path.startswith("/tmp/"), runscript=RUNSCRIPT)
+
+
+def test_an_app_has_its_own_runscript(tmp_path: Path) -> None:
+    from singpy.image.scripts import runscript_path
+
+    script = tmp_path / "scif/apps/tool/scif/runscript"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    with Tree(str(tmp_path)) as image:
+        assert find_scripts(image, covered=never, runscript=runscript_path("tool")).runscript == (
+            "/scif/apps/tool/scif/runscript")
+        assert find_scripts(image, covered=never, runscript=runscript_path("other")).runscript is None
+    assert runscript_path("") == RUNSCRIPT
