@@ -65,9 +65,10 @@ DELTA_TARGETS = (("sif-fuse", "SIF mounted with squashfuse"), ("sif-cache", "SIF
 # How singpy must open the SIF of each SIF row; any other way is flagged "but: ..." in the report.
 EXPECTED_IMAGE_MODE = {"sif-fuse": "fuse", "sif-cache": "extract"}
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"  # PATH of the commands; the simulated GPU host puts its tools first
-# The section benchmarks/pull.py writes into docs/performance.md lies between these markers: kept when this
-# script rewrites the file.
-KEPT_SECTION = ("<!-- benchmarks/pull.py: begin -->", "<!-- benchmarks/pull.py: end -->")
+# The sections the other benchmarks (pull.py, build.py) write into docs/performance.md start at the first of
+# these markers and run to the end of the file: kept when this script rewrites the file.
+KEPT_SECTION = ("<!-- benchmarks/pull.py: begin -->", "<!-- benchmarks/pull.py: end -->")  # pull.py's own markers
+KEPT_MARKERS = (KEPT_SECTION[0], "<!-- benchmarks/build.py: begin -->")
 
 
 class Row:
@@ -743,8 +744,8 @@ def write_results(run: RunInfo, report: str, document: ResultsDocument) -> None:
     (REPO / "docs").mkdir(exist_ok=True)
     doc = REPO / "docs" / "performance.md"
     old = doc.read_text() if doc.exists() else ""
-    begin, end = old.find(KEPT_SECTION[0]), old.find(KEPT_SECTION[1])
-    doc.write_text(report + ("\n" + old[begin:end + len(KEPT_SECTION[1])] + "\n" if 0 <= begin < end else ""))
+    starts = [at for marker in KEPT_MARKERS if (at := old.find(marker)) >= 0]
+    doc.write_text(report + ("\n" + old[min(starts):].rstrip("\n") + "\n" if starts else ""))
     results = REPO / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
     out = results / f"{run.now.strftime('%Y-%m-%d')}-{run.commit}{'-dirty' if run.dirty else ''}.json"

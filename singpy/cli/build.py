@@ -29,6 +29,8 @@ def build_command(
     build_arg: list[str] = BUILD_ARG,
     build_arg_file: str = typer.Option("", "--build-arg-file", help="a file of KEY=VALUE lines, one per build "
                                        "argument (--build-arg wins)", metavar="FILE"),
+    warn_unused_build_args: bool = typer.Option(False, "--warn-unused-build-args", help="a --build-arg the "
+                                                "definition file does not use is a warning, not an error"),
     bind: list[str] = BIND,
     arch: str = ARCH,
     docker_login: bool = DOCKER_LOGIN,
@@ -56,7 +58,8 @@ def build_command(
 
         info = host.capture()
         request = _request(target, source, force=force, sandbox=sandbox, fakeroot=fakeroot, notest=notest,
-                           build_arg=build_arg, build_arg_file=build_arg_file, bind=bind, cwd=info.cwd)
+                           build_arg=build_arg, build_arg_file=build_arg_file, bind=bind, cwd=info.cwd,
+                           warn_unused=warn_unused_build_args)
         console.info(build(request, options=options, env=os.environ, home=info.home, cwd=info.cwd))
         return
     from singpy.image.builder import build as build_image
@@ -73,13 +76,15 @@ def _nohttps_env() -> bool:
 
 
 def _request(target: str, source: str, *, force: bool, sandbox: bool, fakeroot: bool, notest: bool,
-             build_arg: list[str], build_arg_file: str, bind: list[str], cwd: str) -> BuildRequest:
+             build_arg: list[str], build_arg_file: str, bind: list[str], cwd: str, warn_unused: bool) -> BuildRequest:
     import os
 
     from singpy.recipe.engine import BuildRequest
 
-    return BuildRequest(target=os.path.join(cwd, target), recipe=os.path.join(cwd, source), sandbox=sandbox,
-                        force=force, notest=notest, fakeroot=fakeroot,
+    # `OUT/` names the directory OUT, as for Apptainer: the slash must not make OUT's parent the OUT/ itself.
+    target = os.path.join(cwd, target).rstrip("/") or "/"
+    return BuildRequest(target=target, recipe=os.path.join(cwd, source), sandbox=sandbox,
+                        force=force, notest=notest, fakeroot=fakeroot, warn_unused=warn_unused,
                         build_args=(*_arg_file(build_arg_file), *(_key_value(arg) for arg in build_arg)),
                         binds=tuple(bind))
 

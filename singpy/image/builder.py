@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from singpy import __version__, console
 from singpy.errors import ImageError
@@ -115,16 +115,10 @@ def unpack(target: str, image: str, *, env: Mapping[str, str]) -> None:
     leaves no half-written sandbox; an existing target (--force) is replaced
     only once the new tree is complete.
     """
-    kind = classify(image).kind
-    offset = sif_partition(image, check_arch=False).offset if kind == "sif" else 0
-    unsquashfs = tools.require_tool("unsquashfs", env, "unpack a squashfs image")
-    root = os.getuid() == 0
     scratch = scratch_dir(target, ".singpy-unpack-")
     try:
         tree = f"{scratch}/root"
-        tools.run_tool([unsquashfs, *cache.unpack_options(offset, tree, root=root), image,
-                        *cache.unpack_filter(root)], label=f"Unpacking {os.path.basename(image)}",
-                       failure=f"can't unpack {image}")
+        unsquash(image, tree, env=env)
         try:
             if not os.path.lexists(f"{tree}/dev"):  # the image's own dev, even a link, is left as it is
                 os.mkdir(f"{tree}/dev", 0o755)
@@ -133,6 +127,21 @@ def unpack(target: str, image: str, *, env: Mapping[str, str]) -> None:
             raise ImageError(f"can't write {target}: {error.strerror}") from None
     finally:
         cache.remove_tree(scratch)
+
+
+def unsquash(image: str, tree: str, *, env: Mapping[str, str], prefix: Sequence[str] = ()) -> None:
+    """unsquashfs of a SIF's primary partition (or a bare squashfs) `image` into the new directory `tree`.
+
+    `prefix` runs unsquashfs as root of a user namespace with subordinate ids
+    (singpy.recipe.mapped): the owners recorded in the image are then given,
+    as those ids.
+    """
+    kind = classify(image).kind
+    offset = sif_partition(image, check_arch=False).offset if kind == "sif" else 0
+    unsquashfs = tools.require_tool("unsquashfs", env, "unpack a squashfs image")
+    root = os.getuid() == 0
+    tools.run_tool([unsquashfs, *cache.unpack_options(offset, tree, root=root), image, *cache.unpack_filter(root)],
+                   label=f"Unpacking {os.path.basename(image)}", failure=f"can't unpack {image}", prefix=prefix)
 
 
 def publish_tree(tree: str, target: str, old: str) -> None:

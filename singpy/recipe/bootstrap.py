@@ -1,8 +1,8 @@
 """The base root filesystem of a stage, from its `Bootstrap:` and `From:` headers.
 
 Agents, as Apptainer names them ([1] Apptainer internal/pkg/build/sources):
-`docker`, `oci`, `oci-archive`, `docker-archive` (through singpy's OCI pull,
-its cache included), `localimage` (a SIF, squashfs or sandbox image on this
+`docker`, `oci`, `oci-archive`, `docker-archive` (the SIF singpy's pull
+keeps in its cache, unpacked), `localimage` (a SIF, squashfs or sandbox image on this
 host) and `scratch` (nothing). Every rootfs then gets Apptainer's base
 layout: the directories a container needs as mount points and empty
 /etc/hosts and /etc/resolv.conf, made inside the image (its links resolved
@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from singpy import console
 from singpy.deffile import DefinitionError, Stage
 from singpy.errors import ImageError
+from singpy.plan import IdMap
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -55,29 +56,35 @@ def source(stage: Stage, cwd: str) -> str:
     return base if base.startswith(prefix) else prefix + base
 
 
-def fetch(base: str, rootfs: str, *, options: PullOptions, env: Mapping[str, str], home: str) -> None:
-    """Make `rootfs` (which must not exist) from `base` (see `source`), then lay out the base directories."""
+def fetch(base: str, rootfs: str, *, options: PullOptions, env: Mapping[str, str], home: str,
+          idmap: IdMap | None) -> None:
+    """Make `rootfs` (which must not exist) from `base` (see `source`), then lay out the base directories.
+
+    An OCI image comes from singpy's cache as the SIF `pull` makes of it
+    (converted first if it is not there yet), unpacked by unsquashfs: on a
+    cached base, that is the whole cost. With subordinate ids, unsquashfs runs
+    as root of the build's user namespace, so that the image's owners are
+    kept (as those ids), as in Apptainer's fakeroot builds.
+    """
     if not base:
         console.info("Creating an empty root filesystem (Bootstrap: scratch)")
         os.mkdir(rootfs, 0o755)
     elif base.startswith(tuple(_URI_PREFIX.values())):
-        from singpy.oci.pull import build_from
+        from singpy.oci.pull import cached_image
 
-        build_from(base, rootfs, options, env, home, sandbox=True, force=False)
+        _unpack(cached_image(base, options, env, home), rootfs, env, idmap)
     else:
-        _local_image(base, rootfs, env)
+        _local_image(base, rootfs, env, idmap)
     lay_out_base(rootfs)
 
 
-def _local_image(path: str, rootfs: str, env: Mapping[str, str]) -> None:
+def _local_image(path: str, rootfs: str, env: Mapping[str, str], idmap: IdMap | None) -> None:
     from singpy.image.detect import classify
 
     image = classify(path)
     console.info(f"Using the local image {image.path}")
     if image.kind != "sandbox":
-        from singpy.image.builder import unpack
-
-        unpack(rootfs, image.path, env=env)
+        _unpack(image.path, rootfs, env, idmap)
         return
     import subprocess
 
@@ -87,6 +94,15 @@ def _local_image(path: str, rootfs: str, env: Mapping[str, str]) -> None:
     if copied.returncode != 0:
         said = [line for line in copied.stderr.splitlines() if line.strip()]
         raise ImageError(f"can't copy the sandbox {image.path}: {said[-1] if said else 'cp failed'}")
+
+
+def _unpack(image: str, rootfs: str, env: Mapping[str, str], idmap: IdMap | None) -> None:
+    from singpy.image.builder import unsquash
+    from singpy.recipe import mapped
+
+    unsquash(image, rootfs, env=env, prefix=mapped.command(idmap) if idmap is not None and idmap.helper else ())
+    if not os.path.lexists(f"{rootfs}/dev"):  # unsquashfs leaves /dev out for a user (no device nodes)
+        os.mkdir(f"{rootfs}/dev", 0o755)
 
 
 def lay_out_base(rootfs: str) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from singpy import console
 from singpy.deffile import Definition, DefinitionError, Section, Stage, files_entries
-from singpy.errors import ImageError
+from singpy.errors import ImageError, UsageError
 from singpy.hostfiles import path_problem, shown
 from singpy.plan import IdMap
 from singpy.recipe import apps, bootstrap, sections, workdir
@@ -46,6 +46,7 @@ class BuildRequest(Record):
     notest: bool = False  # --notest: %test does not run
     fakeroot: bool = False  # --fakeroot (what an unprivileged build does anyway)
     build_args: tuple[tuple[str, str], ...] = ()  # --build-arg and --build-arg-file, in order (last wins)
+    warn_unused: bool = False  # --warn-unused-build-args: a build arg no stage uses is a warning, not an error
     binds: tuple[str, ...] = ()  # --bind values, for %post and %test
 
 
@@ -56,8 +57,15 @@ def read_definition(request: BuildRequest) -> tuple[str, Definition]:
     text = _read_recipe(request.recipe)
     definition = parse(text, request.recipe, dict(request.build_args))
     unused = sorted({name for name, _ in request.build_args} - set(definition.consumed))
-    if unused:
-        console.warning(f"unused build args: {', '.join(unused)}")
+    if unused and request.warn_unused:
+        console.warning(f"Unused build args: {' '.join(unused)}")
+    elif unused:  # Apptainer's rule and words: most likely a typo in a name
+        raise UsageError(f"unused build args: {' '.join(unused)}. Use option --warn-unused-build-args to show a "
+                         "warning instead of a fatal message")
+    for stage in definition.stages:
+        if stage.script("pre").strip():
+            console.warning(f"{request.recipe}:{stage.line}: %pre is not supported (Apptainer deprecated it); "
+                            "ignored: use %setup")
     names: list[str] = []
     for stage in definition.stages:
         bootstrap.check(stage, request.recipe)
@@ -156,7 +164,8 @@ def _build_stages(definition: Definition, text: str, request: BuildRequest, work
         if name:
             console.info(f"Building stage {name}")
         rootfs = f"{work}/stage{number}"
-        bootstrap.fetch(bootstrap.source(stage, cwd), rootfs, options=options, env=env, home=home)
+        bootstrap.fetch(bootstrap.source(stage, cwd), rootfs, options=options, env=env, home=home,
+                        idmap=runner.idmap)
         app_names = apps.app_names(stage, request.recipe)
         if app_names:
             apps.install(rootfs, stage, app_names, cwd=cwd)
@@ -235,13 +244,14 @@ def _write_sif(rootfs: str, text: str, target: str, work: str, idmap: IdMap | No
     from singpy.image.detect import host_arch
     from singpy.image.metadata import read_tree
     from singpy.image.sifwrite import build_sif_from_squashfs
+    from singpy.oci.pull import SQUASH_COMPRESSION
     from singpy.recipe import mapped
 
     mksquashfs = tools.require_tool("mksquashfs", env, "build a SIF image")
     squashfs = f"{work}/rootfs.squashfs"
     console.info("Creating SIF file...")
     prefix = mapped.command(idmap) if idmap is not None else []
-    tools.run_tool([mksquashfs, rootfs, squashfs, "-noappend", "-comp", "gzip"], label="Squashing the image",
+    tools.run_tool([mksquashfs, rootfs, squashfs, "-noappend", *SQUASH_COMPRESSION], label="Squashing the image",
                    failure=f"can't build {target}", prefix=prefix)
     attributes = read_tree(rootfs)
     attributes["deffile"] = text

@@ -101,9 +101,10 @@ def _write_labels(image: Tree, stage: Stage, build_labels: Mapping[str, str], fo
         found["org.label-schema.usage.apptainer.runscript.help"] = HELP_FILE
     for key, value in stage.header:
         found[f"org.label-schema.usage.singularity.deffile.{key}"] = value
-    for section in stage.sections:
-        if section.name != "labels":
-            continue
+    sections = [section for section in stage.sections if section.name == "labels" and labels(section)]
+    if sections:
+        console.info("Adding labels")
+    for section in sections:
         for name, value in labels(section):
             if name in found and not force:
                 console.warning(f"Label: {name} already exists and force option is false, not overwriting")

@@ -77,10 +77,17 @@ def test_files_from_a_later_stage_is_refused_and_an_earlier_one_accepted(tmp_pat
                                           "Bootstrap: scratch\nStage: two\n"))
 
 
-def test_unused_build_args_are_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    read_definition(request(tmp_path, "Bootstrap: scratch\n\n%post\n  echo {{ A }}\n",
-                            build_args=(("A", "1"), ("B", "2"))))
-    assert "unused build args: B" in capsys.readouterr().err
+def test_unused_build_args_are_an_error_unless_warn_unused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = "Bootstrap: scratch\n\n%post\n  echo {{ A }}\n"
+    with pytest.raises(UsageError, match="unused build args: B C. Use option --warn-unused-build-args"):
+        read_definition(request(tmp_path, text, build_args=(("A", "1"), ("C", "3"), ("B", "2"))))
+    read_definition(request(tmp_path, text, build_args=(("A", "1"), ("B", "2")), warn_unused=True))
+    assert "Unused build args: B" in capsys.readouterr().err
+
+
+def test_pre_is_ignored_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    read_definition(request(tmp_path, "Bootstrap: scratch\n\n%pre\n  echo before\n"))
+    assert "r.def:1: %pre is not supported" in capsys.readouterr().err
 
 
 def test_a_fifo_or_a_huge_file_is_no_definition(tmp_path: Path) -> None:
