@@ -78,6 +78,7 @@ test: lint
 bench: bench-packages setup
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/pull.py
+	$(BIN)/python benchmarks/build.py
 
 # A link to the venv's command: it keeps working as long as this clone and its .venv stay where they are.
 install: setup

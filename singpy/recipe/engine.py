@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from singpy import console
 from singpy.deffile import Definition, DefinitionError, Section, Stage, files_entries
-from singpy.errors import ImageError, UsageError
+from singpy.errors import ImageError
 from singpy.hostfiles import path_problem, shown
 from singpy.plan import IdMap
 from singpy.recipe import apps, bootstrap, sections, workdir
@@ -54,13 +54,13 @@ def read_definition(request: BuildRequest) -> tuple[str, Definition]:
     """The definition file's text and its stages, checked before anything is fetched or written."""
     from singpy.deffile import parse
 
-    text = _read_recipe(request.recipe)
+    text = _read_recipe(request.recipe).replace("\r\n", "\n")  # a file saved on Windows: no \r in the scripts
     definition = parse(text, request.recipe, dict(request.build_args))
     unused = sorted({name for name, _ in request.build_args} - set(definition.consumed))
     if unused and request.warn_unused:
         console.warning(f"Unused build args: {' '.join(unused)}")
     elif unused:  # Apptainer's rule and words: most likely a typo in a name
-        raise UsageError(f"unused build args: {' '.join(unused)}. Use option --warn-unused-build-args to show a "
+        raise DefinitionError(f"unused build args: {' '.join(unused)}. Use option --warn-unused-build-args to show a "
                          "warning instead of a fatal message")
     for stage in definition.stages:
         if stage.script("pre").strip():

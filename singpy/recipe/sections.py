@@ -3,6 +3,7 @@
 %post and %test run through singpy's own launcher, as Apptainer runs them
 through its own ([1] Apptainer internal/pkg/build/stage.go):
 `singpy --build-config exec --writable --pwd / --cleanenv ... ROOTFS /bin/sh -ex /.post.script`
+(%test without --writable and --cleanenv)
 as real root, or with --fakeroot for a user; the host's network; no home
 directory; --bind values of the build. Also --pid, which Apptainer does
 not use: when the build is interrupted, the container's PID 1 is killed
@@ -43,9 +44,9 @@ class Runner:
         self.env = {name: value for name, value in env.items() if _passed(name)}
 
     def launcher(self, rootfs: str, *, writable: bool) -> list[str]:
-        argv = [sys.executable, "-m", "singpy", "--build-config", "exec", "--pid", "--pwd", "/", "--cleanenv"]
-        if writable:
-            argv.append("--writable")
+        argv = [sys.executable, "-m", "singpy", "--build-config", "exec", "--pid", "--pwd", "/"]
+        if writable:  # %post; %test sees the caller's environment, as in Apptainer
+            argv += ["--writable", "--cleanenv"]
         if self.idmap is not None:
             argv.append("--fakeroot")
         for bind in self.binds:

@@ -3,7 +3,7 @@
 A build's stages are unpacked root filesystems, often gigabytes: the work
 directory is `$SINGPY_TMPDIR` (or APPTAINER_TMPDIR, SINGULARITY_TMPDIR) when
 set, else the directory of the output, never /tmp by default (a small tmpfs
-on many login nodes). A private `.singpy-build-XXXXXXXX` directory there
+on many login nodes). A private (0700) `.singpy-build-XXXXXXXX` directory there
 holds everything; the output is written there too and renamed into place,
 so the output appears complete or not at all.
 """
@@ -40,7 +40,6 @@ def make(target: str, env: Mapping[str, str]) -> str:
         path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
     except OSError as error:
         raise ImageError(f"can't create a work directory in {parent}: {error.strerror}") from None
-    os.chmod(path, 0o755)  # %post runs as root inside: it must reach the stage directories below
     console.verbose(f"work directory: {path}")
     return path
 

@@ -79,7 +79,7 @@ def test_files_from_a_later_stage_is_refused_and_an_earlier_one_accepted(tmp_pat
 
 def test_unused_build_args_are_an_error_unless_warn_unused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = "Bootstrap: scratch\n\n%post\n  echo {{ A }}\n"
-    with pytest.raises(UsageError, match="unused build args: B C. Use option --warn-unused-build-args"):
+    with pytest.raises(DefinitionError, match="unused build args: B C. Use option --warn-unused-build-args"):
         read_definition(request(tmp_path, text, build_args=(("A", "1"), ("C", "3"), ("B", "2"))))
     read_definition(request(tmp_path, text, build_args=(("A", "1"), ("B", "2")), warn_unused=True))
     assert "Unused build args: B" in capsys.readouterr().err
@@ -143,3 +143,8 @@ def test_mapped_command_runs_the_program_as_root_of_a_user_namespace() -> None:
                           capture_output=True, text=True, check=True)
     uid, namespace = done.stdout.split()
     assert uid == "0" and namespace != os.readlink("/proc/self/ns/user")
+
+
+def test_a_definition_file_with_crlf_line_ends_gives_scripts_without_carriage_returns(tmp_path: Path) -> None:
+    _, definition = read_definition(request(tmp_path, "Bootstrap: scratch\r\n\r\n%post\r\n  touch /x\r\n"))
+    assert definition.stages[0].script("post") == "  touch /x\n"
