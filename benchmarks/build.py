@@ -338,19 +338,6 @@ def _phases_section(phases: list[Phase]) -> list[str]:
     return [*lines, ""]
 
 
-def write_section(section: str) -> Path:
-    """Put `section` into docs/performance.md in place of the one between its markers (appended if none)."""
-    doc = REPO / "docs" / "performance.md"
-    text = doc.read_text() if doc.exists() else "# Performance\n"
-    begin, end = text.find(MARK_BEGIN), text.find(MARK_END)
-    if begin >= 0 and end > begin:
-        text = text[:begin] + section + text[end + len(MARK_END):].lstrip("\n")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text)
-    return doc
-
-
 class ResultsDocument(TypedDict):
     """benchmarks/results/DATE-COMMIT-build.json."""
 
@@ -384,7 +371,7 @@ def results_document(run_info: RunInfo, image: ImageInfo, bench: BuildBench, pha
 
 
 def write_results(run_info: RunInfo, section: str, document: ResultsDocument, *, quick: bool) -> None:
-    doc = write_section(section)
+    doc = pull.write_section(section, (MARK_BEGIN, MARK_END))
     results = REPO / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
     out = results / (f"{run_info.now.strftime('%Y-%m-%d')}-{run_info.commit}{'-dirty' if run_info.dirty else ''}"

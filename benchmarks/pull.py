@@ -705,13 +705,13 @@ def _exec_section(rows: list[ExecRow], extras: dict[str, ImportExtra]) -> list[s
     return lines
 
 
-def write_section(section: str) -> Path:
-    """Put `section` into docs/performance.md in place of the one between the markers (appended if none)."""
+def write_section(section: str, markers: tuple[str, str] = (MARK_BEGIN, MARK_END)) -> Path:
+    """Put `section` into docs/performance.md in place of the one between `markers` (appended if none)."""
     doc = REPO / "docs" / "performance.md"
     text = doc.read_text() if doc.exists() else "# Performance\n"
-    begin, end = text.find(MARK_BEGIN), text.find(MARK_END)
+    begin, end = text.find(markers[0]), text.find(markers[1])
     if begin >= 0 and end > begin:
-        text = text[:begin] + section + text[end + len(MARK_END):].lstrip("\n")
+        text = text[:begin] + section + text[end + len(markers[1]):].lstrip("\n")
     else:
         text = text.rstrip("\n") + "\n\n" + section
     doc.write_text(text)

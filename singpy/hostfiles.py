@@ -110,6 +110,13 @@ def _size(count: int) -> str:
     return f"{count >> 20} MiB" if count >= 1 << 20 else f"{count >> 10} KiB" if count >= 1 << 10 else f"{count} bytes"
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """All of `data` to `fd` (os.write may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def read_bounded(fd: int, limit: int) -> bytes:
     """Up to limit + 1 bytes (one more than allowed tells "too large" from "exactly at the limit")."""
     chunks = []

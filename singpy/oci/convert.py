@@ -60,6 +60,7 @@ from typing import Any
 
 from singpy.constants import RUNSCRIPT, SINGULARITY_D
 from singpy.errors import ImageError, PathError
+from singpy.hostfiles import write_all
 from singpy.kernel.syscalls import fd_path
 from singpy.mounts.rootpath import Lookup, Tree
 
@@ -750,11 +751,7 @@ def install(root: str | Tree, config: Mapping[str, Any], labels: Mapping[str, st
     tree = Tree(root) if isinstance(root, str) else root
     written: dict[str, int] = {}
     try:
-        _owner_writable(tree)
-        for guest in skeleton_dirs():
-            _ensure_directory(tree, guest, keep_anything=not guest.startswith(SINGULARITY_D), written=written)
-        for guest, target in singularity_links().items():
-            _ensure_link(tree, guest.lstrip("/"), target)
+        _skeleton(tree, written)
         if deffile is not None:
             _keep_old_deffile(tree, written)
         for guest, (content, mode) in files.items():
@@ -775,11 +772,7 @@ def install_base(root: str) -> None:
     written: dict[str, int] = {}
     with Tree(root) as tree:
         try:
-            _owner_writable(tree)
-            for guest in skeleton_dirs():
-                _ensure_directory(tree, guest, keep_anything=not guest.startswith(SINGULARITY_D), written=written)
-            for guest, target in singularity_links().items():
-                _ensure_link(tree, guest.lstrip("/"), target)
+            _skeleton(tree, written)
             for guest, (content, mode) in base_files().items():
                 found = tree.lookup(guest)
                 if found.fd is not None:
@@ -790,6 +783,15 @@ def install_base(root: str) -> None:
             raise ImageError(f"can't write Apptainer's files into the image: {error.message}") from None
         except OSError as error:
             raise ImageError(f"can't write Apptainer's files into the image at {root}: {error.strerror}") from None
+
+
+def _skeleton(tree: Tree, written: dict[str, int]) -> None:
+    """The root made writable by its owner, the skeleton directories and the links of [A] makeBaseEnv."""
+    _owner_writable(tree)
+    for guest in skeleton_dirs():
+        _ensure_directory(tree, guest, keep_anything=not guest.startswith(SINGULARITY_D), written=written)
+    for guest, target in singularity_links().items():
+        _ensure_link(tree, guest.lstrip("/"), target)
 
 
 def _owner_writable(tree: Tree) -> None:
@@ -902,9 +904,7 @@ def _write_file(tree: Tree, guest: str, content: bytes, mode: int, written: dict
         fd = _reopen_or_replace(found, info)
     try:
         os.fchmod(fd, mode)
-        view = memoryview(content)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, content)
     finally:
         os.close(fd)
     return path

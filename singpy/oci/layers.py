@@ -56,6 +56,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from singpy.errors import ImageError, PathError
+from singpy.hostfiles import write_all
 
 _CHUNK = 1 << 20  # bytes copied at once: a file of a layer is one read and one write when it fits
 _TAR_BUFFER = 1 << 16  # tarfile's read size; larger only costs a copy of the rest on every header
@@ -782,9 +783,7 @@ class _Layer:
             if not data:
                 raise _EntryError(f"the archive ends inside this file ({member.size - left} of {member.size} bytes)")
             left -= len(data)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
 
     def _skip_data(self, member: tarfile.TarInfo, archive: tarfile.TarFile) -> None:
         """Read past an entry's data here (tarfile would skip a truncated one block by block, at length)."""

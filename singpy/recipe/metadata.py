@@ -28,6 +28,7 @@ from singpy import console
 from singpy.constants import ENV_DIR, SINGULARITY_D
 from singpy.deffile import Section, Stage, labels
 from singpy.errors import ImageError, PathError
+from singpy.hostfiles import write_all
 from singpy.mounts.rootpath import Tree
 
 BUILD_LABELS = "/.build.labels"  # where %post's $APPTAINER_LABELS lines go ([1] sLabelsPath)
@@ -268,9 +269,7 @@ def write_file(image: Tree, guest: str, data: bytes, mode: int) -> None:
         fd = os.open(name, _CREATE, mode, dir_fd=directory)
         try:
             os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            write_all(fd, data)
         finally:
             os.close(fd)
     except OSError as error:
