@@ -93,6 +93,7 @@ class Dirs(Record):
     cache: Path  # SINGPY_CACHEDIR of every command: the base image is in it before the timing
     tmp: Path  # TMPDIR of everything
     out: Path  # what the commands write (the build's work directory is made here, next to OUT)
+    memory: Path  # SINGPY_TMPDIR of (d): the build's work directory in memory (/dev/shm), OUT still in `out`
 
 
 class Phase(TypedDict):
@@ -117,9 +118,11 @@ class Paths(Record):
 
 def make_dirs(workdir: Path, account: Account) -> Dirs:
     user = workdir / "user"
-    dirs = Dirs(user=user, cache=user / "cache", tmp=user / "tmp", out=user / "out")
+    memory = Path(tempfile.mkdtemp(prefix="singpy-bench-build-", dir="/dev/shm"))
+    dirs = Dirs(user=user, cache=user / "cache", tmp=user / "tmp", out=user / "out", memory=memory)
     for path in (user, dirs.cache, dirs.tmp, dirs.out):
         path.mkdir(mode=0o700)
+    for path in (user, dirs.cache, dirs.tmp, dirs.out, memory):
         os.chown(path, account.uid, account.gid)
     return dirs
 
@@ -150,15 +153,20 @@ class BuildBench:
             "build": [singpy, "-q", "build", "--no-https", str(self.paths.built), str(self.paths.recipe)],
             "squash": ["mksquashfs", str(self.paths.tree), str(self.paths.squashed), "-noappend", *SQUASH_COMPRESSION,
                        "-no-progress"],
+            "memory": [singpy, "-q", "build", "--no-https", str(self.paths.built), str(self.paths.recipe)],
         }
+        self.extra_env = {"memory": {"SINGPY_TMPDIR": str(dirs.memory)}}
         self.series = {
             "pull": Series("pull", "(a) singpy pull, base cached", f"singpy -q pull --no-https OUT.sif {shown}"),
             "build": Series("build", "(b) singpy build, trivial %post",
                             "singpy -q build --no-https OUT.sif recipe.def"),
             "squash": Series("squash", "(c) mksquashfs of the base's tree",
                              f"mksquashfs TREE OUT.squashfs -noappend {' '.join(SQUASH_COMPRESSION)} -no-progress"),
+            "memory": Series("memory", "(d) as (b), the work directory in memory",
+                             "SINGPY_TMPDIR=/dev/shm/DIR singpy -q build --no-https OUT.sif recipe.def"),
         }
-        self.outputs = {"pull": self.paths.pulled, "build": self.paths.built, "squash": self.paths.squashed}
+        self.outputs = {"pull": self.paths.pulled, "build": self.paths.built, "squash": self.paths.squashed,
+                        "memory": self.paths.built}
         self.sizes: dict[str, int] = {}
         self.setup_error = ""
         self.left: list[str] = []  # work directories builds left behind
@@ -181,14 +189,15 @@ class BuildBench:
     def run_one(self, key: str, timed: bool) -> None:
         series = self.series[key]
         pull.remove(self.outputs[key])
-        elapsed, error = pull.run(self.runner, self.argv[key], self.env, timeout=TIMEOUT)
+        env = {**self.env, **self.extra_env.get(key, {})}
+        elapsed, error = pull.run(self.runner, self.argv[key], env, timeout=TIMEOUT)
         if error:
             series.na = error
         else:
             if timed:
                 series.times.append(elapsed)
             self.sizes[key] = self.outputs[key].stat().st_size
-        if key == "build":
+        if key in ("build", "memory"):
             self.left += leftovers(self.dirs)
         pull.remove(self.outputs[key])
 
@@ -208,9 +217,10 @@ class BuildBench:
                 if not self.series[key].na:
                     self.run_one(key, number > 0)
 
-    def paired(self, combine: Callable[[float, float, float], float]) -> list[float]:
-        """combine(build, pull, squash) of each round, for the rounds in which all three ran."""
-        build, pulled, squash = (self.series[key] for key in ("build", "pull", "squash"))
+    def paired(self, combine: Callable[[float, float, float], float], build_key: str = "build") -> list[float]:
+        """combine(build, pull, squash) of each round, for the rounds in which all three ran (`build_key`:
+        which build, (b) or (d))."""
+        build, pulled, squash = (self.series[key] for key in (build_key, "pull", "squash"))
         if build.na or pulled.na or squash.na:
             return []
         return [combine(b, a, c) for b, a, c in zip(build.times, pulled.times, squash.times, strict=True)]
@@ -237,7 +247,7 @@ class BuildBench:
         return found
 
     def clean(self) -> None:
-        for path in (*self.outputs.values(), self.paths.tree):
+        for path in (*self.outputs.values(), self.paths.tree, self.dirs.memory):
             pull.remove(path)
 
 
@@ -306,7 +316,9 @@ def _rounds_section(image: ImageInfo, bench: BuildBench, rounds: int) -> list[st
              f"uncompressed, {pull.mb(image['compressed_bytes'])} MB compressed, {entries} entries (pull.py's "
              "image builder). It is pulled and converted once into the cache all three commands use; the recipe "
              "is `Bootstrap: docker`, `From: HOST/base:latest`, `%post` `true`. One warm-up round, then "
-             f"{rounds} rounds, the three commands in shuffled order; wall time of each command.", "",
+             f"{rounds} rounds, the commands in shuffled order; wall time of each command. (d) is (b) with the "
+             "build's work directory in /dev/shm (SINGPY_TMPDIR), the output still on disk: what the build "
+             "costs when unpacking the base is not bound by the disk.", "",
              "| measure | command | median s | min to max s |", "|---|---|---:|---:|"]
     for series in bench.series.values():
         value = series.median
@@ -320,6 +332,10 @@ def _rounds_section(image: ImageInfo, bench: BuildBench, rounds: int) -> list[st
         values = bench.paired(combine)
         shown = f"**{median(values):.2f}**" if values else "n/a"
         lines.append(f"| {label} | per round, median of the differences | {shown} | {spread(values)} |")
+    values = bench.paired(lambda b, a, c: b - a - c, "memory")
+    shown = f"**{median(values):.2f}**" if values else "n/a"
+    lines.append(f"| (d) - (a) - (c): the same, work directory in memory | per round, median of the differences | "
+                 f"{shown} | {spread(values)} |")
     sizes = ", ".join(f"{key} {pull.mb(size)} MB" for key, size in bench.sizes.items())
     lines += ["", f"Output sizes: {sizes or 'n/a'}."]
     if bench.left:
@@ -415,10 +431,12 @@ def benchmark(options: Options, workdir: Path, singpy: str) -> None:
         print(f"pushing the base image to {registry.host} ...", file=sys.stderr)
         registry.push(layout, "base")
         bench = BuildBench(runner, dirs, singpy, registry.ref("base"))
-        bench.prepare()
-        bench.measure(options.rounds, options.seed)
-        phases = bench.phases()
-        bench.clean()
+        try:
+            bench.prepare()
+            bench.measure(options.rounds, options.seed)
+            phases = bench.phases()
+        finally:
+            bench.clean()
     info["loadavg_end"] = os.getloadavg()
     commit, dirty = startup.git_commit()
     run_info = RunInfo(machine=info, tools=tool_versions(), now=datetime.datetime.now(datetime.UTC), commit=commit,
