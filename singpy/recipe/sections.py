@@ -24,13 +24,13 @@ from collections.abc import Callable, Mapping, Sequence
 from singpy import console
 from singpy.constants import SINGULARITY_D
 from singpy.deffile import Section, Stage
+from singpy.environ import RUNTIME_PREFIXES
 from singpy.errors import ImageError
 from singpy.plan import IdMap
 
 ENV_SCRIPT = f"{SINGULARITY_D}/env/91-environment.sh"  # $APPTAINER_ENVIRONMENT in %post
 LABELS_FILE = "/.build.labels"  # $APPTAINER_LABELS in %post: "NAME value" lines, labels of the image
 POST_SCRIPT = "/.post.script"
-_PREFIXES = ("SINGPY_", "APPTAINER_", "SINGULARITY_")
 # Of the caller's SINGPY_/APPTAINER_/SINGULARITY_ variables, those the nested launcher may see (as Apptainer's).
 _PASSED = ("DEBUG", "NV", "NVCCLI", "ROCM", "BINDPATH", "MOUNT")
 
@@ -55,7 +55,7 @@ class Runner:
 
 
 def _passed(name: str) -> bool:
-    prefix = next((prefix for prefix in _PREFIXES if name.startswith(prefix)), None)
+    prefix = next((prefix for prefix in RUNTIME_PREFIXES if name.startswith(prefix)), None)
     return prefix is None or name.removeprefix(prefix) in _PASSED
 
 

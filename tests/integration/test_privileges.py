@@ -154,16 +154,8 @@ def subids(as_user: Singpy, workdir: Path, request: pytest.FixtureRequest) -> It
     with contextlib.ExitStack() as stack:
 
         def set_ranges(present: bool) -> None:
-            copies = []
-            for public in hostsim.SUBID_FILES:
-                kept = [line for line in Path(public).read_text().splitlines(keepends=True)
-                        if not line.startswith((f"{as_user.user}:", f"{as_user.uid}:"))]  # by name or by uid
-                if present:
-                    kept.append(f"{as_user.user}:200000:65536\n")
-                copy = workdir / f"{request.node.name}{public.replace('/', '-')}"
-                copy.write_text("".join(kept))
-                copy.chmod(0o644)
-                copies.append(str(copy))
+            line = f"{as_user.user}:200000:65536" if present else None
+            copies = hostsim.subid_copies(as_user.user, as_user.uid, line, str(workdir / request.node.name))
             stack.enter_context(hostsim.subid_files(*copies))
 
         yield set_ranges

@@ -99,6 +99,23 @@ def subid_files(subuid: str, subgid: str) -> Iterator[None]:
         _subids = saved
 
 
+def subid_copies(user: str, uid: int, line: str | None, prefix: str) -> tuple[str, str]:
+    """Private copies of /etc/subuid and /etc/subgid (PREFIX-etc-subuid...) with `user`'s lines (by name or by
+    uid) replaced by `line` ("user:first:count"), or removed when it is None: for `subid_files`."""
+    copies = []
+    for public in SUBID_FILES:
+        with open(public) as handle:
+            kept = [entry for entry in handle if not entry.startswith((f"{user}:", f"{uid}:"))]
+        if line is not None:
+            kept.append(f"{line}\n")
+        copy = f"{prefix}{public.replace('/', '-')}"
+        with open(copy, "w") as handle:
+            handle.write("".join(kept))
+        os.chmod(copy, 0o644)
+        copies.append(copy)
+    return copies[0], copies[1]
+
+
 def wrapper(uid: int, gid: int, scratch: str) -> list[str]:
     """The command prefix that runs CMD as uid:gid on the simulated host; [] when the host as it is will do.
 

@@ -136,15 +136,6 @@ def subordinate_ranges(user: Singpy, workdir: Path, name: str, present: bool) ->
     The host's files are never written: private copies, with the user's lines replaced, are bound over them
     for singpy alone (tests.support.hostsim). Needs root.
     """
-    copies = []
-    for public in hostsim.SUBID_FILES:
-        kept = [line for line in Path(public).read_text().splitlines(keepends=True)
-                if not line.startswith((f"{user.user}:", f"{user.uid}:"))]  # by name or by uid
-        if present:
-            kept.append(f"{user.user}:{SUBUID_START}:{SUBUID_COUNT}\n")
-        copy = workdir / f"recipe-{name}{public.replace('/', '-')}"
-        copy.write_text("".join(kept))
-        copy.chmod(0o644)
-        copies.append(str(copy))
-    with hostsim.subid_files(*copies):
+    line = f"{user.user}:{SUBUID_START}:{SUBUID_COUNT}" if present else None
+    with hostsim.subid_files(*hostsim.subid_copies(user.user, user.uid, line, str(workdir / f"recipe-{name}"))):
         yield
