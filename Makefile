@@ -8,12 +8,13 @@ BIN := $(VENV)/bin
 # busybox-static for its image, squashfs-tools, squashfuse and fuse3 for SIF files, uidmap and
 # util-linux. The tests add fuse-overlayfs, e2fsprogs and fuse2fs (overlays), pipx (an install test),
 # siftool, iproute2 (network namespaces), a real registry (docker-registry), skopeo and umoci, htpasswd
-# (apache2-utils) and openssl for its Basic-auth and TLS variants. The benchmark adds the tools it compares
-# with: bubblewrap and Charliecloud.
+# (apache2-utils) and openssl for its Basic-auth and TLS variants, a real Slurm (slurm-wlm: slurmctld,
+# slurmd, srun) with munge, and Open MPI (openmpi-bin, libopenmpi-dev: mpirun, mpicc) for the job tests.
+# The benchmark adds the tools it compares with: bubblewrap and Charliecloud.
 DEMO_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev busybox-static squashfs-tools \
 	squashfuse fuse3 uidmap util-linux
 TEST_PACKAGES := $(DEMO_PACKAGES) fuse-overlayfs e2fsprogs fuse2fs pipx siftool iproute2 docker-registry skopeo \
-	umoci apache2-utils openssl ca-certificates
+	umoci apache2-utils openssl ca-certificates slurm-wlm munge openmpi-bin libopenmpi-dev
 BENCH_PACKAGES := $(TEST_PACKAGES) bubblewrap charliecloud-runtime
 # Where `make install` puts the `singpy` command: /usr/local/bin as root, ~/.local/bin otherwise.
 PREFIX ?= $(if $(filter 0,$(shell id -u)),/usr/local,$(HOME)/.local)
@@ -29,7 +30,8 @@ define packages
 	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ]; then \
 			echo "Installing system packages:" $$missing; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+			apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing >/dev/null; \
 		else \
 			echo "Missing system packages:" $$missing >&2; \
 			echo "Install them as root (apt-get install" $$missing"), then run make again." >&2; \
@@ -79,6 +81,7 @@ bench: bench-packages setup
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/pull.py
 	$(BIN)/python benchmarks/build.py
+	$(BIN)/python benchmarks/hpc.py
 
 # A link to the venv's command: it keeps working as long as this clone and its .venv stay where they are.
 install: setup

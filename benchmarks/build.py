@@ -43,8 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypedDict
 
@@ -423,24 +422,11 @@ def benchmark(options: Options, workdir: Path, singpy: str) -> None:
         write_results(run_info, section, results_document(run_info, image, bench, phases, found), quick=options.quick)
 
 
-@contextmanager
-def scratch() -> Iterator[Path]:
-    """A world-searchable scratch directory (the test user reaches its own directory inside), removed after."""
-    workdir = Path(tempfile.mkdtemp(prefix="singpy-bench-build-", dir="/tmp"))
-    workdir.chmod(0o755)
-    try:
-        yield workdir
-    finally:
-        pull.remove(workdir)
-
-
 def main(argv: list[str] | None = None) -> int:
     options = parse_options(argv)
-    bindir = Path(sys.executable).parent
-    singpy, python = str(bindir / "singpy"), str(bindir / "python")
-    if not os.path.exists(singpy):
-        print(f"{singpy} not found: run `make setup` (or use the venv's python)", file=sys.stderr)
+    if (commands := startup.venv_commands()) is None:
         return 1
+    singpy, python = commands
     # skopeo pushes the image to the registry.
     tools = ("docker-registry", "skopeo", "mksquashfs")
     if missing := [tool for tool in tools if shutil.which(tool, path=PATH) is None]:
@@ -449,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([python, "-m", "compileall", "-q", str(REPO / "singpy")], check=False)
     # SIGTERM unwinds like Ctrl-C: the registry is stopped and the scratch directory removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with scratch() as workdir:
+    with pull.scratch("build") as workdir:
         benchmark(options, workdir, singpy)
     return 0
 

@@ -825,9 +825,12 @@ def write_results(run_info: RunInfo, section: str, document: ResultsDocument, *,
 
 
 @contextlib.contextmanager
-def scratch() -> Iterator[Path]:
-    """A world-searchable scratch directory (the test user reaches its own directory inside), removed after."""
-    workdir = Path(tempfile.mkdtemp(prefix="singpy-bench-pull-", dir="/tmp"))
+def scratch(kind: str = "pull") -> Iterator[Path]:
+    """A world-searchable scratch directory (the test user reaches its own directory inside), removed after.
+
+    Shared by build.py and hpc.py (`kind` names the benchmark in the directory's name).
+    """
+    workdir = Path(tempfile.mkdtemp(prefix=f"singpy-bench-{kind}-", dir="/tmp"))
     workdir.chmod(0o755)
     try:
         yield workdir
@@ -837,11 +840,9 @@ def scratch() -> Iterator[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_options(argv)
-    bindir = Path(sys.executable).parent
-    singpy, python = str(bindir / "singpy"), str(bindir / "python")
-    if not os.path.exists(singpy):
-        print(f"{singpy} not found: run `make setup` (or use the venv's python)", file=sys.stderr)
+    if (commands := startup.venv_commands()) is None:
         return 1
+    singpy, python = commands
     if missing := missing_tools():
         print(f"not installed: {', '.join(missing)} (`make setup` installs them)", file=sys.stderr)
         return 1

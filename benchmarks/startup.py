@@ -989,13 +989,21 @@ def benchmark(options: Options, info: Machine, workdir: Path, singpy: str, pytho
         write_results(run, report, results_document(run, rows, targets, imports))
 
 
-def main(argv: list[str] | None = None) -> int:
-    options = parse_options(argv)
+def venv_commands() -> tuple[str, str] | None:
+    """The venv's `singpy` and `python` (every benchmark runs them); None, said on stderr, without them."""
     bindir = Path(sys.executable).parent
     singpy, python = str(bindir / "singpy"), str(bindir / "python")
     if not os.path.exists(singpy):
         print(f"{singpy} not found: run `make setup` (or use the venv's python)", file=sys.stderr)
+        return None
+    return singpy, python
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_options(argv)
+    if (commands := venv_commands()) is None:
         return 1
+    singpy, python = commands
     # Fresh bytecode, as `make setup` leaves it: a stale .pyc would be recompiled on every run (the test user
     # cannot write __pycache__), and that compile time is not singpy's.
     subprocess.run([python, "-m", "compileall", "-q", str(REPO / "singpy")], check=False)

@@ -7,6 +7,7 @@ Imports nothing: this is read on the start-up path of every `singpy exec`.
 SINGULARITY_D = "/.singularity.d"
 ENV_DIR = f"{SINGULARITY_D}/env"  # env scripts, sourced in the order of their names
 RUNSCRIPT = f"{SINGULARITY_D}/runscript"  # what `run` executes
+STARTSCRIPT = f"{SINGULARITY_D}/startscript"  # what `instance start` runs
 SCIF_APPS = "/scif/apps"  # SCIF apps of a definition file (%apprun NAME...): /scif/apps/NAME
 LIBS_DIR = f"{SINGULARITY_D}/libs"  # the host libraries of --nv/--rocm; always last on LD_LIBRARY_PATH
 

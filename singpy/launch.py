@@ -65,7 +65,7 @@ from singpy.kernel.idmap import write_id_maps
 from singpy.mounts.apply import apply_mounts, survey
 from singpy.mounts.rootpath import Tree
 from singpy.plan import ImageSpec, LaunchPlan
-from singpy.planner import LaunchRequest, build_plan
+from singpy.planner import LaunchRequest, Planned, build_plan
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
@@ -76,20 +76,31 @@ if TYPE_CHECKING:
 
 
 def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: bool = False) -> int:
+    planned, gpu = plan_launch(request, config, host, dry_run=dry_run)
+    if dry_run:
+        _print_dry_run(planned.plan, gpu, planned.warnings)
+        return 0
+    if planned.plan.share is not None:
+        from singpy import shared
+
+        shared.run(planned.plan)
+    return launch(planned.plan)
+
+
+def plan_launch(request: LaunchRequest, config: SysConfig, host: HostInfo, *,
+                dry_run: bool = False) -> tuple[Planned, GpuContribution | None]:
+    """The image prepared and the plan built, its warnings (and --verbose notes) printed."""
     image = prepare_image(request, config, host, dry_run=dry_run)
     gpu = _gpus(request, config, host, image.rootfs)
     planned = build_plan(request, config, host, image, gpu_mounts=gpu.mounts if gpu else (),
                          keep_host_env=gpu.keep_host_env if gpu else ())
     for warning in (*(gpu.warnings if gpu else ()), *planned.warnings):
         console.warning(warning)
-    for note in gpu.notes if gpu else ():
+    for note in (*(gpu.notes if gpu else ()), *planned.notes):
         console.verbose(note)
     if request.nvccli and request.writable_tmpfs:
         console.info("--nvccli: the image is writable in memory (--writable-tmpfs), as with Apptainer")
-    if dry_run:
-        _print_dry_run(planned.plan, gpu, planned.warnings)
-        return 0
-    return launch(planned.plan)
+    return planned, gpu
 
 
 def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, rootfs: str | None) -> GpuContribution | None:

@@ -155,6 +155,14 @@ class OverlaySpec(Record):
     tool: str = ""  # host path of fuse2fs (strategy fuse)
 
 
+class ShareSpec(Record):
+    """Ranks of one job step on one node in one container (singpy.shared)."""
+
+    socket: str  # abstract unix socket name where the ranks meet: the job step and a digest of the plan
+    origin: str  # in words, for messages: "Slurm job step 12.0", "--sharens (parent 4242)", "instance web"
+    create: bool = True  # the first rank makes the container; False: join a running instance only
+
+
 class LaunchPlan(Record):
     """Everything the launch phases need; nothing after the planner reads argv, env or conf."""
 
@@ -175,6 +183,7 @@ class LaunchPlan(Record):
     max_loop_devices: int = 256  # `max loop devices`: loop devices numbered below this only (singpy.kernel.loop)
     overlay_driver: str = "kernel"  # root overlay: kernel (overlayfs) or fuse (fuse-overlayfs); see singpy.overlay
     overlay_tool: str = ""  # host path of fuse-overlayfs: driver fuse, or kernel's fallback should it refuse ("": none)
+    share: ShareSpec | None = None  # join (or make) the container of the other ranks of this job step on this node
 
     def to_json_data(self) -> dict[str, object]:
         """A JSON-ready dict (enums as their values) for --dry-run and logging."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
+from singpy import jobs
 from singpy.config.sysconf import IMAGE_LIMITS, SysConfig, confdir
 from singpy.constants import DEFAULT_PATH
 from singpy.environ import EnvPlan, host_passthrough, injected_from_host, split_path_rules
@@ -28,6 +29,7 @@ from singpy.plan import (
     NetworkSpec,
     Privileges,
     ProcessSpec,
+    ShareSpec,
     Stage,
 )
 from singpy.record import Record
@@ -81,19 +83,26 @@ class LaunchRequest(Record):
     userns: bool = False  # -u/--userns: a user namespace even as root (root mapped to itself)
     nvccli: bool = False  # --nvccli: the library list must come from nvidia-container-cli
     app: str = ""  # --app NAME: a SCIF app of the image (its environment; `run` runs its runscript)
+    instance: str = ""  # the NAME of instance://NAME: join that running instance (singpy.instance)
+    sharens: bool = False  # --sharens: share the container with the others started by the same parent process
+    no_sharens: bool = False  # --no-sharens: no shared container for the ranks of a job step (singpy.shared)
 
 
 class Planned(Record, kw_only=False):
-    """A plan plus the warnings found while building it (printed by the caller)."""
+    """A plan plus the warnings found while building it, and --verbose notes (printed by the caller)."""
 
     plan: LaunchPlan
     warnings: tuple[str, ...]
+    notes: tuple[str, ...] = ()
 
 
 def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec,
                gpu_mounts: tuple[MountSpec, ...] = (), keep_host_env: tuple[str, ...] = ()) -> Planned:
     if request.hostname is not None:
         _check_hostname(request.hostname)
+    job = jobs.detect(host.env)
+    request, job_warnings = jobs.check_request(request, job)
+    share_key, job_notes = jobs.sharing(request, job)
     pid, ipc, uts, hostname, dropped = _namespaces(request, config)
     network = _network(request, host, config)
     fakeroot = _fakeroot(request, host)
@@ -102,8 +111,13 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     namespaces = Namespaces(user=host.uid != 0 or fakeroot is not None or request.userns, pid=pid,
                             ipc=ipc, uts=uts, net=network is not None)
     mounts = _mounts(request, config, host, namespaces, home_source, home_dest) + list(gpu_mounts)
+    if job is not None:
+        mounts += system.job_mounts(host.env, contain=request.contain)
     mounts += _user_binds(request, config)
+    keep_host_env += tuple(name for name in host.env if jobs.is_job_variable(name))
     env_plan, warnings = _env_plan(request, host, image, home_dest, keep_host_env)
+    if job is not None and share_key is None:
+        env_plan = jobs.without_single_copy(env_plan, host.env, request)
     layers = _layers(request, config, host, image, namespaces.user)
     if layers is not None:
         if host.uid != 0 and config.changed(IMAGE_LIMITS):
@@ -128,7 +142,14 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                       network=network, fakeroot=fakeroot, staging_fs=config.text("memory fs type"),
                       staging_size=_staging_size(config, host.uid),
                       max_loop_devices=config.number("max loop devices"))
-    return Planned(plan, (*dropped, *warnings))
+    if request.instance:
+        from singpy.instance import socket_name
+
+        plan = plan.replace(share=ShareSpec(socket=socket_name(host.uid, request.instance),
+                                            origin=f"instance {request.instance}", create=False))
+    elif share_key is not None:
+        plan = plan.replace(share=jobs.share_spec(plan, share_key))
+    return Planned(plan, (*job_warnings, *dropped, *warnings), job_notes)
 
 
 def _layers(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec,

@@ -194,11 +194,11 @@ def supervise(child: Callable[[], NoReturn], helpers: tuple[int, ...] = ()) -> i
         block_signals()
         pid = fork_tied()
         if pid == 0:
-            _run_child(child)
+            run_child(child)
         return _wait_forwarding(pid)
     finally:
         for helper in helpers:
-            _stop(helper)
+            stop_helper(helper)
 
 
 def block_signals() -> None:
@@ -308,12 +308,12 @@ def helper_failure(pid: int, errors: int) -> str:
     """After a helper failed: its last line on stderr ("" if none); reaps it."""
     with os.fdopen(errors, "rb") as pipe:
         text = pipe.read().decode(errors="replace")
-    _stop(pid)
+    stop_helper(pid)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     return lines[-1] if lines else ""
 
 
-def _stop(pid: int) -> None:
+def stop_helper(pid: int) -> None:
     """Stop a helper and reap it: SIGTERM, then SIGKILL if it is still there after _STOP_GRACE seconds.
 
     SIGTERM first: fuse2fs, serving a writable overlay image, writes its
@@ -346,11 +346,11 @@ def init(payload: Callable[[], NoReturn]) -> NoReturn:
     """
     pid = fork_tied()
     if pid == 0:
-        _run_child(payload)
+        run_child(payload)
     os._exit(_wait_forwarding(pid, reap_all=True))
 
 
-def _run_child(body: Callable[[], NoReturn]) -> NoReturn:
+def run_child(body: Callable[[], NoReturn]) -> NoReturn:
     try:
         body()
     except SingpyError as error:

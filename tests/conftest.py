@@ -36,7 +36,7 @@ from tests.support.leftovers import descendants, watch_tmpdir
 from tests.support.users import can_reach, ensure_test_user, is_root
 
 # The registry_* fixtures (tests.support.registry), each registry started once per session for all modules.
-pytest_plugins = ["tests.support.registry"]
+pytest_plugins = ["tests.support.registry", "tests.support.slurm", "tests.support.mpi"]
 
 SINGPY = str(Path(sys.executable).parent / "singpy")
 _SESSION: dict[str, Path] = {}

@@ -14,6 +14,7 @@ TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import Any
 
+    from singpy.host import HostInfo
     from singpy.mounts.parse import BindSpec
     from singpy.planner import LaunchRequest
 
@@ -53,10 +54,23 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
     config = sysconf.load(global_values.get("config") or sysconf.default_path(env))
     if global_values.get("build_config"):
         config = sysconf.for_build(config)
+    instance = ""
+    if positionals[0].startswith("instance://"):
+        instance, image = _instance_image(positionals[0], host)
+        positionals = [image, *positionals[1:]]
     if positionals[0].startswith(IMAGE_URI_PREFIXES):
         positionals = [_pulled(positionals[0], values, env, host.home), *positionals[1:]]
-    request = build_request(action, values, positionals, host.cwd)
+    request = build_request(action, values, positionals, host.cwd).replace(instance=instance)
     return launch.run(request, config, host, dry_run=bool(values.get("dry_run")))
+
+
+def _instance_image(reference: str, host: HostInfo) -> tuple[str, str]:
+    """instance://NAME: the name, and the image of that running instance (its container is joined)."""
+    from singpy import instance
+
+    name = reference[len(instance.PREFIX):]
+    records, _ = instance.state_dirs(host.home, host.user)
+    return name, instance.find(records, name, host.uid).image
 
 
 def _pulled(reference: str, values: Mapping[str, Any], env: Mapping[str, str], home: str) -> str:
@@ -115,6 +129,8 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         userns=bool(values.get("userns")),
         nvccli=bool(values.get("nvccli")),
         app=values.get("app") or "",
+        sharens=bool(values.get("sharens")),
+        no_sharens=bool(values.get("no_sharens")),
     )
 
 

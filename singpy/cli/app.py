@@ -76,6 +76,7 @@ def _register_image_commands() -> None:
     from singpy.cli.build import build_command
     from singpy.cli.cache import cache_app
     from singpy.cli.inspect import inspect_command
+    from singpy.cli.instance import instance_app
     from singpy.cli.overlay import overlay_app
     from singpy.cli.pull import pull_command
 
@@ -84,6 +85,7 @@ def _register_image_commands() -> None:
     app.command(name="pull")(pull_command)
     app.add_typer(cache_app)
     app.add_typer(overlay_app)
+    app.add_typer(instance_app)
 
 
 _register_image_commands()

@@ -11,6 +11,9 @@ the spec says `Missing.SKIP`; the home directory and the user's own binds are
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 
 # Device nodes bind-mounted into a minimal /dev (a user namespace cannot mknod).
@@ -196,3 +199,27 @@ def passwd_line(*, user: str, uid: int, gid: int, gecos: str, home: str, shell: 
 
 def group_line(*, group: str, gid: int, user: str) -> str:
     return f"{group}:x:{gid}:{user}"
+
+
+def job_mounts(env: Mapping[str, str], *, contain: bool) -> list[MountSpec]:
+    """What the ranks of a parallel job meet through on the host, visible inside as outside.
+
+    Open MPI's shared-memory transport maps files in /dev/shm, which --contain
+    replaces with a tmpfs of its own; PMIx servers (Slurm's in its spool
+    directory, mpirun's in its session directory) keep their rendezvous files
+    in PMIX_SERVER_TMPDIR and PMIX_SYSTEM_TMPDIR, which no default mount
+    reaches. A rank without them can't find its peers.
+    """
+    specs = []
+    if contain:
+        specs.append(MountSpec(op=MountOp.BIND, source="/dev/shm", dest="/dev/shm", missing=Missing.SKIP,
+                               stage=Stage.SYSTEM_FILES))  # after the minimal /dev (Stage.KERNEL)
+    seen = set()
+    for name in ("PMIX_SERVER_TMPDIR", "PMIX_SYSTEM_TMPDIR"):
+        path = os.path.normpath(env.get(name, "") or ".")
+        under_tmp = not contain and path.startswith(("/tmp/", "/var/tmp/"))  # the host's, bound already
+        if not path.startswith("/") or path == "/" or path in seen or under_tmp:
+            continue
+        seen.add(path)
+        specs.append(MountSpec(op=MountOp.BIND, source=path, dest=path, missing=Missing.SKIP, stage=Stage.HOME_TMP))
+    return specs

@@ -1,0 +1,133 @@
+"""`singpy instance start|list|stop`: named background containers (singpy.instance, singpy.shared)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import typer
+
+from singpy import console
+from singpy.errors import SingpyError, UsageError
+
+instance_app = typer.Typer(name="instance", help="Manage background containers (instances).",
+                           no_args_is_help=True)
+
+_START_USAGE = """Usage: singpy instance start [options] IMAGE NAME [ARGS...]
+
+Start a named instance of IMAGE in the background: its startscript
+(/.singularity.d/startscript) runs with ARGS, and `singpy exec|run|shell
+instance://NAME` run in its container. The options are those of `singpy run`.
+"""
+
+
+@instance_app.command(name="start", help="Start a named instance of an image. Options as for `singpy run`.",
+                      context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+                      add_help_option=False)
+def start_command(ctx: typer.Context) -> None:
+    raise typer.Exit(_start(list(ctx.args)))
+
+
+def _start(argv: list[str]) -> int:
+    from singpy import holder, instance, launch
+    from singpy import host as host_module
+    from singpy.cli.actions import _pulled, build_request, verbosity
+    from singpy.cli.parse import parse_action
+    from singpy.config import sysconf
+    from singpy.constants import IMAGE_URI_PREFIXES
+    from singpy.plan import ShareSpec
+
+    env = os.environ
+    values, positionals = parse_action("run", argv, env)
+    if values.get("help"):
+        print(_START_USAGE, end="")
+        return 0
+    console.set_level(verbosity(values, console.level()))
+    if len(positionals) < 2:
+        raise UsageError("singpy instance start needs an IMAGE and a NAME",
+                         hint="Run 'singpy instance start --help' for usage.")
+    image, name, *args = positionals
+    instance.check_name(name)
+    host = host_module.capture(env)
+    config = sysconf.load(sysconf.default_path(env))
+    records, logs = instance.state_dirs(host.home, host.user)
+    socket = instance.socket_name(host.uid, name)
+    if image.startswith(IMAGE_URI_PREFIXES):
+        image = _pulled(image, values, env, host.home)
+    request = build_request("run", values, [image, *args], host.cwd)
+    planned, _ = launch.plan_launch(request, config, host)
+    plan = planned.plan.replace(share=ShareSpec(socket=socket, origin=f"instance {name}"))
+    log_out, log_err = (os.path.join(logs, f"{name}.{kind}") for kind in ("out", "err"))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+    out, err = os.open(log_out, flags, 0o600), os.open(log_err, flags, 0o600)
+    directory = os.open(records, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        pid = holder.start_instance(plan, holder.Instance(log_out=out, log_err=err, records=directory,
+                                                          record=f"{name}.json"))
+        instance.write_record(records, instance.InstanceRecord(
+            name=name, pid=pid, image=plan.image.path, socket=socket, log_out=log_out, log_err=log_err,
+            started=time.time()))
+    finally:
+        for fd in (out, err, directory):
+            os.close(fd)
+    console.info("instance started successfully")
+    return 0
+
+
+@instance_app.command(name="list", help="List your running instances.")
+def list_command(
+    name: str = typer.Argument("", metavar="[NAME]", help="only this instance (a glob pattern)"),
+    as_json: bool = typer.Option(False, "--json", "-j", help="print as JSON"),
+    logs: bool = typer.Option(False, "--logs", "-l", help="show the paths of the log files"),
+) -> None:
+    import fnmatch
+    import json
+
+    from singpy import host as host_module
+    from singpy import instance
+
+    host = host_module.capture(os.environ)
+    records, _ = instance.state_dirs(host.home, host.user)
+    found = [record for record in instance.running(records, host.uid)
+             if not name or fnmatch.fnmatchcase(record.name, name)]
+    if as_json:
+        entries = [{"instance": record.name, "pid": record.pid, "img": record.image, "ip": "",
+                    "logErrPath": record.log_err, "logOutPath": record.log_out} for record in found]
+        print(json.dumps({"instances": entries}, indent=4))
+        return
+    if logs:
+        print(f"{'INSTANCE NAME':<16} {'PID':<8} LOGS")
+        for record in found:
+            print(f"{record.name:<16} {record.pid:<8} {record.log_err}\n{'':<25} {record.log_out}")
+        return
+    print(f"{'INSTANCE NAME':<16} {'PID':<8} {'IP':<15} IMAGE")
+    for record in found:
+        print(f"{record.name:<16} {record.pid:<8} {'':<15} {record.image}")
+
+
+@instance_app.command(name="stop", help="Stop running instances.")
+def stop_command(
+    names: list[str] = typer.Argument(None, metavar="[NAME]...", help="instances to stop (glob patterns)"),  # noqa: B008
+    stop_all: bool = typer.Option(False, "--all", "-a", help="stop all your instances"),
+    signal_name: str = typer.Option("TERM", "--signal", "-s", help="signal to send (number or name)"),
+    force: bool = typer.Option(False, "--force", "-F", help="kill at once (SIGKILL)"),
+    timeout: float = typer.Option(10.0, "--timeout", "-t", help="seconds before SIGKILL"),
+) -> None:
+    import fnmatch
+
+    from singpy import host as host_module
+    from singpy import instance
+
+    if not names and not stop_all:
+        raise UsageError("singpy instance stop needs a NAME or --all")
+    signum = instance.parse_signal(signal_name)
+    host = host_module.capture(os.environ)
+    records, _ = instance.state_dirs(host.home, host.user)
+    running = instance.running(records, host.uid)
+    chosen = [record for record in running
+              if stop_all or any(fnmatch.fnmatchcase(record.name, pattern) for pattern in names or [])]
+    if not chosen:
+        raise SingpyError(f"no instance found with name {' '.join(names or [])}".rstrip())
+    for record in chosen:
+        instance.stop(records, record, host.uid, signum=signum, timeout=timeout, force=force)
+        console.info(f"stopping {record.name} instance of {record.image} (PID={record.pid})")

@@ -1,0 +1,308 @@
+"""The holder of a shared container (singpy.shared) or of an instance (singpy.instance).
+
+Forked by the first rank of a job step (or by `instance start`) into a
+session of its own, so that it outlives that rank; it builds the container
+as a plain launch would (singpy.launch's phases), then stays in it, handing
+its namespaces to every process of its user that connects, until the last
+has gone (a job's container) or until it is signalled (an instance).
+"""
+
+from __future__ import annotations
+
+import _socket
+import contextlib
+import os
+import select
+import signal
+import socket
+import time
+
+from singpy import console
+from singpy.constants import STARTSCRIPT
+from singpy.errors import SingpyError
+from singpy.image.scripts import ImageScripts
+from singpy.plan import LaunchPlan
+from singpy.record import Record
+from singpy.shared import ERROR, JOIN_TIMEOUT, NAMESPACES, bind, connect, peer_pid, peer_uid, ready_message, receive
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from typing import NoReturn
+
+_IDLE_TIMEOUT = 30.0  # seconds a holder waits for its first rank (the one that forked it connects at once)
+
+class Instance(Record):
+    """What makes a holder an instance (singpy.instance): it runs the startscript and stays until stopped."""
+
+    log_out: int  # open log files for the startscript's output (and the holder's own errors)
+    log_err: int
+    records: int  # open directory of the instance's record, removed by the holder when it ends
+    record: str  # the record's name in it
+
+
+def start_instance(plan: LaunchPlan, instance: Instance) -> int:
+    """Start an instance's holder (detached: it outlives us) and wait until it is ready; return its pid."""
+    assert plan.share is not None
+    listener = bind(plan.share.socket)
+    if listener is None:
+        raise SingpyError(f"{plan.share.origin} already exists")
+    start(plan, listener, instance)
+    connection = connect(plan.share.socket)
+    if connection is None:
+        raise SingpyError(f"{plan.share.origin} ended while starting: see its log {_fd_path(instance.log_err)}")
+    try:
+        fds, _, pid = receive(connection, time.monotonic() + JOIN_TIMEOUT, plan.share.origin)
+    finally:
+        connection.close()
+    for _, fd in fds:
+        os.close(fd)
+    return pid
+
+
+def _fd_path(fd: int) -> str:
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+
+def start(plan: LaunchPlan, bound: _socket.socket, instance: Instance | None = None) -> None:
+    """Fork the holder into a session of its own, detached from this rank (which may end first)."""
+    listener = socket.socket(fileno=bound.detach())  # the full socket API: accept(), send_fds()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                _holder(plan, listener, instance)
+        finally:
+            os._exit(0)
+    listener.close()
+    os.waitpid(middle, 0)
+
+
+def _holder(plan: LaunchPlan, listener: socket.socket, instance: Instance | None) -> NoReturn:
+    with open("/proc/self/comm", "w") as comm:  # what ps shows: not the rank's own `python3`
+        comm.write("singpy-instance" if instance else "singpy-shared")
+    _detach_stdio(listener.fileno(), instance)
+    try:
+        fds, scripts = _build(plan)
+    except SingpyError as error:
+        console.fatal(error.message)  # an instance's log; /dev/null for a job's holder
+        _refuse_waiting(listener, error.message)
+        _remove_record(instance)
+        os._exit(1)
+    except BaseException as error:  # never unwind into the rank's code
+        _refuse_waiting(listener, f"internal error in the shared container: {error!r}")
+        _remove_record(instance)
+        os._exit(1)
+    ready = ready_message(os.getpid(), [name for name, _ in fds], scripts)
+    try:
+        if instance is None:
+            _serve(listener, fds, ready)
+        else:
+            _serve_instance(plan, listener, fds, ready, scripts)
+    finally:
+        _remove_record(instance)
+        os._exit(0)
+
+
+def _detach_stdio(keep: int, instance: Instance | None) -> None:
+    """The rank's terminal or job pipes are not the holder's: it would hold srun's output open.
+
+    An instance writes to its log files instead.
+    """
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    if instance is not None:
+        os.dup2(instance.log_out, 1)
+        os.dup2(instance.log_err, 2)
+    else:
+        for fd in (1,) if console.level() >= console.DEBUG else (1, 2):
+            os.dup2(null, fd)
+    os.close(null)
+    kept = sorted({keep, *((instance.records,) if instance else ())})
+    low = 3
+    for fd in kept:
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 16)
+
+
+def _remove_record(instance: Instance | None) -> None:
+    if instance is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(instance.record, dir_fd=instance.records)
+
+
+def _build(plan: LaunchPlan) -> tuple[list[tuple[str, int]], ImageScripts]:
+    """The container, built as a plain launch builds it; the holder stays in it. Returns its namespaces."""
+    from singpy import launch, rootfs
+
+    launch.enter_namespaces(plan)
+    names = [name for name, _ in NAMESPACES if _has(plan, name)]
+    fds = [(name, os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)) for name in names]
+    rootfs.enter_staging(plan.staging_fs, plan.staging_size)
+    image_root, helpers = launch.attach_image(plan)
+    root, layer_helpers = launch.prepare_root(plan, image_root)
+    _HELPERS.extend((*reversed(layer_helpers), *helpers))
+    return fds, launch.build_container(plan, root)
+
+
+_HELPERS: list[int] = []  # squashfuse, fuse-overlayfs...: stopped when the holder ends
+
+
+def _has(plan: LaunchPlan, name: str) -> bool:
+    ns = plan.namespaces
+    return {"user": ns.user, "mnt": True, "ipc": ns.ipc, "uts": ns.uts, "net": ns.net}[name]
+
+
+def _refuse_waiting(listener: socket.socket, message: str) -> None:
+    """Tell the ranks already waiting why there is no container; later ones will try again, and learn it."""
+    deadline = time.monotonic() + 1.0
+    while (left := deadline - time.monotonic()) > 0 and select.select([listener], [], [], left)[0]:
+        connection, _ = listener.accept()
+        with connection, contextlib.suppress(OSError):
+            connection.send(ERROR + message.encode())
+    listener.close()
+
+
+class _Members:
+    """The connections of the ranks in the container: a closed one is a rank that has exited."""
+
+    def __init__(self, listener: socket.socket, fds: list[tuple[str, int]], ready: bytes) -> None:
+        self.listener, self.fds, self.ready = listener, fds, ready
+        self.connections: dict[int, socket.socket] = {}
+        self.pids: dict[int, int] = {}  # connection fd -> the process that connected (it execs the payload)
+        self.joined = False
+        self.poller = select.poll()
+        self.poller.register(listener, select.POLLIN)
+
+    def handle(self, fd: int) -> bool:
+        """Deal with a ready descriptor if it is ours: a rank coming or going."""
+        if fd == self.listener.fileno():
+            connection = _accept(self.listener, self.fds, self.ready)
+            if connection is not None:
+                self.connections[connection.fileno()] = connection
+                self.pids[connection.fileno()] = peer_pid(connection)
+                self.poller.register(connection, select.POLLIN)  # POLLHUP once its rank has exited
+                self.joined = True
+            return True
+        if fd in self.connections:
+            self.poller.unregister(fd)
+            self.connections.pop(fd).close()
+            self.pids.pop(fd)
+            return True
+        return False
+
+    def kill(self, number: int) -> None:
+        """Signal the processes that joined (an instance being stopped: nothing of it may stay)."""
+        for pid in self.pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, number)
+
+    def close(self) -> None:
+        """First: a rank arriving now is refused, and makes a new container. Then the image's helpers."""
+        from singpy import process
+
+        self.listener.close()
+        for helper in _HELPERS:
+            process.stop_helper(helper)
+
+
+def _serve(listener: socket.socket, fds: list[tuple[str, int]], ready: bytes) -> None:
+    """Hand the namespaces to every rank of ours that connects; return once the last one has gone."""
+    members = _Members(listener, fds, ready)
+    started = time.monotonic()
+    try:
+        while members.connections or (not members.joined and time.monotonic() - started < _IDLE_TIMEOUT):
+            for fd, _ in members.poller.poll(1000):
+                members.handle(fd)
+    finally:
+        members.close()
+
+
+# What `instance stop --signal` may send; the holder gets signals from nobody else.
+_STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+_STOP_GRACE = 10.0  # seconds the instance's processes get to exit after the signal `instance stop` sent
+
+
+def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[str, int]], ready: bytes,
+                    scripts: ImageScripts) -> None:
+    """An instance: run the startscript, let `exec instance://` join, until `instance stop` signals us.
+
+    Signals reach the loop through a wakeup pipe (a handler would run between
+    two bytecodes, possibly after poll() went to sleep). A signal is passed on
+    to the startscript's process group and to every process that joined, and
+    ends the instance once they have gone; after _STOP_GRACE seconds they are
+    killed. (`instance stop` itself kills the holder after its --timeout.)
+    """
+    members = _Members(listener, fds, ready)
+    wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wakeup_write)
+    for signum in (*_STOPPING, signal.SIGCHLD):
+        signal.signal(signum, lambda *_: None)
+    members.poller.register(wakeup_read, select.POLLIN)
+    child = _start_script(plan, scripts)
+    stop_at: float | None = None
+    try:
+        while stop_at is None or ((child is not None or members.connections) and time.monotonic() < stop_at):
+            for fd, _ in members.poller.poll(200):
+                if members.handle(fd):
+                    continue
+                for number in os.read(wakeup_read, 256):
+                    if number == signal.SIGCHLD:
+                        child = _reap(child)
+                        continue
+                    _kill_group(child, number)
+                    members.kill(number)
+                    stop_at = stop_at or time.monotonic() + _STOP_GRACE
+    finally:
+        _kill_group(child, signal.SIGKILL)
+        members.kill(signal.SIGKILL)
+        members.close()
+
+
+def _kill_group(leader: int | None, number: int) -> None:
+    if leader is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader, number)
+
+
+def _start_script(plan: LaunchPlan, scripts: ImageScripts) -> int | None:
+    """Fork the instance's startscript (in a process group of its own, for `instance stop`); None without one."""
+    from singpy import process
+
+    if not (os.path.isfile(STARTSCRIPT) and os.access(STARTSCRIPT, os.X_OK)):
+        console.info(f"no executable {STARTSCRIPT} in the image: the instance runs nothing until joined")
+        return None
+    pid = process.fork_tied()
+    if pid == 0:
+        os.setpgid(0, 0)
+        startscript = plan.process.replace(action="exec", args=(STARTSCRIPT, *plan.process.args))
+        process.run_child(lambda: process.exec_process(startscript, scripts))
+    return pid
+
+
+def _reap(child: int | None) -> int | None:
+    """None once the startscript has exited (reaped); the instance itself goes on."""
+    while True:
+        try:
+            done, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done == 0:
+            return child
+        if done == child:
+            console.info(f"the startscript exited with status {os.waitstatus_to_exitcode(status)}")
+            child = None
+
+
+def _accept(listener: socket.socket, fds: list[tuple[str, int]], ready: bytes) -> socket.socket | None:
+    connection, _ = listener.accept()
+    if peer_uid(connection) != os.getuid():  # someone else's process: it gets nothing
+        connection.close()
+        return None
+    try:
+        socket.send_fds(connection, [ready], [fd for _, fd in fds])
+    except OSError:  # gone already
+        connection.close()
+        return None
+    return connection
