@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 # The benchmark adds the tools it compares with: bubblewrap and Charliecloud.
 DEMO_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev busybox-static squashfs-tools \
 	squashfuse fuse3 uidmap util-linux
-TEST_PACKAGES := $(DEMO_PACKAGES) fuse-overlayfs e2fsprogs fuse2fs pipx siftool iproute2 docker-registry skopeo \
+TEST_PACKAGES := $(DEMO_PACKAGES) fuse-overlayfs e2fsprogs fuse2fs pipx siftool iproute2 docker-registry skopeo python3-seccomp \
 	umoci apache2-utils openssl ca-certificates slurm-wlm munge openmpi-bin libopenmpi-dev
 BENCH_PACKAGES := $(TEST_PACKAGES) bubblewrap charliecloud-runtime
 # Where `make install` puts the `singpy` command: /usr/local/bin as root, ~/.local/bin otherwise.

@@ -154,7 +154,11 @@ def _run_map_tool(name: str, target: int, lines: tuple[tuple[int, int, int], ...
     if done.returncode == 0:
         return ""
     said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-    return f"can't map ids for --fakeroot with {name}: {said[-1] if said else f'exit status {done.returncode}'}"
+    report = f"can't map ids for --fakeroot with {name}: {said[-1] if said else f'exit status {done.returncode}'}"
+    from singpy.hostcheck import map_tool_failure
+
+    why = map_tool_failure(name, tool)
+    return f"{report}: {why}" if why else report
 
 
 def _lines(lines: tuple[tuple[int, int, int], ...]) -> str:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 _IDLE_TIMEOUT = 30.0  # seconds a holder waits for its first rank (the one that forked it connects at once)
 
+
 class Instance(Record):
     """What makes a holder an instance (singpy.instance): it runs the startscript and stays until stopped."""
 

@@ -187,6 +187,8 @@ def launch(plan: LaunchPlan, net_fd: int | None = None) -> int:
         from singpy.image import squashfs  # noqa: F401
     if _layered(plan):
         from singpy import overlayfs  # noqa: F401  (same reason: prepare_root)
+    elif plan.underlay == "always":
+        from singpy import underlay  # noqa: F401  (same reason; a refused overlay imports it later: rootfs)
     if any(layer.kind == "extfs" for layer in plan.overlays):
         from singpy.image import extfs  # noqa: F401
     _limit_loop_devices(plan)
@@ -205,11 +207,13 @@ def launch(plan: LaunchPlan, net_fd: int | None = None) -> int:
 
 
 def _limit_loop_devices(plan: LaunchPlan) -> None:
-    """`max loop devices`, set before anything attaches one (the image's squashfs, an ext3 overlay)."""
+    """`max loop devices` and `avoid kernel features = loop_configure`, set before anything attaches one
+    (the image's squashfs, an ext3 overlay)."""
     if plan.image.strategy == "loop" or any(layer.strategy == "loop" for layer in plan.overlays):
         from singpy.kernel import loop
 
         loop.set_max_devices(plan.max_loop_devices)
+        loop.set_use_configure("loop_configure" not in plan.avoid_features)
 
 
 def _pid1(plan: LaunchPlan, root: PreparedRoot) -> NoReturn:
@@ -309,8 +313,9 @@ def _no_layer(plan: LaunchPlan) -> str:
     """Why the mount points the image lacks can't be added to it ("" when they can, in an overlay layer)."""
     if plan.writable and not plan.overlays:
         return "with --writable, singpy makes no mount point in the image"
-    if plan.overlay_driver == "none":
-        return "`enable overlay = no` in the configuration: singpy can't add mount points to the image"
+    if plan.overlay_driver == "none" and plan.underlay == "no":
+        return ("`enable overlay = no` and `enable underlay = no` in the configuration: singpy can't add mount "
+                "points to the image")
     return ""
 
 
@@ -327,8 +332,9 @@ def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple
         runscript = runscript_path(plan.process.app) if plan.process.action == "run" else None
         scripts = find_scripts(image, covered=found.covers, runscript=runscript)
         missing = [] if _no_layer(plan) else found.missing
+        layer = "the underlay" if plan.underlay == "always" and not _layered(plan) else "an overlay layer"
         for path, _ in missing:
-            console.debug(f"mount point /{path} is missing from the image: adding it in an overlay layer")
+            console.debug(f"mount point /{path} is missing from the image: adding it in {layer}")
         helpers: tuple[int, ...] = ()
         if _layered(plan):
             from singpy import overlayfs
@@ -336,7 +342,7 @@ def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple
             helpers = overlayfs.mount_root(plan, image, missing, plan.uid, plan.gid)
         else:
             rootfs.mount_image(image, mount_points=missing, writable=plan.writable_tmpfs,
-                               userns=plan.namespaces.user)
+                               userns=plan.namespaces.user, underlay=plan.underlay)
     except BaseException:
         image.close()
         raise
@@ -351,7 +357,8 @@ def build_container(plan: LaunchPlan, root: PreparedRoot) -> ImageScripts:
     """
     writes = plan.writable or plan.writable_tmpfs or any(not layer.readonly for layer in plan.overlays)
     with root.image as image:
-        apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs, no_layer=_no_layer(plan))
+        apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs, no_layer=_no_layer(plan),
+                     mount_setattr="mount_setattr" not in plan.avoid_features)
     rootfs.finish_root(writable=writes)
     scripts = root.scripts
     if plan.hostname is not None:

@@ -19,7 +19,9 @@ loadImages, loadOverlayImages; [2] launch/launcher_linux.go):
 * A SIF's overlay partition is a read-only layer on every run, the writable
   top layer with --writable.
 * `enable overlay = no` refuses all of these (--writable-tmpfs included);
-  `driver` mounts them with fuse-overlayfs (Apptainer's image driver).
+  `driver` mounts them with fuse-overlayfs (Apptainer's image driver), as
+  `avoid kernel features = userns_overlay` does in a user namespace. None of
+  them can use the underlay (singpy.underlay), which only adds mount points.
 
 The container's overlay is the kernel's overlayfs (with `userxattr` inside a
 user namespace, Linux >= 5.11) unless a layer sits where the kernel's
@@ -70,8 +72,11 @@ def split_values(values: tuple[str, ...]) -> list[str]:
 
 def plan_overlays(*, image: ImageSpec, writable: bool, overlays: tuple[str, ...], writable_tmpfs: bool,
                   enable: str, uid: int, user_namespace: bool, cwd: str, env: Mapping[str, str],
-                  partition: tuple[int, int] | None) -> OverlayChoice:
-    """The layers over `image`, checked; `partition` is the SIF's overlay partition (offset, size), if any."""
+                  partition: tuple[int, int] | None, kernel_avoided: bool = False) -> OverlayChoice:
+    """The layers over `image`, checked; `partition` is the SIF's overlay partition (offset, size), if any.
+
+    `kernel_avoided`: `avoid kernel features = userns_overlay` in a user namespace, so fuse-overlayfs.
+    """
     choice = OverlayChoice()
     given = split_values(overlays)
     if writable and given:
@@ -92,7 +97,8 @@ def plan_overlays(*, image: ImageSpec, writable: bool, overlays: tuple[str, ...]
     choice.overlays = _ordered(specs, writable_tmpfs)
     choice.overlays = [_strategy(spec, uid=uid, user_namespace=user_namespace, env=env) for spec in choice.overlays]
     if choice.overlays or writable_tmpfs:
-        _choose_driver(choice, image, enable=enable, uid=uid, env=env)
+        _choose_driver(choice, image, enable="avoided" if kernel_avoided and enable != "driver" else enable,
+                       uid=uid, env=env)
     return choice
 
 
@@ -203,7 +209,8 @@ def _choose_driver(choice: OverlayChoice, image: ImageSpec, *, enable: str, uid:
     tool = find_tool(FUSE_OVERLAYFS, env)
     usable = uid == 0 or os.access(FUSE_DEVICE, os.R_OK | os.W_OK)
     choice.tool = tool if tool is not None and usable else ""
-    why = "`enable overlay = driver` in the configuration" if enable == "driver" else None
+    why = {"driver": "`enable overlay = driver` in the configuration",
+           "avoided": "`avoid kernel features = userns_overlay` in the configuration"}.get(enable)
     if why is None:
         why = _kernel_problem(choice.overlays, image)
         if why is None:

@@ -183,6 +183,13 @@ class LaunchPlan(Record):
     max_loop_devices: int = 256  # `max loop devices`: loop devices numbered below this only (singpy.kernel.loop)
     overlay_driver: str = "kernel"  # root overlay: kernel (overlayfs) or fuse (fuse-overlayfs); see singpy.overlay
     overlay_tool: str = ""  # host path of fuse-overlayfs: driver fuse, or kernel's fallback should it refuse ("": none)
+    # Mount points the image lacks, without an overlay (singpy.underlay): "fallback" (where the kernel refuses the
+    # overlay), "always" (`enable underlay = preferred`, --underlay, `enable overlay = no`, an avoided userns
+    # overlay) or "no" (never: the overlay's failure is fatal).
+    underlay: str = "fallback"
+    # `avoid kernel features`: interfaces not used on this kernel, each replaced by its fallback (docs/kernels.md):
+    # mount_setattr (a remount per mount), loop_configure (LOOP_SET_FD + LOOP_SET_STATUS64), userns_overlay.
+    avoid_features: tuple[str, ...] = ()
     share: ShareSpec | None = None  # join (or make) the container of the other ranks of this job step on this node
 
     def to_json_data(self) -> dict[str, object]:

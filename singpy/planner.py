@@ -86,6 +86,7 @@ class LaunchRequest(Record):
     instance: str = ""  # the NAME of instance://NAME: join that running instance (singpy.instance)
     sharens: bool = False  # --sharens: share the container with the others started by the same parent process
     no_sharens: bool = False  # --no-sharens: no shared container for the ranks of a job step (singpy.shared)
+    underlay: bool = False  # --underlay: the mount points the image lacks in an underlay, not an overlay
 
 
 class Planned(Record, kw_only=False):
@@ -118,6 +119,7 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     env_plan, warnings = _env_plan(request, host, image, home_dest, keep_host_env)
     if job is not None and share_key is None:
         env_plan = jobs.without_single_copy(env_plan, host.env, request)
+    avoid = config.items("avoid kernel features")
     layers = _layers(request, config, host, image, namespaces.user)
     if layers is not None:
         if host.uid != 0 and config.changed(IMAGE_LIMITS):
@@ -141,7 +143,9 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                       overlay_tool=layers.tool if layers is not None else "",
                       network=network, fakeroot=fakeroot, staging_fs=config.text("memory fs type"),
                       staging_size=_staging_size(config, host.uid),
-                      max_loop_devices=config.number("max loop devices"))
+                      max_loop_devices=config.number("max loop devices"),
+                      underlay=_underlay(request, config, namespaces.user and _no_userns_overlay(config)),
+                      avoid_features=avoid)
     if request.instance:
         from singpy.instance import socket_name
 
@@ -158,13 +162,46 @@ def _layers(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Im
     enable = config.text("enable overlay")
     partition = image.overlay_partition()
     needed = request.writable or request.overlays or partition is not None
-    if not needed and not (request.writable_tmpfs and enable in ("no", "driver")):
+    # No overlayfs in a user namespace (`avoid kernel features = userns_overlay`, or Linux < 5.11): the layers
+    # need fuse-overlayfs, as with `driver`.
+    avoided = user_namespace and _no_userns_overlay(config)
+    if not needed and not (request.writable_tmpfs and (enable in ("no", "driver") or avoided)):
         return None
     from singpy.overlay import plan_overlays
 
     return plan_overlays(image=image, writable=request.writable, overlays=request.overlays,
                          writable_tmpfs=request.writable_tmpfs, enable=enable, uid=host.uid,
-                         user_namespace=user_namespace, cwd=host.cwd, env=host.env, partition=partition)
+                         user_namespace=user_namespace, cwd=host.cwd, env=host.env, partition=partition,
+                         kernel_avoided=avoided)
+
+
+def _no_userns_overlay(config: SysConfig) -> bool:
+    """Whether overlayfs can't be mounted in a user namespace: avoided by the admin, or a kernel before 5.11.
+
+    (Ubuntu let users mount overlayfs earlier, but without `userxattr`, which singpy passes: the same.)
+    """
+    if "userns_overlay" in config.items("avoid kernel features"):
+        return True
+    release = os.uname().release.split(".")
+    try:
+        return (int(release[0]), int(release[1].split("-")[0])) < (5, 11)
+    except (IndexError, ValueError):
+        return False
+
+
+def _underlay(request: LaunchRequest, config: SysConfig, no_userns_overlay: bool) -> str:
+    """When the mount points the image lacks go in an underlay (singpy.underlay) rather than an overlay layer.
+
+    `no_userns_overlay`: a user namespace is made, and overlayfs can't be mounted there (_no_userns_overlay).
+    """
+    enable = config.text("enable underlay")
+    if enable == "no":
+        if request.underlay:
+            raise SingpyError("--underlay needs the underlay, but `enable underlay = no` in the configuration",
+                              hint="the system administrator disabled the underlay (enable underlay = no)")
+        return "no"
+    wanted = request.underlay or enable == "preferred" or no_userns_overlay
+    return "always" if wanted or config.text("enable overlay") == "no" else "fallback"
 
 
 def _default_driver(config: SysConfig) -> str:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 
+from singpy import console
 from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, KernelError
 from singpy.kernel import syscalls as k
@@ -57,7 +59,8 @@ def host_path(path: str) -> str:
     return resolve(HOST, path)
 
 
-def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: bool, userns: bool) -> None:
+def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: bool, userns: bool,
+                underlay: str = "fallback") -> None:
     """Put the image's root filesystem (`image`, a tree in the staging root) on NEWROOT, never writing it.
 
     With nothing to add, the image is bound read-only. Otherwise it becomes
@@ -67,10 +70,18 @@ def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: 
     writable tmpfs upper layer. `userxattr` is what overlayfs needs inside a
     user namespace (kernel >= 5.11). Device nodes in the image never work
     (nodev, as Apptainer mounts an image): /dev comes from the host or a tmpfs.
+
+    `underlay` (the plan's): "always" puts the mount points in an underlay
+    (singpy.underlay) instead of the overlay; "fallback" does where the kernel
+    refuses the overlay (Linux < 5.11 in a user namespace, overlayfs missing);
+    "no" makes that refusal fatal. --writable-tmpfs needs the overlay.
     """
     if not mount_points and not writable:
         k.mount(image.root, NEWROOT, None, k.MS_BIND | k.MS_REC)
         remount(NEWROOT, k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV)  # read-only before anything is mounted on it
+        return
+    if not writable and underlay == "always":
+        mount_underlay(image, mount_points)
         return
     layers = escape(image.root)
     if mount_points:
@@ -81,7 +92,35 @@ def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: 
         for name in ("upper", "work"):
             os.mkdir(f"{SCRATCH}/{name}")
         options += f",upperdir={SCRATCH}/upper,workdir={SCRATCH}/work"
-    k.mount("overlay", NEWROOT, "overlay", k.MS_NOSUID | k.MS_NODEV, options + (",userxattr" if userns else ""))
+    try:
+        k.mount("overlay", NEWROOT, "overlay", k.MS_NOSUID | k.MS_NODEV, options + (",userxattr" if userns else ""))
+    except KernelError as error:
+        if writable:
+            raise ImageError(f"can't make the image writable (--writable-tmpfs): the kernel refuses the overlay "
+                             f"({error.reason})", hint="`enable overlay = driver` in singpy.conf makes singpy use "
+                             "fuse-overlayfs (docs/overlays.md)") from None
+        if underlay == "no":
+            raise ImageError(f"can't add the mount points the image lacks: the kernel refuses the overlay "
+                             f"({error.reason}) and `enable underlay = no` in the configuration",
+                             hint="create them in the image, or leave those mounts out (--no-home)") from None
+        console.verbose(f"the kernel refused the overlay of mount points ({error.reason}): using the underlay")
+        mount_underlay(image, mount_points)
+
+
+def mount_underlay(image: Tree, mount_points: list[tuple[str, bool]]) -> None:
+    """singpy.underlay's mount_root, imported where it is first needed: before the first pivot (singpy.launch,
+    when the plan asks for it) or after it (the kernel refused the overlay).
+
+    After the first pivot the package's directory is below HOST: it is added
+    to the package's search path, so the import finds the same file there.
+    """
+    import singpy
+
+    if "singpy.underlay" not in sys.modules and not os.path.isdir(singpy.__path__[0]):
+        singpy.__path__.append(host_path(singpy.__path__[0]))
+    from singpy import underlay
+
+    underlay.mount_root(image, mount_points)
 
 
 def make_mount_point_layer(image: Tree, mount_points: list[tuple[str, bool]]) -> None:

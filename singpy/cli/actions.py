@@ -112,6 +112,7 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         unsquash=bool(values.get("unsquash")),
         writable=bool(values.get("writable")),
         overlays=tuple(values.get("overlay", [])),
+        underlay=bool(values.get("underlay")),
         nv=bool(values.get("nv") or values.get("nvccli")),
         rocm=bool(values.get("rocm")),
         net=bool(values.get("net")),

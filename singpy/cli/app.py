@@ -75,6 +75,7 @@ for _action in ACTIONS:
 def _register_image_commands() -> None:
     from singpy.cli.build import build_command
     from singpy.cli.cache import cache_app
+    from singpy.cli.check import check_command
     from singpy.cli.inspect import inspect_command
     from singpy.cli.instance import instance_app
     from singpy.cli.overlay import overlay_app
@@ -83,6 +84,8 @@ def _register_image_commands() -> None:
     app.command(name="inspect")(inspect_command)
     app.command(name="build")(build_command)
     app.command(name="pull")(pull_command)
+    app.command(name="check")(check_command)
+    app.command(name="doctor", help="The same as `singpy check`.")(check_command)
     app.add_typer(cache_app)
     app.add_typer(overlay_app)
     app.add_typer(instance_app)

@@ -58,6 +58,8 @@ ACTION_OPTIONS: tuple[Option, ...] = (
            env="WRITABLE", group="Mounts"),
     Option("overlay", "--overlay", "an overlay over the image: a directory or ext3 image, PATH[:ro] (comma lists)",
            "-o", "PATH", repeat=True, env="OVERLAY", env_also=("OVERLAYIMAGE",), group="Mounts"),
+    Option("underlay", "--underlay", "use underlay instead of overlay: the mount points the image lacks as binds "
+           "of its entries", env="UNDERLAY", group="Mounts"),
     Option("unsquash", "--unsquash", "extract a SIF/squashfs image to the cache instead of mounting it",
            env="UNSQUASH", group="Mounts"),
     Option("hostname", "--hostname", "set the container's hostname (implies --uts)", value="NAME",

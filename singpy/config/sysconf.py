@@ -34,6 +34,9 @@ from singpy.record import Record
 
 BOOL, CHOICE, STRING, LIST, INT = "bool", "choice", "string", "list", "int"
 _LATER = "(Apptainer's; read and checked, not applied by singpy yet)"
+# Kernel interfaces newer than RHEL 8's 4.18 that singpy uses, each with a fallback (docs/kernels.md):
+# mount_setattr (5.12), LOOP_CONFIGURE (5.8), overlayfs in a user namespace (5.11).
+KERNEL_FEATURES = ("mount_setattr", "loop_configure", "userns_overlay")
 
 
 class Directive(Record, kw_only=False):
@@ -89,6 +92,12 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("enable overlay", CHOICE, "yes", "overlays (--overlay, --writable-tmpfs, mount points the image "
               "lacks): yes (try is yes), driver (always fuse-overlayfs) or no (none; see docs/overlays.md)",
               ("yes", "no", "try", "driver")),
+    Directive("enable underlay", CHOICE, "yes", "mount points the image lacks without an overlay, as binds of the "
+              "image's entries in tmpfs levels: yes (where the kernel refuses the overlay, or with enable overlay = "
+              "no), preferred (always; --underlay asks for it too) or no (never; see docs/overlays.md)",
+              ("yes", "no", "preferred")),
+    Directive("avoid kernel features", LIST, (), "kernel interfaces singpy must not use, each replaced by its "
+              "fallback (comma list: " + ", ".join(KERNEL_FEATURES) + "; see docs/kernels.md); may repeat"),
     Directive("sessiondir max size", INT, 64, "size in MiB of the staging tmpfs, which holds what --writable-tmpfs "
               "writes, for users other than root (0: no limit)"),
     Directive("max loop devices", INT, 256, "loop devices singpy may use: /dev/loop0 up to this number, excluded"),
@@ -114,7 +123,7 @@ DIRECTIVES: tuple[Directive, ...] = (
 # "apptheus socket path" is the name Apptainer's own template writes (its parser knows
 # "apptheus communication socket path"); both occur in real files.
 APPTAINER_IGNORED: frozenset[str] = frozenset({
-    "allow setuid", "allow user ns", "enable fusemount", "enable underlay", "mount slave",
+    "allow setuid", "allow user ns", "enable fusemount", "mount slave",
     "allow setuid-mount encrypted", "allow setuid-mount squashfs", "allow setuid-mount extfs",
     "sync writable extfs", "shared loop devices", "cni configuration path", "cni plugin path",
     "binary path", "suidbinary path", "mksquashfs procs", "mksquashfs mem", "image driver",
@@ -241,6 +250,11 @@ def _list_items(directive: Directive, value: str, where: str) -> list[str]:
         for item in items:  # a relative one would be relative to wherever the user runs singpy from
             if not item.startswith("/") or path_problem(item):
                 raise ConfigError(f"{where}: limit container paths {shown(item)!r} is not a usable absolute path")
+    if directive.name == "avoid kernel features":
+        for item in items:
+            if item not in KERNEL_FEATURES:
+                raise ConfigError(f"{where}: avoid kernel features: unknown feature {shown(item)!r} "
+                                  f"(known: {', '.join(KERNEL_FEATURES)})")
     if directive.name == "allow netns paths" and items:
         console.verbose(f"{where}: singpy has no --netns-path (it never joins an existing network namespace): "
                         "allow netns paths is not used")

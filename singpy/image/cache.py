@@ -86,6 +86,7 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
     if not os.path.isdir(entry):
         from singpy.image import tools
 
+        _warn_if_shared(cache, length)
         with tools.Interruptible():
             try:
                 _populate_locked(path, offset, digest, entry, unsquashfs=unsquashfs, root=root)
@@ -98,6 +99,56 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
                 raise _cache_error(error, cache) from None
     _write_index(cache, _index_key(path, offset, length), digest)
     return entry
+
+
+# Filesystems of network and cluster storage, by their names in /proc/self/mountinfo.
+NETWORK_FS_TYPES = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "glusterfs", "fuse.sshfs",
+                    "afs", "panfs", "wekafs", "fuse.glusterfs", "fuse.ceph", "9p")
+LARGE_EXTRACTION = 256 << 20  # compressed bytes of a partition whose extraction onto network storage is warned of
+
+
+def _warn_if_shared(cache: str, length: int) -> None:
+    """A large extraction into a cache on network storage: once (the tree is reused after), say where to move it."""
+    if length >= LARGE_EXTRACTION:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mountinfo:
+                kind = filesystem_type(os.path.realpath(cache), mountinfo.read())
+        except OSError:
+            return
+        warning = shared_storage_warning(cache, kind, length)
+        if warning:
+            console.warning(warning)
+
+
+def shared_storage_warning(cache: str, kind: str, length: int) -> str:
+    """The warning for unpacking `length` bytes into `cache` on a filesystem of type `kind` ("" for none).
+
+    The default cache is in the home directory, which on most clusters is on
+    NFS or Lustre under a small quota: unpacking there writes thousands of
+    files through the network, and every start reads them back the same way.
+    """
+    if length < LARGE_EXTRACTION or kind not in NETWORK_FS_TYPES:
+        return ""
+    from singpy.console import human_size
+
+    return (f"the cache {cache} is on {kind} (network storage): unpacking {human_size(length)} there is slow and "
+            "counts against your quota; set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to node-local storage, such as "
+            "a directory in /tmp or $TMPDIR")
+
+
+def filesystem_type(path: str, mountinfo: str) -> str:
+    """The type of the filesystem that real path `path` is on, from mountinfo(5) text ("" if none matches)."""
+    best, kind = "", ""
+    for line in mountinfo.splitlines():
+        fields, _, after = line.partition(" - ")
+        parts = fields.split(" ")
+        if len(parts) < 5 or not after:
+            continue
+        point = parts[4].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):  # the last of equal mount points is the one on top
+            best, kind = point, after.split(" ", 1)[0]
+    return kind
 
 
 def _populate_locked(path: str, offset: int, digest: str, entry: str, *, unsquashfs: str, root: bool) -> None:

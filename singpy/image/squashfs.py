@@ -56,7 +56,7 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
     console.verbose(f"image {image.path}: {image.kind} ({where}{', ' + image.arch if image.arch else ''})")
     if unsquash:
         console.verbose("extracting the image, as asked (--unsquash or `unsquash = yes`)")
-        return _extract(image, env, cache)
+        return _extract(image, env, cache, fuse_missing=None)
     if uid == 0 and not user_namespace and allow_kernel and os.path.exists("/dev/loop-control"):
         console.verbose("mounting it with the kernel's squashfs on a loop device (running as root)")
         return image.replace(strategy="loop")
@@ -67,18 +67,38 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
         return image.replace(strategy="fuse", tool=tool)
     why = "squashfuse is not installed" if tool is None else f"{FUSE_DEVICE} is not readable and writable by you"
     console.verbose(f"can't use FUSE ({why}): extracting the image into the cache instead")
-    return _extract(image, env, cache)
+    return _extract(image, env, cache, fuse_missing="tool" if tool is None else "device")
 
 
-def _extract(image: ImageSpec, env: Mapping[str, str], cache: str) -> ImageSpec:
+def _extract(image: ImageSpec, env: Mapping[str, str], cache: str, *, fuse_missing: str | None) -> ImageSpec:
+    """The `extract` strategy; `fuse_missing` says what FUSE lacked ("tool", "device"; None: extraction was asked)."""
     from singpy.image.tools import find_tool
 
     tool = find_tool("unsquashfs", env)
     if tool is None:
-        raise ImageError(f"can't run {image.path}: no way to open a squashfs image here (squashfuse and "
-                         "unsquashfs are not installed, or FUSE is not usable)",
-                         hint="install squashfs-tools (unsquashfs) or squashfuse")
+        raise _cannot_open(image, env, fuse_missing)
     return image.replace(strategy="extract", tool=tool, cache=cache)
+
+
+def _cannot_open(image: ImageSpec, env: Mapping[str, str], fuse_missing: str | None) -> ImageError:
+    """No unsquashfs, and FUSE not usable either: which program or device is missing, and its package."""
+    from singpy import hostcheck
+    from singpy.image.tools import find_tool
+
+    extract = f"{hostcheck.package('unsquashfs')} to extract images"
+    mount = f"{extract}, or {hostcheck.package('squashfuse')} to mount them"
+    state = hostcheck.fuse_state(os.getuid()) if fuse_missing == "device" else None
+    if state is not None:
+        why = f"FUSE is not usable: {state[0]}, and unsquashfs is not installed (not found in PATH)"
+        fix = f"{extract}, or make FUSE usable: {state[1]}"
+    elif fuse_missing is None and any(find_tool(name, env) for name in FUSE_TOOLS):
+        why = "extraction was asked for (--unsquash or `unsquash = yes`), but unsquashfs is not installed (not " \
+              "found in PATH)"
+        fix = extract
+    else:
+        why, fix = "squashfuse and unsquashfs are not installed (not found in PATH)", mount
+    return ImageError(f"can't run {image.path}: no way to open a squashfs image here: {why}; {fix}",
+                      hint=hostcheck.HINT)
 
 
 def prepare(image: ImageSpec, *, root: bool) -> ImageSpec:

@@ -19,8 +19,31 @@ def write_id_maps(uid: int, gid: int, pid: str = "self") -> None:
 
 
 def write_proc_file(path: str, text: str) -> None:
+    """Write a /proc file; a refused id map write names the host policy behind it where one shows."""
     try:
         with open(path, "w") as handle:
             handle.write(text)
     except OSError as error:
+        why = _diagnose(error.errno or 0) if path.endswith(("/uid_map", "/gid_map", "/setgroups")) else None
+        if why is not None:
+            raise KernelError(f"can't write {path}: {error.strerror}: {why}", hint=_hint()) from None
         raise KernelError(f"can't write {path}: {error.strerror}") from None
+
+
+def _diagnose(error: int) -> str | None:
+    """singpy.hostcheck's reading of the failure (Ubuntu's AppArmor restriction), imported only now."""
+    try:
+        from singpy.hostcheck import in_userns_failure
+
+        return in_userns_failure(error)
+    except Exception:  # out of reach or failing: the plain message is said instead
+        return None
+
+
+def _hint() -> str | None:
+    try:
+        from singpy.hostcheck import HINT
+
+        return HINT
+    except Exception:
+        return None

@@ -9,8 +9,8 @@ only in the container's private mount namespace. Whatever way the container
 ends, the device is released with the namespace; nothing needs undoing.
 
 `LOOP_CONFIGURE` (Linux 5.8) sets the backing file and the status in one
-call; older kernels get `LOOP_SET_FD` + `LOOP_SET_STATUS64`, as util-linux's
-losetup does ([1] linux/drivers/block/loop.c, loop_configure();
+call; older kernels, or `avoid kernel features = loop_configure`, get `LOOP_SET_FD`
++ `LOOP_SET_STATUS64`, as util-linux's losetup does ([1] linux/drivers/block/loop.c, loop_configure();
 [2] man 4 loop). A free device number comes from /dev/loop-control; another
 process may take the same one between our two calls, hence the retries.
 """
@@ -22,6 +22,7 @@ import fcntl
 import os
 import struct
 
+from singpy import console
 from singpy.errors import KernelError
 
 LOOP_SET_FD = 0x4C00
@@ -47,11 +48,19 @@ _ATTEMPTS = 64
 # `max loop devices` (singpy.conf, Apptainer's directive): only /dev/loop0 to loop{N-1} are used, as Apptainer
 # scans them; set by the launch from its plan (singpy.launch) before anything is attached.
 _max_devices = 256
+# `avoid kernel features = loop_configure` (singpy.conf): LOOP_SET_FD + LOOP_SET_STATUS64 even where
+# LOOP_CONFIGURE exists; set by the launch from its plan, as _max_devices.
+_use_configure = True
 
 
 def set_max_devices(count: int) -> None:
     global _max_devices
     _max_devices = count
+
+
+def set_use_configure(use: bool) -> None:
+    global _use_configure
+    _use_configure = use
 
 
 def _info(path: str, offset: int, size: int, writable: bool = False) -> tuple[object, ...]:
@@ -120,14 +129,17 @@ def _free_device(dev: str) -> int:
 
 def _configure(loop: int, backing: int, image: str, offset: int, size: int, writable: bool = False) -> None:
     info = _info(image, offset, size, writable)
-    try:
-        fcntl.ioctl(loop, LOOP_CONFIGURE, _CONFIG.pack(backing, 0, *info, *([0] * 8)))
-        return
-    except OSError as error:
-        if error.errno == errno.EBUSY:
-            raise BlockingIOError(error.errno, error.strerror) from None
-        if error.errno not in (errno.EINVAL, errno.ENOTTY):  # EINVAL/ENOTTY: kernel older than 5.8
-            raise KernelError(f"can't attach {image} to a loop device: {error.strerror}") from None
+    if _use_configure:
+        try:
+            fcntl.ioctl(loop, LOOP_CONFIGURE, _CONFIG.pack(backing, 0, *info, *([0] * 8)))
+            return
+        except OSError as error:
+            if error.errno == errno.EBUSY:
+                raise BlockingIOError(error.errno, error.strerror) from None
+            if error.errno not in (errno.EINVAL, errno.ENOTTY):  # EINVAL/ENOTTY: kernel older than 5.8
+                raise KernelError(f"can't attach {image} to a loop device: {error.strerror}") from None
+    console.debug("loop device: LOOP_SET_FD + LOOP_SET_STATUS64" + ("" if _use_configure else
+                  " (avoid kernel features = loop_configure)"))
     _set_fd_and_status(loop, backing, image, info)
 
 

@@ -61,9 +61,38 @@ def _b(path: str | None) -> bytes | None:
     return None if path is None else os.fsencode(path)
 
 
+# True from a successful unshare(CLONE_NEWUSER) until the next mount(2): where that first mount fails, a host
+# policy (Ubuntu's AppArmor restriction) is the likely cause, which `mount` then names (singpy.hostcheck).
+_fresh_userns = False
+
+
 def unshare(flags: int) -> None:
-    """Move this process into new namespaces (`flags` is CLONE_NEW* ORed)."""
-    _check(_libc.unshare(ctypes.c_int(flags)), "create namespaces (unshare)")
+    """Move this process into new namespaces (`flags` is CLONE_NEW* ORed).
+
+    A refused user namespace is explained from what the host shows
+    (singpy.hostcheck: a sysctl, seccomp, a container), not by strerror alone.
+    """
+    global _fresh_userns
+    error = _errno_of(_libc.unshare(ctypes.c_int(flags)))
+    if not error:
+        _fresh_userns = bool(flags & CLONE_NEWUSER)
+        return
+    why = _diagnose("unshare_failure", error) if flags & CLONE_NEWUSER else None
+    if why is not None:
+        raise KernelError(f"can't create a user namespace: {why}", hint=_diagnose("HINT", 0))
+    raise KernelError(f"can't create namespaces (unshare): {os.strerror(error)}")
+
+
+def _diagnose(name: str, error: int) -> str | None:
+    """singpy.hostcheck's `name`(error), imported only now; None where it can't be (after a pivot_root the
+    package is out of reach) or has nothing to add: the caller then says what it says without it."""
+    try:
+        from singpy import hostcheck
+
+        found = getattr(hostcheck, name)
+        return found if isinstance(found, str) else found(error)
+    except Exception:  # any failure here must leave the original error to be reported
+        return None
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None, *,
@@ -73,8 +102,18 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     `shown` names the target in an error message when `target` is a descriptor's
     path (`fd_path`), which would mean nothing to a user.
     """
+    global _fresh_userns
     result = _libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data))
-    _check(result, f"mount {source or fstype} on {shown or target}")
+    fresh, _fresh_userns = _fresh_userns, False
+    if result == 0:
+        return
+    error = ctypes.get_errno()
+    name = source or fstype
+    what = f"{f'mount {name} on' if name else 'change the mount flags of'} {shown or target}: {os.strerror(error)}"
+    why = _diagnose("in_userns_failure", error) if fresh else None
+    if why is not None:
+        raise KernelError(f"can't {what}: {why}", hint=_diagnose("HINT", 0))
+    raise KernelError(f"can't {what}")
 
 
 def fd_path(fd: int, proc: str = "/proc") -> str:

@@ -42,16 +42,19 @@ if TYPE_CHECKING:
 IDENTITY_LIMIT = 16 << 20  # /etc/passwd and /etc/group of an image: LDAP-sized files are a few MB
 
 
-def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bool, no_layer: str = "") -> None:
+def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bool, no_layer: str = "",
+                 mount_setattr: bool = True) -> None:
     """Apply `specs` in order on NEWROOT; `image` is the image's own root, for what is read from it.
 
     `writable_root`: the root's upper layer is a tmpfs of this launch (--writable-tmpfs), where a
     missing mount point may be made. `no_layer`: why the image got no layer of mount points
-    (--writable, `enable overlay = no`), for the message naming one it lacks.
+    (--writable, `enable overlay = no`), for the message naming one it lacks. `mount_setattr`: False with
+    `avoid kernel features = mount_setattr`, a SEAL is then a remount per mount, as on Linux < 5.12.
     """
     with Tree(NEWROOT, proc=PROC) as container:
         applier = _Applier(container, image, specs, writable_root=writable_root)
         applier.no_layer = no_layer
+        applier.mount_setattr = mount_setattr
         for number, spec in enumerate(specs):
             try:
                 applier.apply(number, spec)
@@ -80,6 +83,7 @@ class _Applier:
         self.sealing: set[int] = set()  # devices of tmpfs a SEAL will make read-only, with all below them
         self.deferred: list[tuple[str, int]] = []  # (resolved dest, flags) of read-only binds the seal covers
         self.no_layer = ""  # why no mount point the image lacks was added (--writable...), "" when they were
+        self.mount_setattr = True  # SEAL with mount_setattr(2) where the kernel has it (not avoided)
 
     def apply(self, number: int, spec: MountSpec) -> None:
         match spec.op:
@@ -231,10 +235,11 @@ class _Applier:
         if found.fd is None:
             raise PathError(f"{found.path} does not exist")
         try:
-            console.debug(f"sealing {spec.dest} read-only")
-            if k.seal_tree(found.fd, spec.dest):
+            if self.mount_setattr and k.seal_tree(found.fd, spec.dest):
+                console.debug(f"sealed {spec.dest} read-only (mount_setattr)")
                 return
-            # No mount_setattr (Linux < 5.12): each bind, then the tmpfs itself, one remount each.
+            # No mount_setattr (Linux < 5.12, or avoided): each bind, then the tmpfs itself, one remount each.
+            console.debug(f"sealing {spec.dest} read-only: a remount per mount ({len(self.deferred)} binds)")
             for path, flags in self.deferred:
                 below = self.container.lookup(path)
                 if below.fd is not None:

@@ -19,17 +19,14 @@ import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
 from tests.support import sifs
+from tests.support.configs import readable_config
 from tests.support.leftovers import settled, traces
 
 WRITE = "dd if=/dev/zero of=/{name} bs=1M count={count} 2>&1; echo {name}=$?"
 
 
 def _conf(workdir: Path, name: str, text: str) -> Path:
-    """A configuration file every profile's user can read, in the session's directory."""
-    path = workdir / f"admin-{name}.conf"
-    path.write_text(text)
-    path.chmod(0o644)
-    return path
+    return readable_config(workdir, f"admin-{name}", text)
 
 
 def _owner_name(path: Path) -> str:

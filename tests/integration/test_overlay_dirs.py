@@ -207,5 +207,11 @@ def test_enable_overlay_no_adds_no_mount_point(singpy: Singpy, image: Path, work
     source.mkdir(exist_ok=True)
     assert singpy.ok("--config", str(conf), "exec", "--no-home", str(image), "sh", "-c",
                      "grep -c ' / / overlay' /proc/self/mountinfo || true") == "0\n"
-    result = singpy.run("--config", str(conf), "exec", "--no-home", "-B", f"{source}:/brand/new", str(image), "true")
+    # The missing mount point goes in the underlay (issue 15), as in Apptainer: still no overlay.
+    assert singpy.ok("--config", str(conf), "exec", "--no-home", "-B", f"{source}:/brand/new", str(image), "sh",
+                     "-c", "test -d /brand/new && grep -c ' / / overlay' /proc/self/mountinfo || true") == "0\n"
+    neither = workdir / "overlay-underlay-no.conf"
+    neither.write_text("enable overlay = no\nenable underlay = no\n")
+    result = singpy.run("--config", str(neither), "exec", "--no-home", "-B", f"{source}:/brand/new", str(image),
+                        "true")
     assert_one_fatal(result, "/brand/new does not exist in the image (`enable overlay = no`")

@@ -46,6 +46,8 @@ EXPECTED_DEFAULTS = {
     "allow net groups": (),
     "allow netns paths": (),
     "enable overlay": "yes",
+    "enable underlay": "yes",
+    "avoid kernel features": (),
     "sessiondir max size": 64,
     "max loop devices": 256,
     "memory fs type": "tmpfs",
@@ -160,9 +162,12 @@ def test_comments_and_blank_lines_are_skipped() -> None:
         ("mount proc = yes\n\n\n\nmounthome = yes", "site.conf:5: unknown directive 'mounthome'"),
         ("= yes", "site.conf:1: unknown directive ''"),
         ("Mount Home = yes", "site.conf:1: unknown directive 'Mount Home'"),
+        ("avoid kernel features = openat2", "site.conf:1: avoid kernel features: unknown feature 'openat2' "
+         "(known: mount_setattr, loop_configure, userns_overlay)"),
+        ("enable underlay = maybe", "site.conf:1: enable underlay must be one of yes, no, preferred, not 'maybe'"),
     ],
     ids=["bool", "bool-empty-line-3", "choice", "choice-case-line-3", "choice-caps",
-         "unknown", "no-equals", "unknown-line-5", "empty-key", "key-case"],
+         "unknown", "no-equals", "unknown-line-5", "empty-key", "key-case", "unknown-feature", "underlay-choice"],
 )
 def test_parse_errors_carry_file_and_line(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -373,7 +378,7 @@ mksquashfs mem = 1G
 apptheus communication socket path = /run/a.sock
 """
 
-IGNORED_IN_STOCK = ["allow setuid", "allow user ns", "enable fusemount", "enable underlay", "mount slave",
+IGNORED_IN_STOCK = ["allow setuid", "allow user ns", "enable fusemount", "mount slave",
                     "mksquashfs procs", "shared loop devices", "image driver", "download concurrency",
                     "download part size", "download buffer size", "systemd cgroups", "apptheus socket path",
                     "allow monitoring"]
@@ -420,6 +425,9 @@ def test_every_apptainer_directive_is_accepted() -> None:
 @pytest.mark.parametrize(("text", "name", "value"), [
     ("enable overlay = try", "enable overlay", "try"),
     ("enable overlay = driver", "enable overlay", "driver"),
+    ("enable underlay = preferred", "enable underlay", "preferred"),
+    ("avoid kernel features = mount_setattr,loop_configure", "avoid kernel features",
+     ("mount_setattr", "loop_configure")),
     ("sessiondir max size = 0", "sessiondir max size", 0),
     ("max loop devices = 4096", "max loop devices", 4096),
     ("memory fs type = ramfs", "memory fs type", "ramfs"),
@@ -428,7 +436,8 @@ def test_every_apptainer_directive_is_accepted() -> None:
     ("bind path = /etc/localtime,/etc/hosts", "bind path", ("/etc/localtime", "/etc/hosts")),
     ("bind path = /a , /b:/c\nbind path = /d", "bind path", ("/a", "/b:/c", "/d")),
     ("limit container paths = /x,\nlimit container paths = /y", "limit container paths", ("/x", "/y")),
-], ids=["overlay-try", "overlay-driver", "sessiondir-0", "loop", "ramfs", "no-sif", "no-dir", "bind-comma",
+], ids=["overlay-try", "overlay-driver", "underlay-preferred", "avoid-features",
+        "sessiondir-0", "loop", "ramfs", "no-sif", "no-dir", "bind-comma",
         "bind-comma-repeat", "limit-paths-repeat"])
 def test_apptainer_values(text: str, name: str, value: object) -> None:
     assert sysconf.parse(text, "a.conf").get(name) == value
