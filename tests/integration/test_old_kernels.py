@@ -105,3 +105,15 @@ def test_unknown_feature_is_one_fatal(singpy: Singpy, image: Path, workdir: Path
     conf = config(workdir, "bad-feature", "avoid kernel features = mount_setattr, openat3\n")
     assert_one_fatal(singpy.run("--config", str(conf), "exec", str(image), "true"),
                      f"{conf}:1: avoid kernel features: unknown feature 'openat3'")
+
+
+def test_nv_through_the_underlay(nv: SimHostRun, image: Path) -> None:
+    """The GPU binds (device nodes, libraries, binaries) on a root built as an underlay, as on Linux < 5.11."""
+    result = nv.run("--verbose", "exec", "--nv", str(image), "sh", "-c",
+                    "cat /.singularity.d/libs/libcuda.so.1 > /dev/null && echo readable; ls /dev | grep -c '^nvidia';"
+                    " touch /.singularity.d/libs/new / 2>&1 | grep -c 'Read-only file system'",
+                    conf="enable underlay = preferred\n")
+    assert result.returncode == 0, result.stderr
+    readable, devices, refused = result.stdout.split()
+    assert readable == "readable" and int(devices) >= 3 and refused == "2", result.stdout
+    assert "in an underlay" in result.stderr, result.stderr
