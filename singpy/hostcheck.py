@@ -39,7 +39,6 @@ PACKAGES = {
     "unsquashfs": ("squashfs-tools", "squashfs-tools"),
     "mksquashfs": ("squashfs-tools", "squashfs-tools"),
     "fuse-overlayfs": ("fuse-overlayfs", "fuse-overlayfs"),
-    "fusermount3": ("fuse3", "fuse3"),
     "fuse2fs": ("fuse2fs", "e2fsprogs"),
     "newuidmap": ("uidmap", "shadow-utils"),
     "newgidmap": ("uidmap", "shadow-utils"),

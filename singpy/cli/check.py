@@ -166,8 +166,7 @@ def check_tools() -> list[Result]:
     for names, purpose in ((("squashfuse_ll", "squashfuse"), "mounts SIF and squashfs images (FUSE)"),
                            (("unsquashfs",), "extracts SIF and squashfs images (--unsquash; without FUSE)"),
                            (("mksquashfs",), "builds SIF images (singpy build)"),
-                           (("fuse-overlayfs",), "overlays where the kernel's refuses"),
-                           (("fusermount3",), "unmounts FUSE mounts of instances")):
+                           (("fuse-overlayfs",), "overlays where the kernel's refuses")):
         found = next((where for name in names if (where := which(name, path))), None)
         if found:
             results.append(_result(names[-1], OK, f"{found}: {purpose}"))

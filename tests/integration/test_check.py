@@ -16,7 +16,7 @@ from tests.support import hostsim, seccomp
 
 STATUSES = {"ok", "warn", "fail", "info"}
 ALWAYS = {"kernel", "user namespaces", "overlay", "FUSE", "SIF images", "squashfuse", "unsquashfs", "mksquashfs",
-          "fuse-overlayfs", "fusermount3", "loop devices", "--fakeroot subuid", "--fakeroot subgid",
+          "fuse-overlayfs", "loop devices", "--fakeroot subuid", "--fakeroot subgid",
           "--fakeroot newuidmap", "--fakeroot newgidmap", "NVIDIA GPU", "AMD GPU", "Slurm/MPI", "confinement"}
 
 
