@@ -64,7 +64,7 @@ from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_id_maps
 from singpy.mounts.apply import apply_mounts, survey
 from singpy.mounts.rootpath import Tree
-from singpy.plan import ImageSpec, LaunchPlan
+from singpy.plan import ImageSpec, LaunchPlan, MountOp
 from singpy.planner import LaunchRequest, Planned, build_plan
 from singpy.record import Record
 
@@ -78,7 +78,7 @@ if TYPE_CHECKING:
 def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: bool = False) -> int:
     planned, gpu = plan_launch(request, config, host, dry_run=dry_run)
     if dry_run:
-        _print_dry_run(planned.plan, gpu, planned.warnings)
+        _print_dry_run(planned.plan, gpu, planned.warnings, request.devices)
         return 0
     if planned.plan.share is not None:
         from singpy import shared
@@ -91,7 +91,9 @@ def plan_launch(request: LaunchRequest, config: SysConfig, host: HostInfo, *,
                 dry_run: bool = False) -> tuple[Planned, GpuContribution | None]:
     """The image prepared and the plan built, its warnings (and --verbose notes) printed."""
     image = prepare_image(request, config, host, dry_run=dry_run)
-    gpu = _gpus(request, config, host, image.rootfs)
+    gpu = _gpus(request, config, host, image)
+    if gpu and gpu.env:  # CDI's env edits: set in the container as --env sets them (--env given wins)
+        request = request.replace(env=(*gpu.env, *request.env))
     planned = build_plan(request, config, host, image, gpu_mounts=gpu.mounts if gpu else (),
                          keep_host_env=gpu.keep_host_env if gpu else ())
     for warning in (*(gpu.warnings if gpu else ()), *planned.warnings):
@@ -103,23 +105,35 @@ def plan_launch(request: LaunchRequest, config: SysConfig, host: HostInfo, *,
     return planned, gpu
 
 
-def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, rootfs: str | None) -> GpuContribution | None:
-    """GPU discovery, only when --nv / --rocm (or the conf's `always use`) asks for it; None otherwise.
+def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec) -> GpuContribution | None:
+    """GPU discovery, only when --nv / --rocm (or the conf's `always use`) or --device asks for it; None otherwise.
 
     The flags are checked before the GPU package is imported: it pulls in `re`
-    and `shutil`, several milliseconds that a plain exec must not pay.
+    and `shutil`, several milliseconds that a plain exec must not pay. --nv and
+    --device together both apply (singpy.gpu.merge binds a path once), where
+    Apptainer's native mode drops the CDI devices.
     """
     nv = request.nv or config.flag("always use nv")
     rocm = request.rocm or config.flag("always use rocm")
-    if not (nv or rocm):
+    if not (nv or rocm or request.devices):
         return None
-    from singpy.gpu.request import discover_gpus
+    from singpy.gpu import merge
 
-    return discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
-                         rootfs=rootfs, nvccli=request.nvccli)
+    parts = []
+    if nv or rocm:
+        from singpy.gpu.request import discover_gpus
+
+        parts.append(discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
+                                   rootfs=image.rootfs, nvccli=request.nvccli, image_spec=image))
+    if request.devices:
+        from singpy.gpu import cdi
+
+        parts.append(cdi.discover(request.devices, request.cdi_dirs or cdi.DEFAULT_DIRS))
+    return merge(*parts)
 
 
-def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tuple[str, ...]) -> None:
+def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tuple[str, ...],
+                   devices: tuple[str, ...] = ()) -> None:
     """The plan as JSON, with what GPU support adds spelled out: nothing is started.
 
     Values of credential-like variables (`*TOKEN*`, `*SECRET*`, `*KEY*`...) are
@@ -133,11 +147,18 @@ def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tupl
     gpu = gpu or GpuContribution()
     gpu_summary = {
         "devices": [spec.dest for spec in gpu.mounts if spec.dev],
-        "libraries": [spec.source for spec in gpu.mounts if spec.dest.startswith(f"{LIBS_DIR}/")],
+        "libraries": [spec.source for spec in gpu.mounts
+                      if spec.op is MountOp.BIND and spec.dest.startswith(f"{LIBS_DIR}/")],
         "binaries": [spec.source for spec in gpu.mounts if spec.dest.startswith("/usr/bin/")],
         "files": [spec.source for spec in gpu.mounts
                   if spec.source and spec.source == spec.dest and not spec.dev],
         "keep_host_env": list(gpu.keep_host_env),
+        "cdi_devices": list(devices),  # --device as given; what they add is in the lists here and below
+        "env": dict(gpu.env),
+        "links": [f"{spec.dest} -> {spec.source}" for spec in gpu.mounts if spec.op is MountOp.SYMLINK],
+        "other_binds": [f"{spec.source} -> {spec.dest}" for spec in gpu.mounts
+                        if spec.op is MountOp.BIND and not spec.dev and spec.source != spec.dest
+                        and not spec.dest.startswith((f"{LIBS_DIR}/", "/usr/bin/"))],
     }
     data = plan.to_json_data()
     if console.level() < console.VERBOSE:

@@ -87,6 +87,8 @@ class LaunchRequest(Record):
     sharens: bool = False  # --sharens: share the container with the others started by the same parent process
     no_sharens: bool = False  # --no-sharens: no shared container for the ranks of a job step (singpy.shared)
     underlay: bool = False  # --underlay: the mount points the image lacks in an underlay, not an overlay
+    devices: tuple[str, ...] = ()  # --device values, as given (CDI names VENDOR/CLASS=NAME, comma lists)
+    cdi_dirs: tuple[str, ...] = ()  # --cdi-dirs directories, in order; () for the CDI defaults (singpy.gpu.cdi)
 
 
 class Planned(Record, kw_only=False):

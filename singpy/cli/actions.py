@@ -132,6 +132,8 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         app=values.get("app") or "",
         sharens=bool(values.get("sharens")),
         no_sharens=bool(values.get("no_sharens")),
+        devices=tuple(values.get("device", [])),
+        cdi_dirs=tuple(path for value in values.get("cdi_dirs", []) for path in value.split(",") if path),
     )
 
 

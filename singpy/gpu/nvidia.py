@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from singpy.config.liblist import load_liblist
 from singpy.errors import ConfigError, GpuError
 from singpy.gpu import GpuContribution, GpuHost, ImageHints
+from singpy.gpu.capabilities import driver_capabilities, nvidia_env, select
 from singpy.gpu.elf import elf_identity, host_elf_identity
 from singpy.gpu.ldcache import (
     HostFiles,
@@ -27,6 +28,7 @@ from singpy.gpu.ldcache import (
     find_host_files,
     so_links,
 )
+from singpy.gpu.require import Facts, describe, disabled, unmet
 from singpy.gpu.versions import after, dotted, major_minor
 from singpy.hostfiles import which
 from singpy.plan import Missing, MountOp, MountSpec, Stage
@@ -64,21 +66,30 @@ CUDA_MIN_DRIVER: tuple[tuple[tuple[int, int], tuple[int, ...]], ...] = (
 
 
 def discover(host: GpuHost, *, contain: bool, image: ImageHints | None = None) -> GpuContribution:
-    """Everything --nv binds, as data.  Never raises for host facts; see module doc."""
-    devices = device_mounts(dev_dir=host.dev_dir, contain=contain, host_env=host.env, path_env=host.path_env)
+    """Everything --nv binds, as data.  Never raises for host facts; see module doc.
+
+    The image's NVIDIA_DRIVER_CAPABILITIES (or the host's) picks the libraries
+    and tools, its NVIDIA_VISIBLE_DEVICES (the host's wins) the GPU nodes:
+    `singpy.gpu.capabilities`.
+    """
     image = image or ImageHints()
-    files = _host_files(host, image.glibc)
+    env = nvidia_env(image.env or {}, host.env)
+    selection = {**host.env, **{name: env[name] for name in ("NVIDIA_VISIBLE_DEVICES",) if name in env}}
+    devices = device_mounts(dev_dir=host.dev_dir, contain=contain, host_env=selection, path_env=host.path_env,
+                            proc_dir=os.path.dirname(host.proc_driver_version))
+    wanted, cap_warnings = driver_capabilities(env, image.env or {})
+    files = select(_host_files(host, image.glibc), wanted)
     socket = host.persistenced_socket
     if os.path.exists(socket):
         files = files.replace(files=(*files.files, socket))
     else:
         files = files.replace(notes=(*files.notes, f"persistenced socket {socket} not found"))
-    cuda_warning = check_cuda_version(host.proc_driver_version, image.env or {}, host.env)
+    cuda_warning = check_cuda_version(host.proc_driver_version, env, host.env)
     return GpuContribution(
         mounts=devices.mounts + files.mounts(),
         keep_host_env=tuple(name for name in SELECT_VARS if name in host.env),
         libs_dir_used=bool(files.libraries),
-        warnings=devices.warnings + files.warnings + cuda_warning,
+        warnings=devices.warnings + cap_warnings + files.warnings + cuda_warning,
         notes=devices.notes + files.notes + files.bind_notes(),
     )
 
@@ -92,8 +103,14 @@ class _Devices(Record, kw_only=False):
     notes: tuple[str, ...]
 
 
-def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], path_env: str) -> _Devices:
-    """Dev binds for every /dev/nvidia* node; GPU nodes filtered by NVIDIA_VISIBLE_DEVICES under --contain."""
+def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], path_env: str,
+                  proc_dir: str = "/proc/driver/nvidia") -> _Devices:
+    """Dev binds for every /dev/nvidia* node; GPU nodes filtered by NVIDIA_VISIBLE_DEVICES under --contain.
+
+    A MIG instance selected as GPU:GI:CI brings its GPU's node and, instead of
+    the whole /dev/nvidia-caps directory, the two capability nodes that grant
+    access to that GPU instance and compute instance (`mig_caps`).
+    """
     try:
         names = sorted((n for n in os.listdir(dev_dir) if n.startswith("nvidia")), key=_node_order)
     except OSError:
@@ -108,8 +125,11 @@ def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], p
             "with CUDA_ERROR_UNKNOWN; run 'modprobe nvidia_uvm' on the host (or start nvidia-persistenced, "
             "or run any CUDA program once on the host), then retry"
         )
-    wanted = _wanted_gpus(names, contain, host_env, path_env, warnings, notes)
+    caps: list[str] = []
+    wanted = _wanted_gpus(names, contain, host_env, path_env, warnings, notes, (proc_dir, dev_dir, caps))
     kept = [n for n in names if (i := gpu_index(n)) is None or wanted is None or i in wanted]
+    if caps:
+        kept = [n for n in kept if n != "nvidia-caps"] + [f"nvidia-caps/{cap}" for cap in caps]
     mounts = tuple(
         MountSpec(op=MountOp.BIND, source=os.path.join(dev_dir, name), dest=f"/dev/{name}", dev=True,
                   missing=Missing.REQUIRED, stage=Stage.GPU)
@@ -132,7 +152,7 @@ def _node_order(name: str) -> tuple[int, int, str]:
 
 def _wanted_gpus(
     names: list[str], contain: bool, host_env: Mapping[str, str], path_env: str,
-    warnings: list[str], notes: list[str],
+    warnings: list[str], notes: list[str], mig: tuple[str, str, list[str]],
 ) -> set[int] | None:
     """GPU minors to bind, or None for all (nvidia-container-toolkit's NVIDIA_VISIBLE_DEVICES values)."""
     value = host_env.get("NVIDIA_VISIBLE_DEVICES", "").strip()
@@ -149,7 +169,16 @@ def _wanted_gpus(
     wanted: set[int] = set()
     for item in (part.strip() for part in value.split(",") if part.strip()):
         if item.startswith("MIG-"):
-            warnings.append(f"NVIDIA_VISIBLE_DEVICES: MIG device '{item}' cannot be selected by device node; ignored")
+            warnings.append(f"NVIDIA_VISIBLE_DEVICES: MIG device '{item}' cannot be selected by UUID; name it as "
+                            "GPU:GI:CI (nvidia-smi mig -lci lists the instance ids); ignored")
+            continue
+        if item.count(":") == 2:
+            found = mig_caps(item, mig[0], mig[1], warnings)
+            if found is not None and found[0] in present:
+                wanted.add(found[0])
+                mig[2].extend(cap for cap in found[1] if cap not in mig[2])
+            elif found is not None:
+                warnings.append(f"NVIDIA_VISIBLE_DEVICES: no GPU device node for '{item}'; ignored")
             continue
         if item.isdigit():
             index: int | None = int(item)
@@ -162,6 +191,43 @@ def _wanted_gpus(
         else:
             wanted.add(index)
     return wanted
+
+
+def mig_caps(item: str, proc_dir: str, dev_dir: str, warnings: list[str]) -> tuple[int, tuple[str, ...]] | None:
+    """(GPU minor, capability node names) for a MIG instance "GPU:GI:CI", as nvidia-container-cli finds them.
+
+    The driver publishes, per instance, `capabilities/gpuN/mig/giG/access` and
+    `.../giG/ciC/access` under /proc/driver/nvidia, each naming the minor of
+    the /dev/nvidia-caps/nvidia-capM node that grants it ("DeviceFileMinor: M").
+    """
+    gpu, gi, ci = (part.strip() for part in item.split(":"))
+    if not (gpu.isdigit() and gi.isdigit() and ci.isdigit()):
+        warnings.append(f"NVIDIA_VISIBLE_DEVICES: '{item}' is not GPU:GI:CI (three numbers); ignored")
+        return None
+    instance = os.path.join(proc_dir, "capabilities", f"gpu{int(gpu)}", "mig", f"gi{int(gi)}")
+    caps = []
+    for access in (os.path.join(instance, "access"), os.path.join(instance, f"ci{int(ci)}", "access")):
+        minor = _device_file_minor(access)
+        if minor is None or not os.path.exists(os.path.join(dev_dir, "nvidia-caps", f"nvidia-cap{minor}")):
+            warnings.append(f"NVIDIA_VISIBLE_DEVICES: no MIG instance '{item}' on this host ({access} or its "
+                            f"{dev_dir}/nvidia-caps node is missing); ignored")
+            return None
+        caps.append(f"nvidia-cap{minor}")
+    return int(gpu), tuple(caps)
+
+
+def _device_file_minor(path: str) -> int | None:
+    """M from the "DeviceFileMinor: M" line of a /proc/driver/nvidia/capabilities access file."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            text = handle.read(4096)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "DeviceFileMinor" and value.strip().isdigit():
+            return int(value.strip())
+    return None
 
 
 def gpu_uuids(path_env: str, warnings: list[str]) -> dict[str, int]:
@@ -262,7 +328,7 @@ def check_cuda_version(
     proc_driver_version: str, image_env: Mapping[str, str], host_env: Mapping[str, str]
 ) -> tuple[str, ...]:
     """A warning when the image's CUDA is newer than the host driver supports."""
-    if "NVIDIA_DISABLE_REQUIRE" in image_env or "NVIDIA_DISABLE_REQUIRE" in host_env:
+    if disabled(image_env) or disabled(host_env):
         return ()  # the toolkit's opt-out of its own `cuda>=` requirement check
     wanted = image_cuda_version(image_env)
     drv = driver_version_text(proc_driver_version)
@@ -311,3 +377,84 @@ def driver_version(proc_driver_version: str) -> tuple[int, ...] | None:
 def max_cuda_for_driver(driver: tuple[int, ...]) -> tuple[int, int] | None:
     """Newest CUDA whose minimum driver is <= `driver`; None if older than every entry."""
     return next((cuda for cuda, minimum in CUDA_MIN_DRIVER if driver >= minimum), None)
+
+
+# --- NVIDIA_REQUIRE_* ----------------------------------------------------------------------
+
+
+def check_requirements(host: GpuHost, image: ImageHints | None = None) -> tuple[str, ...]:
+    """GpuError (one FATAL) when the image's NVIDIA_REQUIRE_* (or legacy CUDA_VERSION) do not hold here.
+
+    Warnings for requirements that cannot be parsed. Nothing is checked without a
+    loaded driver (no /proc/driver/nvidia/version): --nv then warns and runs anyway.
+    """
+    env = nvidia_env((image.env if image else None) or {}, host.env)
+    if driver_version(host.proc_driver_version) is None:
+        return ()
+    facts = host_facts(host)
+    failed, warnings = unmet(env, facts)
+    if failed is not None:
+        name, value = failed
+        raise GpuError(
+            f"the image requires {value!r} ({name}) but this host has {describe(facts, value)}; "
+            "SINGULARITYENV_NVIDIA_DISABLE_REQUIRE=1 skips this check",
+            hint="update the host NVIDIA driver, or use an image built for an older CUDA",
+        )
+    return warnings
+
+
+def host_facts(host: GpuHost) -> Facts:
+    """The driver's facts, each learnt once and only when a condition asks for it."""
+    def gpus(field: str) -> tuple[str, ...] | None:
+        return tuple(line.strip() for line in _smi(host.path_env, f"--query-gpu={field}", "--format=csv,noheader")
+                     .splitlines() if line.strip()) or None
+
+    def archs() -> tuple[tuple[int, ...], ...] | None:
+        found = tuple(v for text in gpus("compute_cap") or () if (v := dotted(text)))
+        return found or None
+
+    def brands() -> tuple[str, ...] | None:
+        lines = _smi(host.path_env, "-q").splitlines()
+        found = tuple(line.partition(":")[2].strip() for line in lines if line.strip().startswith("Product Brand"))
+        return found or None
+
+    from functools import cache
+
+    return Facts(cuda=cache(lambda: driver_cuda_version(host)),
+                 driver=cache(lambda: driver_version(host.proc_driver_version)), archs=cache(archs),
+                 brands=cache(brands))
+
+
+def driver_cuda_version(host: GpuHost) -> tuple[int, int] | None:
+    """The newest CUDA the driver supports: from the release table, else cuDriverGetVersion() of libcuda.so.1.
+
+    The table is exact for the drivers it covers and costs nothing; libcuda is
+    loaded only for a driver newer than its newest entry.
+    """
+    driver = driver_version(host.proc_driver_version)
+    supported = max_cuda_for_driver(driver) if driver else None
+    if supported is not None and supported != CUDA_MIN_DRIVER[0][0]:
+        return supported
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+        number = ctypes.c_int(0)
+        if libcuda.cuDriverGetVersion(ctypes.byref(number)) == 0 and number.value > 0:
+            return number.value // 1000, number.value % 1000 // 10
+    except (OSError, AttributeError):
+        pass
+    return supported
+
+
+def _smi(path_env: str, *args: str) -> str:
+    """nvidia-smi's output, or "" when it is missing or fails (the fact is then unknown)."""
+    smi = which("nvidia-smi", path_env) if path_env else None
+    if smi is None:
+        return ""
+    import subprocess
+
+    try:
+        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""

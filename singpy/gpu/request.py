@@ -2,8 +2,10 @@
 
 The launcher calls `discover_gpus` before planning; the vendor modules stay
 leaves that take every host path as an argument. What the image needs (its
-CUDA version, its glibc) is read here from the image root when it is a
-directory already; for other images those checks are skipped.
+CUDA version and other NVIDIA_* variables, its glibc) is read here from the
+image root when it is a directory already; for a SIF or squashfs image that
+will be mounted, its env scripts are unpacked alone (`squashfs_hints`, --nv
+only) and its glibc is not checked.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from collections.abc import Mapping
 
 from singpy.config.sysconf import SysConfig, confdir
 from singpy.constants import ENV_DIR
-from singpy.errors import GpuError, PathError
+from singpy.errors import GpuError, ImageError, PathError
 from singpy.gpu import GpuContribution, GpuHost, ImageHints, merge
 from singpy.gpu.versions import major_minor
 from singpy.hostfiles import which
 from singpy.mounts.rootpath import Tree
+from singpy.plan import ImageSpec
 
-_CUDA_VARIABLES = ("CUDA_VERSION", "NVIDIA_REQUIRE_CUDA")
 _SCRIPT_LIMIT = 16 << 20  # env scripts are a few KB
 _LIBC_LIMIT = 64 << 20  # glibc's libc.so.6 is 2 MB
 _GLIBC_RELEASE = b"release version "
@@ -28,17 +30,28 @@ _LIBC_PATHS = ("lib/x86_64-linux-gnu/libc.so.6", "lib/aarch64-linux-gnu/libc.so.
 
 
 def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, host_env: Mapping[str, str],
-                  rootfs: str | None, nvccli: bool = False) -> GpuContribution:
-    """Devices, libraries, binaries and warnings for the requested vendors."""
+                  rootfs: str | None, nvccli: bool = False, image_spec: ImageSpec | None = None) -> GpuContribution:
+    """Devices, libraries, binaries and warnings for the requested vendors.
+
+    GpuError (one FATAL) when the image's NVIDIA_REQUIRE_* do not hold on this host.
+    `image_spec` lets --nv read a mounted SIF's environment (`squashfs_hints`).
+    """
     host = gpu_host(config, host_env)
     if nvccli:
         host = host.replace(nvidia_container_cli=_required_container_cli(config, host.path_env), nvccli=True)
-    image = image_hints(rootfs) if rootfs else ImageHints()
+    if rootfs:
+        image = image_hints(rootfs)
+    elif nv and image_spec is not None and image_spec.kind in ("sif", "squashfs"):
+        image = squashfs_hints(image_spec, host_env)
+    else:
+        image = ImageHints()
     parts = []
     if nv:
         from singpy.gpu import nvidia
 
-        parts.append(nvidia.discover(host, contain=contain, image=image))
+        require_warnings = nvidia.check_requirements(host, image)
+        found = nvidia.discover(host, contain=contain, image=image)
+        parts.append(found.replace(warnings=require_warnings + found.warnings))
     if rocm:
         from singpy.gpu import rocm as amd
 
@@ -89,8 +102,75 @@ def image_hints(rootfs: str) -> ImageHints:
         return ImageHints(glibc=_glibc(image), env=_cuda_hints(image))
 
 
+def squashfs_hints(image: ImageSpec, host_env: Mapping[str, str]) -> ImageHints:
+    """The env scripts' CUDA_VERSION / NVIDIA_* of a SIF or squashfs image that is mounted, not extracted.
+
+    `unsquashfs` unpacks /.singularity.d/env alone (a few small files) into a
+    temporary directory: no mount, one short process, and only for --nv. Its
+    glibc is not read (a 2 MB libc is not worth unpacking for a hint).
+    """
+    saved = _saved_hints(image, host_env)
+    if saved is not None and os.path.exists(saved):
+        return ImageHints(env=_read_hints(saved))
+    import subprocess
+    import tempfile
+
+    unsquashfs = which("unsquashfs", host_env.get("PATH", os.defpath)) or which("unsquashfs", "/usr/sbin:/usr/bin")
+    if unsquashfs is None:
+        return ImageHints()
+    with tempfile.TemporaryDirectory(prefix="singpy-nv-") as scratch:
+        argv = [unsquashfs, "-o", str(image.offset), "-d", f"{scratch}/root", "-no-xattrs", "-no-wildcards", "-q",
+                "-n", image.path, ENV_DIR.lstrip("/")]
+        try:
+            subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False)
+            with Tree(f"{scratch}/root") as unpacked:
+                hints = _cuda_hints(unpacked)
+        except (OSError, subprocess.SubprocessError, PathError):
+            return ImageHints()
+    if saved is not None:
+        _save_hints(saved, hints)
+    return ImageHints(env=hints)
+
+
+def _saved_hints(image: ImageSpec, host_env: Mapping[str, str]) -> str | None:
+    """Where the hints of this image file are kept: the user's cache, keyed by the file's identity (a rewrite of
+    the image changes it), so that only the first --nv run of an image pays for `unsquashfs` (15-25 ms here)."""
+    from singpy.image import cache
+
+    try:
+        key = cache.index_key(image.path, image.offset, image.size)
+    except OSError:
+        return None
+    directory = cache.cache_dir(host_env, host_env.get("HOME", ""))
+    return f"{directory}/nv-hints/{key}" if os.path.isabs(directory) else None  # no HOME, no cache variable
+
+
+def _read_hints(path: str) -> dict[str, str]:
+    """NAME=VALUE pairs, NUL-separated (no json import on --nv's path)."""
+    try:
+        with open(path, "rb") as saved:
+            fields = saved.read().decode(errors="replace").split("\0")
+    except OSError:
+        return {}
+    return dict(field.split("=", 1) for field in fields if "=" in field)
+
+
+def _save_hints(path: str, hints: dict[str, str]) -> None:
+    """Atomically (a concurrent run reads all or nothing); a cache that can't be written is no error."""
+    from singpy.image import cache
+
+    try:
+        cache.make_private_dirs(os.path.dirname(path))
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "wb") as out:
+            out.write("\0".join(f"{name}={value}" for name, value in hints.items()).encode())
+        os.replace(partial, path)
+    except (OSError, ImageError):
+        return
+
+
 def _cuda_hints(image: Tree) -> dict[str, str]:
-    """CUDA_VERSION / NVIDIA_REQUIRE_CUDA as the image's env scripts set them (a text scan, no shell)."""
+    """CUDA_VERSION / NVIDIA_* as the image's env scripts set them (a text scan, no shell)."""
     found: dict[str, str] = {}
     try:
         names = sorted(image.listdir(ENV_DIR))
@@ -123,12 +203,12 @@ def _image_file(image: Tree, guest: str, limit: int) -> bytes | None:
 
 
 def _cuda_assignments(script: str) -> list[tuple[str, str]]:
-    """`[export] CUDA_VERSION="12.4.1"` lines of an env script, as (name, value)."""
+    """`[export] CUDA_VERSION="12.4.1"` (or NVIDIA_...) lines of an env script, as (name, value)."""
     found = []
     for line in script.splitlines():
         words = line.strip().removeprefix("export ").lstrip()
         name, sep, value = words.partition("=")
-        if sep and name in _CUDA_VARIABLES:
+        if sep and (name == "CUDA_VERSION" or name.startswith("NVIDIA_")) and name.isidentifier():
             # "12.4.1", or an OCI image's `"${CUDA_VERSION:-"12.4.1"}"` default
             found.append((name, value.strip().rpartition(":-")[2].strip("\"'{}")))
     return found

@@ -56,7 +56,8 @@ def cache_dir(env: Mapping[str, str], home: str) -> str:
     return os.path.join(home, ".cache", "singpy")
 
 
-def _index_key(path: str, offset: int, length: int) -> str:
+def index_key(path: str, offset: int, length: int) -> str:
+    """The identity of a partition of a file: any rewrite of the file changes it (see the module's docstring)."""
     info = os.stat(path)
     return f"{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}-{offset:x}-{length:x}"
 
@@ -64,7 +65,7 @@ def _index_key(path: str, offset: int, length: int) -> str:
 def lookup(cache: str, path: str, offset: int, length: int) -> str | None:
     """The unpacked tree of this partition if this very file was unpacked before; no hashing."""
     try:
-        target = os.readlink(f"{cache}/{INDEX}/{_index_key(path, offset, length)}")
+        target = os.readlink(f"{cache}/{INDEX}/{index_key(path, offset, length)}")
     except OSError:
         return None
     entry = f"{cache}/{ROOTFS}/{os.path.basename(target)}"
@@ -97,7 +98,7 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
                                    cache) from None
             except ImageError as error:
                 raise _cache_error(error, cache) from None
-    _write_index(cache, _index_key(path, offset, length), digest)
+    _write_index(cache, index_key(path, offset, length), digest)
     return entry
 
 

@@ -4,7 +4,9 @@ Nothing here is a mock.  `build_nvidia_host` creates, under one directory:
 
 * ``dev/``: character devices made with mknod(2) carrying NVIDIA's majors and
   minors (nvidiactl 195:255, nvidiaN 195:N, nvidia-modeset 195:254, the UVM
-  pair on a dynamic major, 511 here) and a ``nvidia-caps/`` directory;
+  pair on a dynamic major, 511 here) and a ``nvidia-caps/`` directory, with the
+  capability nodes of two MIG instances (`MIG_INSTANCES`) that
+  ``proc/driver/nvidia/capabilities`` names;
 * ``usr/lib/x86_64-linux-gnu/``: stand-in driver libraries compiled with gcc
   (``libcuda.so.550.54.14`` exporting cuInit/cuDriverGetVersion, soname
   symlinks as the driver installer makes them), one of them linked against
@@ -40,6 +42,8 @@ UVM_MAJOR = 511  # dynamic on real hosts; any free major will do
 DRM_MAJOR = 226  # /dev/dri/cardN and renderD128+
 KFD_MAJOR = 234  # dynamic on real hosts
 EM_AARCH64 = 183
+COMPUTE_CAP = "9.0"  # what the nvidia-smi stub answers for --query-gpu=compute_cap (H100)
+BRAND = "NVIDIA"  # and for "Product Brand" in -q (an H100's brand)
 
 LIBCUDA_C = """
 int cuInit(unsigned int flags) { (void)flags; return 0; }
@@ -99,6 +103,7 @@ def build_nvidia_host(
     dev_dir.mkdir(parents=True, exist_ok=True)
     if devices:
         _nvidia_nodes(dev_dir, gpus, uvm)
+        _mig_instances(root, gpus)
     lib_dir = root / "usr/lib/x86_64-linux-gnu"
     libs = {
         "libcuda.so.1": _shared_lib(lib_dir, "libcuda", driver, "libcuda.so.1", LIBCUDA_C, dev_link=True),
@@ -238,6 +243,22 @@ def _nvidia_nodes(dev_dir: Path, gpus: int, uvm: bool) -> None:
     _char_device(caps / "nvidia-cap2", 237, 2)
 
 
+# MIG instances "GPU:GI:CI" -> (GI access minor, CI access minor): /dev/nvidia-caps/nvidia-capM nodes and the
+# /proc/driver/nvidia/capabilities/gpuN/mig/giG[/ciC]/access files naming them, as the driver publishes them.
+MIG_INSTANCES = {"0:1:0": (12, 13), "1:2:0": (21, 22)}
+
+
+def _mig_instances(root: Path, gpus: int) -> None:
+    for item, minors in MIG_INSTANCES.items():
+        gpu, gi, ci = item.split(":")
+        if int(gpu) >= gpus:
+            continue
+        instance = root / f"proc/driver/nvidia/capabilities/gpu{gpu}/mig/gi{gi}"
+        for access, minor in ((instance / "access", minors[0]), (instance / f"ci{ci}" / "access", minors[1])):
+            _write(access, f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+            _char_device(root / "dev/nvidia-caps" / f"nvidia-cap{minor}", 237, minor)
+
+
 def _char_device(path: Path, major: int, minor: int) -> None:
     os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
     path.chmod(0o666)  # as the driver creates them; mknod's mode is cut by the umask
@@ -340,11 +361,22 @@ libnvidia-opencl.so
 def _nvidia_smi_script(uuids: tuple[str, ...], driver: str) -> str:
     csv = "\n".join(f"{index}, {uuid}" for index, uuid in enumerate(uuids))
     listing = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {u})" for i, u in enumerate(uuids))
+    caps = "\n".join(COMPUTE_CAP for _ in uuids)
+    query = "\n".join(f"GPU 0000000{i}:00.0\n    Product Name : NVIDIA H100 80GB HBM3\n"
+                      f"    Product Brand : {BRAND}\n    Product Architecture : Hopper" for i in range(len(uuids)))
     return f"""#!/bin/sh
-# stand-in for nvidia-smi: --query-gpu=index,uuid CSV, -L, or a summary table
+# stand-in for nvidia-smi: --query-gpu=index,uuid or compute_cap CSV, -L, -q (brands), or a summary table
 case "$*" in
   *--query-gpu=index,uuid*) cat <<'EOF'
 {csv}
+EOF
+  ;;
+  *--query-gpu=compute_cap*) cat <<'EOF'
+{caps}
+EOF
+  ;;
+  -q) cat <<'EOF'
+{query}
 EOF
   ;;
   -L) cat <<'EOF'

@@ -106,8 +106,12 @@ def rocm_host(workdir: Path) -> simhost.SimHost:
 
 @pytest.fixture(scope="session")
 def cuda_image(workdir: Path) -> Path:
+    return build_cuda_check_image(workdir / "cuda-check-image")
+
+
+def build_cuda_check_image(directory: Path) -> Path:
     """A busybox image plus the host's glibc and a program that dlopen()s libcuda.so.1: no CUDA inside."""
-    root = build_busybox_rootfs(workdir / "cuda-check-image")
+    root = build_busybox_rootfs(directory)
     program = root / "usr" / "bin" / "cuda-check"
     subprocess.run(["gcc", "-O2", "-o", str(program), "-x", "c", "-", "-ldl"], input=CUDA_CHECK_C, text=True,
                    check=True)

@@ -1,0 +1,258 @@
+"""--device (CDI specs) end to end, on the simulated GPU host, as root and as a user.
+
+The specs are written the way `nvidia-ctk cdi generate` writes them for the
+simulated host (tests/gpu/simhost.py): common edits with the control nodes,
+the driver's libraries and nvidia-smi mounted at their usual paths, the
+create-symlinks and update-ldcache hooks and two variables; devices named
+0, 1, GPU-<uuid> and all. A real C program inside an image without CUDA
+dlopen()s libcuda.so.1 through what the hooks would have made.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Singpy
+from tests.gpu import simhost
+from tests.gpu.test_nv_launch import SimHostRun, _host, _sim, build_cuda_check_image
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
+
+LIB_DIR = "/usr/lib/x86_64-linux-gnu"
+OPTIONS = ["ro", "nosuid", "nodev", "bind"]
+
+
+def nvidia_spec(host: simhost.SimHost, *, version: str = "0.5.0") -> dict[str, object]:
+    """The spec `nvidia-ctk cdi generate --driver-root=HOST` would write for the simulated host."""
+    def gpu(index: int) -> dict[str, object]:
+        return {"deviceNodes": [{"path": f"/dev/nvidia{index}", "major": simhost.NVIDIA_MAJOR, "minor": index}]}
+
+    devices: list[dict[str, object]] = []
+    for index in range(host.gpus):
+        devices.append({"name": str(index), "containerEdits": gpu(index)})
+        devices.append({"name": host.uuids[index], "containerEdits": gpu(index)})
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": [
+        node for index in range(host.gpus) for node in gpu(index)["deviceNodes"]]}})  # type: ignore[attr-defined]
+    mounts = [{"hostPath": str(path), "containerPath": f"{LIB_DIR}/{path.name}", "options": OPTIONS}
+              for path in host.libs.values()]
+    mounts.append({"hostPath": str(host.bin_dir / "nvidia-smi"), "containerPath": "/usr/bin/nvidia-smi",
+                   "options": OPTIONS})
+    hook = "/usr/bin/nvidia-cdi-hook"
+    return {
+        "cdiVersion": version,
+        "kind": "nvidia.com/gpu",
+        "devices": devices,
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void", f"NVIDIA_CTK_LIBCUDA_DIR={LIB_DIR}"],
+            "deviceNodes": [{"path": f"/dev/{name}"} for name in
+                            ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")],
+            "hooks": [
+                {"hookName": "createContainer", "path": hook,
+                 "args": ["nvidia-cdi-hook", "create-symlinks", "--link", f"libcuda.so.1::{LIB_DIR}/libcuda.so"]},
+                {"hookName": "createContainer", "path": hook,
+                 "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", LIB_DIR]},
+            ],
+            "mounts": mounts,
+        },
+    }
+
+
+def to_yaml(value: object, indent: int = 0) -> str:
+    """YAML as Go's yaml writes a CDI spec: block style, sequences at their key's column, quoted numbers."""
+    pad = " " * indent
+    if isinstance(value, dict):
+        out = ""
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) and item:
+                out += f"{pad}{key}:\n" + to_yaml(item, indent + (2 if isinstance(item, dict) else 0))
+            else:
+                out += f"{pad}{key}: {_yaml_scalar(item)}\n"
+        return out
+    assert isinstance(value, list)
+    out = ""
+    for item in value:
+        if isinstance(item, (dict, list)):
+            body = to_yaml(item, indent + 2)
+            out += f"{pad}- {body[indent + 2:]}"
+        else:
+            out += f"{pad}- {_yaml_scalar(item)}\n"
+    return out
+
+
+def _yaml_scalar(value: object) -> str:
+    if isinstance(value, list):
+        return "[]"
+    if isinstance(value, str) and (value.isdigit() or value in ("true", "false", "null")):
+        return f'"{value}"'
+    return str(value)
+
+
+@pytest.fixture(scope="session")
+def cdi_host(workdir: Path) -> simhost.SimHost:
+    return _host(workdir, "sim-cdi", simhost.build_nvidia_host)
+
+
+@pytest.fixture(scope="session")
+def cdi_image(workdir: Path) -> Path:
+    return build_cuda_check_image(workdir / "cdi-check-image")
+
+
+@pytest.fixture(scope="session")
+def spec_dirs(workdir: Path, cdi_host: simhost.SimHost) -> dict[str, Path]:
+    """One directory per format holding the simulated host's spec."""
+    spec = nvidia_spec(cdi_host)
+    dirs = {"yaml": workdir / "cdi-yaml", "json": workdir / "cdi-json"}
+    for path in dirs.values():
+        path.mkdir()
+    (dirs["yaml"] / "nvidia.yaml").write_text("---\n# generated for the simulated host\n" + to_yaml(spec))
+    (dirs["json"] / "nvidia.json").write_text(json.dumps(spec, indent=2))
+    for path in dirs.values():
+        path.chmod(0o755)
+    return dirs
+
+
+@pytest.fixture
+def sim(singpy: Singpy, cdi_host: simhost.SimHost, workdir: Path) -> SimHostRun:
+    parent = workdir / f"conf-cdi-{singpy.profile}"
+    parent.mkdir(exist_ok=True)
+    parent.chmod(0o777)
+    return _sim(singpy, cdi_host, parent, "nvliblist.conf")
+
+
+def _spec_dir(singpy: Singpy, name: str, text: str, suffix: str = "yaml") -> Path:
+    """A directory of this test's own with one spec file."""
+    directory = singpy.workdir / f"cdi-{name}-{singpy.profile}"
+    directory.mkdir(exist_ok=True)
+    directory.chmod(0o755)
+    (directory / f"spec.{suffix}").write_text(text)
+    return directory
+
+
+def _fatal(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 255, f"exit {result.returncode}: {result.stderr}"
+    lines = [line for line in result.stderr.splitlines() if line.startswith("FATAL:")]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+NODES = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
+
+
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_all_devices_libraries_links_and_env(sim: SimHostRun, cdi_image: Path, spec_dirs: dict[str, Path],
+                                             fmt: str) -> None:
+    out = sim.ok("exec", "--contain", "--device", "nvidia.com/gpu=all", "--cdi-dirs", str(spec_dirs[fmt]),
+                 str(cdi_image), "sh", "-c",
+                 "ls /dev; echo ---; cuda-check; echo ---; readlink /.singularity.d/libs/libcuda.so.1;"
+                 f" readlink /.singularity.d/libs/libcuda.so; cmp {LIB_DIR}/libcuda.so"
+                 f" {LIB_DIR}/libcuda.so.{simhost.DRIVER} && echo same; nvidia-smi | grep -o 'Driver Version';"
+                 " echo ---;"
+                 " echo $NVIDIA_VISIBLE_DEVICES $NVIDIA_CTK_LIBCUDA_DIR")
+    devices, check, links, env = out.split("---")
+    assert {"nvidia0", "nvidia1"} | NODES <= set(devices.split())
+    assert check.strip() == "cuInit=0 driver=12040"
+    assert links.split() == [f"libcuda.so.{simhost.DRIVER}", "libcuda.so.1", "same", "Driver", "Version"]
+    assert env.split() == ["void", LIB_DIR]
+
+
+@pytest.mark.parametrize("which, present, absent", [("0", "nvidia0", "nvidia1"), ("uuid1", "nvidia1", "nvidia0")])
+def test_one_gpu_only_its_node(sim: SimHostRun, image: Path, spec_dirs: dict[str, Path], cdi_host: simhost.SimHost,
+                               which: str, present: str, absent: str) -> None:
+    name = cdi_host.uuids[1] if which == "uuid1" else which
+    devices = set(sim.ok("exec", "--contain", "--device", f"nvidia.com/gpu={name}", "--cdi-dirs",
+                         str(spec_dirs["yaml"]), str(image), "ls", "/dev").split())
+    assert present in devices and absent not in devices and devices >= NODES
+
+
+def test_env_survives_cleanenv_and_env_flag_wins(sim: SimHostRun, image: Path, spec_dirs: dict[str, Path]) -> None:
+    show = ["sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES $NVIDIA_CTK_LIBCUDA_DIR"]
+    common = ["exec", "--cleanenv", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(spec_dirs["json"])]
+    assert sim.ok(*common, str(image), *show).split() == ["void", LIB_DIR]
+    assert sim.ok(*common, "--env", "NVIDIA_VISIBLE_DEVICES=mine", str(image), *show).split() == ["mine", LIB_DIR]
+
+
+def test_nv_and_device_both_apply(sim: SimHostRun, cdi_image: Path, spec_dirs: dict[str, Path]) -> None:
+    out = sim.ok("exec", "--nv", "--contain", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(spec_dirs["yaml"]),
+                 str(cdi_image), "sh", "-c", f"cuda-check; echo $NVIDIA_VISIBLE_DEVICES; ls {LIB_DIR}/libcuda.so")
+    assert out.split() == ["cuInit=0", "driver=12040", "void", f"{LIB_DIR}/libcuda.so"]
+
+
+def test_without_contain_all_host_nodes_stay(sim: SimHostRun, image: Path, spec_dirs: dict[str, Path]) -> None:
+    """As with --nv: without --contain the host's /dev is there whole, so selection is by --contain only."""
+    devices = set(sim.ok("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(spec_dirs["yaml"]), str(image),
+                         "ls", "/dev").split())
+    assert {"nvidia0", "nvidia1"} <= devices
+
+
+def test_later_directory_wins(sim: SimHostRun, image: Path, spec_dirs: dict[str, Path]) -> None:
+    override = json.loads((spec_dirs["json"] / "nvidia.json").read_text())
+    override["containerEdits"]["env"] = ["NVIDIA_VISIBLE_DEVICES=override"]
+    later = _spec_dir(sim.runner, "later", json.dumps(override), "json")
+    show = ["sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES"]
+    dirs = f"{spec_dirs['yaml']},{later}"
+    assert sim.ok("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", dirs, str(image), *show) == "override\n"
+    dirs = f"{later},{spec_dirs['yaml']}"
+    assert sim.ok("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", dirs, str(image), *show) == "void\n"
+
+
+def test_dry_run_shows_what_cdi_adds(sim: SimHostRun, image: Path, spec_dirs: dict[str, Path]) -> None:
+    never = sim.runner.tmpdir / f"never-cdi-{sim.runner.profile}"
+    report = json.loads(sim.ok("exec", "--dry-run", "--device", "nvidia.com/gpu=1", "--cdi-dirs",
+                               str(spec_dirs["yaml"]), str(image), "touch", str(never)))
+    gpu = report["gpu"]
+    assert gpu["cdi_devices"] == ["nvidia.com/gpu=1"]
+    assert "/dev/nvidia1" in gpu["devices"] and "/dev/nvidia0" not in gpu["devices"]
+    assert gpu["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "/.singularity.d/libs/libcuda.so.1 -> libcuda.so.550.54.14" in gpu["links"]
+    assert any(bind.endswith(f"-> {LIB_DIR}/libcuda.so") for bind in gpu["other_binds"])
+    assert not never.exists()
+
+
+def test_unknown_device_lists_names(sim: SimHostRun, image: Path, spec_dirs: dict[str, Path],
+                                    cdi_host: simhost.SimHost) -> None:
+    line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=7", "--cdi-dirs", str(spec_dirs["yaml"]), str(image),
+                          "true"))
+    assert "no device '7'" in line and f"0, 1, {cdi_host.uuids[0]}" in line and "all" in line
+
+
+def test_unknown_kind_and_bad_syntax(sim: SimHostRun, image: Path, spec_dirs: dict[str, Path]) -> None:
+    line = _fatal(sim.run("exec", "--device", "amd.com/gpu=0", "--cdi-dirs", str(spec_dirs["yaml"]), str(image),
+                          "true"))
+    assert "no CDI spec for kind amd.com/gpu" in line and "nvidia.com/gpu" in line
+    line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu", str(image), "true"))
+    assert "bad --device 'nvidia.com/gpu'" in line
+
+
+def test_malformed_yaml_names_file_and_line(sim: SimHostRun, image: Path) -> None:
+    directory = _spec_dir(sim.runner, "malformed", "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: &x\n")
+    line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(directory), str(image), "true"))
+    assert f"{directory}/spec.yaml:3" in line
+
+
+def test_missing_or_mismatched_node(sim: SimHostRun, image: Path, cdi_host: simhost.SimHost) -> None:
+    spec = nvidia_spec(cdi_host)
+    spec["devices"] = [{"name": "7", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia7"}]}},
+                       {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "minor": 3}]}}]
+    directory = _spec_dir(sim.runner, "stale", json.dumps(spec), "json")
+    line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=7", "--cdi-dirs", str(directory), str(image), "true"))
+    assert "/dev/nvidia7 does not exist" in line
+    line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(directory), str(image), "true"))
+    assert "/dev/nvidia0 is 195:0" in line and "minor 3" in line
+
+
+def test_newer_version_and_unknown_hook(sim: SimHostRun, image: Path, cdi_host: simhost.SimHost) -> None:
+    directory = _spec_dir(sim.runner, "newer", json.dumps(nvidia_spec(cdi_host, version="0.9.0")), "json")
+    line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(directory), str(image), "true"))
+    assert "cdiVersion 0.9.0 is newer than 0.8.0" in line
+    spec = nvidia_spec(cdi_host)
+    spec["containerEdits"]["hooks"].append(  # type: ignore[index]
+        {"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "chmod",
+                                                                                      "--mode", "755"]})
+    directory = _spec_dir(sim.runner, "hook", json.dumps(spec), "json")
+    line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(directory), str(image), "true"))
+    assert "hook `/usr/bin/nvidia-cdi-hook chmod --mode 755`" in line

@@ -1,0 +1,287 @@
+"""The image's NVIDIA_* variables drive --nv, on the simulated GPU host, as root and as a user.
+
+NVIDIA_DRIVER_CAPABILITIES picks the driver's libraries and tools,
+NVIDIA_VISIBLE_DEVICES the GPU nodes, NVIDIA_REQUIRE_* (and a legacy image's
+CUDA_VERSION) are checked against the driver. The simulated host
+(tests/gpu/simhost.py, put in place by tests/gpu/simrun.py) also gets its
+/proc/driver/nvidia here: a tmpfs over the host's /proc/driver, in the run's
+own mount namespace, holds a copy of the simulated driver's version file and
+MIG capability files.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from singpy.gpu import ImageHints
+from singpy.gpu.request import squashfs_hints
+from singpy.image.detect import detect
+from tests.conftest import SINGPY, Singpy, assert_one_fatal
+from tests.gpu import simhost
+from tests.gpu.test_discover import discover_nv
+from tests.gpu.test_nv_launch import REPO, SimHostRun, _host, _sim
+from tests.support.images import build_busybox_rootfs
+from tests.support.mpi import build_sif
+
+pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
+
+# simrun, after a tmpfs over /proc/driver with the simulated driver's version file in nvidia/.
+WITH_DRIVER = """
+import os, shutil, sys
+from singpy.kernel import syscalls as k
+from tests.gpu import simrun
+k.unshare(k.CLONE_NEWNS)
+k.mount(None, "/", None, k.MS_REC | k.MS_PRIVATE)
+k.mount("simproc", "/proc/driver", "tmpfs", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, "mode=0755")
+shutil.copytree(os.path.join(sys.argv[1], "proc/driver/nvidia"), "/proc/driver/nvidia")
+simrun.main(sys.argv[1:])
+"""
+LIBS = "/.singularity.d/libs"
+SHOW = ["sh", "-c", f"ls {LIBS}; ls /usr/bin/nvidia-smi 2>/dev/null || echo no-smi"]
+
+
+class DriverRun(SimHostRun):
+    """singpy on the simulated host, its driver version visible at /proc/driver/nvidia/version."""
+
+    def run(self, *args: str, conf: str = "", **env: str) -> subprocess.CompletedProcess[str]:
+        conf_file = self.confdir / f"singpy-{abs(hash(conf))}.conf"
+        conf_file.write_text(conf)
+        command = [sys.executable, "-c", WITH_DRIVER, str(self.host.root), str(self.runner.uid),
+                   str(self.runner.gid), "--", SINGPY, "--config", str(conf_file), *args]
+        environment = self.runner.env(PATH=f"{self.host.bin_dir}:/usr/bin:/bin", PYTHONPATH=str(REPO), **env)
+        return subprocess.run(command, env=environment, cwd=self.runner.workdir, capture_output=True, text=True,
+                              timeout=120)
+
+
+@pytest.fixture(scope="session")
+def caps_host(workdir: Path) -> simhost.SimHost:
+    return _host(workdir, "sim-nvidia-caps", simhost.build_nvidia_host)
+
+
+@pytest.fixture
+def nv(singpy: Singpy, caps_host: simhost.SimHost, workdir: Path) -> DriverRun:
+    conf = workdir / f"conf-caps-{singpy.profile}"
+    conf.mkdir(exist_ok=True)
+    conf.chmod(0o777)
+    sim = _sim(singpy, caps_host, conf, "nvliblist.conf")
+    return DriverRun(sim.runner, sim.host, sim.confdir)
+
+
+_IMAGES: dict[str, Path] = {}
+
+
+def env_image(workdir: Path, **env: str) -> Path:
+    """A busybox sandbox whose 10-docker2singularity.sh exports `env` as an OCI conversion writes it."""
+    key = ",".join(f"{name}={value}" for name, value in sorted(env.items()))
+    if key not in _IMAGES:
+        script = "".join(f'export {name}="${{{name}:-"{value}"}}"\n' for name, value in env.items())
+        root = workdir / f"nv-env-{len(_IMAGES)}"
+        _IMAGES[key] = build_busybox_rootfs(root, env_scripts={"10-docker2singularity.sh": script})
+    return _IMAGES[key]
+
+
+def listed(out: str) -> set[str]:
+    return set(out.split())
+
+
+@pytest.mark.parametrize("flags", [[], ["--contain"]], ids=["default", "contain"])
+def test_compute_only_image_has_libcuda_but_no_nvidia_smi(nv: DriverRun, workdir: Path, flags: list[str]) -> None:
+    image = env_image(workdir, NVIDIA_DRIVER_CAPABILITIES="compute")
+    names = listed(nv.ok("exec", "--nv", *flags, str(image), *SHOW))
+    assert "libcuda.so.1" in names and "no-smi" in names
+    assert not any(name.startswith(("libnvidia-ml", "libnvidia-glcore")) for name in names)
+
+
+def test_utility_only_image_has_nvidia_smi_but_no_libcuda(nv: DriverRun, workdir: Path) -> None:
+    image = env_image(workdir, NVIDIA_DRIVER_CAPABILITIES="utility")
+    names = listed(nv.ok("exec", "--nv", str(image), *SHOW))
+    assert "libnvidia-ml.so.1" in names and "/usr/bin/nvidia-smi" in names
+    assert not any(name.startswith("libcuda") for name in names)
+    assert "Driver Version: 550.54.14" in nv.ok("exec", "--nv", str(image), "nvidia-smi")
+
+
+@pytest.mark.parametrize("capabilities", ["all", "compute,utility,graphics"])
+def test_all_binds_everything(nv: DriverRun, workdir: Path, capabilities: str) -> None:
+    image = env_image(workdir, NVIDIA_DRIVER_CAPABILITIES=capabilities)
+    names = listed(nv.ok("exec", "--nv", str(image), *SHOW))
+    assert {"libcuda.so.1", "libnvidia-ml.so.1", "/usr/bin/nvidia-smi"} <= names
+    assert any(name.startswith("libnvidia-glcore") for name in names)
+
+
+def test_default_for_a_toolkit_image_is_utility_and_compute(nv: DriverRun, workdir: Path, image: Path) -> None:
+    toolkit = env_image(workdir, NVIDIA_VISIBLE_DEVICES="all")
+    names = listed(nv.ok("exec", "--nv", str(toolkit), *SHOW))
+    assert {"libcuda.so.1", "libnvidia-ml.so.1", "/usr/bin/nvidia-smi"} <= names
+    assert not any(name.startswith("libnvidia-glcore") for name in names)
+    plain = listed(nv.ok("exec", "--nv", str(image), *SHOW))  # no NVIDIA_ variable: Apptainer's whole list
+    assert any(name.startswith("libnvidia-glcore") for name in plain)
+
+
+def test_host_variable_overrides_the_image(nv: DriverRun, workdir: Path) -> None:
+    image = env_image(workdir, NVIDIA_DRIVER_CAPABILITIES="compute")
+    names = listed(nv.ok("exec", "--nv", str(image), *SHOW, SINGULARITYENV_NVIDIA_DRIVER_CAPABILITIES="utility"))
+    assert "/usr/bin/nvidia-smi" in names and not any(name.startswith("libcuda") for name in names)
+
+
+def test_unknown_capability_warns_and_is_ignored(nv: DriverRun, workdir: Path) -> None:
+    image = env_image(workdir, NVIDIA_DRIVER_CAPABILITIES="compute,warp-drive")
+    result = nv.run("exec", "--nv", str(image), *SHOW)
+    assert result.returncode == 0, result.stderr
+    assert "libcuda.so.1" in listed(result.stdout)
+    assert "WARNING: NVIDIA_DRIVER_CAPABILITIES: unknown capability 'warp-drive' ignored" in result.stderr
+
+
+@pytest.mark.parametrize(("image_value", "host_value", "expected"), [
+    ("1", None, {"nvidia1"}), ("none", None, set()), ("0", "1", {"nvidia1"}), ("void", "all", {"nvidia0", "nvidia1"}),
+])  # fmt: skip
+def test_image_visible_devices_select_nodes(nv: DriverRun, workdir: Path, caps_host: simhost.SimHost,
+                                            image_value: str, host_value: str | None, expected: set[str]) -> None:
+    image = env_image(workdir, NVIDIA_VISIBLE_DEVICES=image_value)
+    env = {} if host_value is None else {"NVIDIA_VISIBLE_DEVICES": host_value}
+    devices = listed(nv.ok("exec", "--nv", "--contain", str(image), "ls", "/dev", **env))
+    assert {name for name in devices if name.startswith("nvidia") and name[6:].isdigit()} == expected
+    assert "nvidiactl" in devices
+
+
+def test_image_visible_devices_by_uuid(nv: DriverRun, workdir: Path, caps_host: simhost.SimHost) -> None:
+    image = env_image(workdir, NVIDIA_VISIBLE_DEVICES=caps_host.uuids[0])
+    devices = listed(nv.ok("exec", "--nv", "--contain", str(image), "ls", "/dev"))
+    assert "nvidia0" in devices and "nvidia1" not in devices
+
+
+# --- NVIDIA_REQUIRE_* -------------------------------------------------------------------------------------
+
+
+def test_unmet_require_cuda_is_one_fatal(nv: DriverRun, workdir: Path) -> None:
+    image = env_image(workdir, NVIDIA_REQUIRE_CUDA="cuda>=99.0")
+    result = nv.run("exec", "--nv", str(image), "echo", "payload ran")
+    assert_one_fatal(result, "the image requires 'cuda>=99.0' (NVIDIA_REQUIRE_CUDA) but this host has CUDA 12.4")
+    assert "NVIDIA_DISABLE_REQUIRE" in result.stderr  # the HINT
+
+
+@pytest.mark.parametrize("where", ["image", "host"])
+def test_disable_require_lets_it_run(nv: DriverRun, workdir: Path, where: str) -> None:
+    if where == "image":
+        image, env = env_image(workdir, NVIDIA_REQUIRE_CUDA="cuda>=99.0", NVIDIA_DISABLE_REQUIRE="true"), {}
+    else:
+        image = env_image(workdir, NVIDIA_REQUIRE_CUDA="cuda>=99.0")
+        env = {"SINGULARITYENV_NVIDIA_DISABLE_REQUIRE": "1"}
+    assert nv.ok("exec", "--nv", str(image), "echo", "payload ran", **env) == "payload ran\n"
+
+
+def test_met_requirement_runs(nv: DriverRun, workdir: Path) -> None:
+    image = env_image(workdir, NVIDIA_REQUIRE_CUDA="cuda>=12.4 brand=tesla,driver>=470,driver<471")
+    result = nv.run("exec", "--nv", str(image), "echo", "payload ran")
+    assert result.returncode == 0 and result.stdout == "payload ran\n", result.stderr
+    assert "the image needs CUDA" not in result.stderr
+
+
+def test_legacy_cuda_version_above_the_driver_is_fatal(nv: DriverRun, workdir: Path) -> None:
+    image = env_image(workdir, CUDA_VERSION="12.6.3")
+    result = nv.run("exec", "--nv", str(image), "true")
+    assert_one_fatal(result, "the image requires 'cuda>=12.6' (CUDA_VERSION) but this host has CUDA 12.4")
+    assert nv.ok("exec", "--nv", str(env_image(workdir, CUDA_VERSION="12.4.1")), "echo", "ok") == "ok\n"
+
+
+@pytest.mark.parametrize(("requirement", "met"), [
+    ("cuda>=12.6 brand=nvidia,driver>=550,driver<551", True),  # forward compatibility branch
+    ("cuda>=12.6 brand=geforce,driver>=550,driver<551", False),
+    ("cuda>=12.0,arch>=9.0", True),
+    ("cuda>=12.0,arch>=10.0", False),
+    ("driver>=555", False),
+])  # fmt: skip
+def test_brand_driver_and_arch_constraints(nv: DriverRun, workdir: Path, requirement: str, met: bool) -> None:
+    image = env_image(workdir, NVIDIA_REQUIRE_CUDA=requirement)
+    result = nv.run("exec", "--nv", str(image), "echo", "payload ran")
+    if met:
+        assert result.returncode == 0 and result.stdout == "payload ran\n", result.stderr
+    else:
+        assert_one_fatal(result, f"the image requires '{requirement}' (NVIDIA_REQUIRE_CUDA)")
+    if requirement.startswith("cuda>=12.6") and met:
+        assert "WARNING: the image needs CUDA 12.6 but the host NVIDIA driver 550.54.14" in result.stderr
+
+
+def test_other_require_variables_are_checked(nv: DriverRun, workdir: Path) -> None:
+    image = env_image(workdir, NVIDIA_REQUIRE_ARCH="arch>=10.0")
+    result = nv.run("exec", "--nv", str(image), "true")
+    assert_one_fatal(result, "(NVIDIA_REQUIRE_ARCH) but this host has GPU architecture 9.0, 9.0")
+
+
+def test_without_nv_nothing_is_checked(nv: DriverRun, workdir: Path) -> None:
+    image = env_image(workdir, NVIDIA_REQUIRE_CUDA="cuda>=99.0")
+    assert nv.ok("exec", str(image), "echo", "payload ran") == "payload ran\n"
+
+
+# --- a SIF image that is mounted, not extracted -----------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cuda_sif(workdir: Path) -> Path:
+    out = workdir / "nv-env-cuda.sif"
+    sandbox = env_image(workdir, CUDA_VERSION="12.6.3", NVIDIA_REQUIRE_CUDA=
+                        "cuda>=12.6 brand=nvidia,driver>=550,driver<551", NVIDIA_DRIVER_CAPABILITIES="compute")
+    build_sif(out, sandbox)
+    return out
+
+
+def test_sif_env_read_without_mounting(cuda_sif: Path) -> None:
+    hints = squashfs_hints(detect(str(cuda_sif)), {"PATH": "/usr/bin:/bin:/usr/sbin"})
+    assert hints.env == {"CUDA_VERSION": "12.6.3", "NVIDIA_DRIVER_CAPABILITIES": "compute",
+                         "NVIDIA_REQUIRE_CUDA": "cuda>=12.6 brand=nvidia,driver>=550,driver<551"}
+
+
+def test_unmet_requirement_of_a_sif_is_one_fatal(nv: DriverRun, workdir: Path) -> None:
+    out = workdir / f"nv-require-{nv.runner.profile}.sif"
+    if not out.exists():
+        build_sif(out, env_image(workdir, NVIDIA_REQUIRE_CUDA="cuda>=99.0"))
+    result = nv.run("exec", "--nv", str(out), "echo", "payload ran")
+    assert_one_fatal(result, "the image requires 'cuda>=99.0' (NVIDIA_REQUIRE_CUDA) but this host has CUDA 12.4")
+
+
+def test_sif_hints_are_kept_in_the_cache(cuda_sif: Path, tmp_path: Path) -> None:
+    """The first read unpacks the env scripts; the next one needs no unsquashfs (none on its PATH)."""
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin", "SINGPY_CACHEDIR": str(tmp_path / "cache")}
+    first = squashfs_hints(detect(str(cuda_sif)), env)
+    assert first.env is not None and first.env["CUDA_VERSION"] == "12.6.3"
+    again = squashfs_hints(detect(str(cuda_sif)), {**env, "PATH": str(tmp_path)})
+    assert again.env == first.env
+    assert len(list((tmp_path / "cache" / "nv-hints").iterdir())) == 1
+
+
+def test_older_driver_warning_for_a_sif_image(cuda_sif: Path, caps_host: simhost.SimHost) -> None:
+    hints = squashfs_hints(detect(str(cuda_sif)), {"PATH": "/usr/bin:/bin:/usr/sbin"})
+    contrib = discover_nv(caps_host, image=ImageHints(env=hints.env))
+    assert any(w.startswith("the image needs CUDA 12.6 but the host NVIDIA driver 550.54.14") for w in contrib.warnings)
+
+
+
+# --- MIG instances ----------------------------------------------------------------------------------------
+
+
+def test_mig_instance_binds_its_gpu_and_capability_nodes(caps_host: simhost.SimHost) -> None:
+    contrib = discover_nv(caps_host, contain=True, env={"NVIDIA_VISIBLE_DEVICES": "0:1:0"})
+    devices = {spec.dest for spec in contrib.mounts if spec.dev}
+    assert {"/dev/nvidia0", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"} <= devices
+    assert not {"/dev/nvidia1", "/dev/nvidia-caps", "/dev/nvidia-caps/nvidia-cap21"} & devices
+    assert not contrib.warnings
+
+
+@pytest.mark.parametrize(("item", "why"), [("0:9:0", "no MIG instance '0:9:0'"), ("0:x:0", "is not GPU:GI:CI"),
+                                           ("MIG-4f1b0c5e-1f0a-5e3c-9d2b-000000000001", "cannot be selected by UUID")])
+def test_unknown_mig_instance_warns(caps_host: simhost.SimHost, item: str, why: str) -> None:
+    contrib = discover_nv(caps_host, contain=True, env={"NVIDIA_VISIBLE_DEVICES": item})
+    assert any(why in warning for warning in contrib.warnings), contrib.warnings
+    assert not any(spec.dest.startswith("/dev/nvidia-caps/") for spec in contrib.mounts)
+
+
+def test_image_selects_a_mig_instance(nv: DriverRun, workdir: Path) -> None:
+    image = env_image(workdir, NVIDIA_VISIBLE_DEVICES="1:2:0")
+    out = nv.ok("exec", "--nv", "--contain", str(image), "sh", "-c", "ls /dev; echo ---; ls /dev/nvidia-caps")
+    devices, caps = out.split("---")
+    assert {name for name in devices.split() if name.startswith("nvidia") and name[6:].isdigit()} == {"nvidia1"}
+    assert set(caps.split()) == {"nvidia-cap21", "nvidia-cap22"}
