@@ -61,7 +61,8 @@ TARGET_DELTA_MS = 10.0  # SIF (squashfuse or cache) and --nv: <= 10 ms over the 
 # The rows held to TARGET_DELTA_MS, and how the targets table names them.
 DELTA_TARGETS = (("sif-fuse", "SIF mounted with squashfuse"), ("sif-cache", "SIF from the extraction cache"),
                  ("nv", "`--nv` (~70 libraries, listed by nvidia-container-cli)"),
-                 ("nv-liblist", "`--nv` (~70 libraries, nvliblist.conf + ld cache)"))
+                 ("nv-liblist", "`--nv` (~70 libraries, nvliblist.conf + ld cache)"),
+                 ("cdi", "`--device nvidia.com/gpu=all` (CDI spec, ~70 libraries)"))
 # How singpy must open the SIF of each SIF row; any other way is flagged "but: ..." in the report.
 EXPECTED_IMAGE_MODE = {"sif-fuse": "fuse", "sif-cache": "extract"}
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"  # PATH of the commands; the simulated GPU host puts its tools first
@@ -143,6 +144,7 @@ class GpuSetup(Record):
     path: str  # PATH of the commands: the simulated host's tools first
     reason: str  # why the --nv rows are n/a, "" when the host is in place
     note: str  # the report's "GPU host" line when the host is not in place
+    cdi_dir: str = ""  # the CDI spec written for the simulated host (--device row)
 
 
 class ImportProfile(Record):
@@ -455,6 +457,24 @@ def build_gpu_host(workdir: Path) -> tuple[SimHost | None, str]:
     return host, ""
 
 
+def write_cdi_spec(directory: Path, host: SimHost) -> Path:
+    """The spec `nvidia-ctk cdi generate` would write for the simulated host (tests/gpu/test_cdi.py), with every
+    driver library of the host mounted, as the real one lists them: `directory`, holding nvidia.json."""
+    from tests.gpu.test_cdi import LIB_DIR, OPTIONS, nvidia_spec
+
+    spec = nvidia_spec(host)
+    edits = spec["containerEdits"]
+    assert isinstance(edits, dict)
+    listed = {mount["hostPath"] for mount in edits["mounts"]}
+    edits["mounts"] += [{"hostPath": str(path), "containerPath": f"{LIB_DIR}/{path.name}", "options": OPTIONS}
+                        for path in sorted(host.lib_dir.iterdir())
+                        if path.is_file() and not path.is_symlink() and str(path) not in listed]
+    directory.mkdir(mode=0o755)
+    (directory / "nvidia.json").write_text(json.dumps(spec, indent=1))
+    (directory / "nvidia.json").chmod(0o644)
+    return directory
+
+
 def enter_gpu_host(host: SimHost) -> None:
     """Put the simulated host in place of this machine's /dev and ld.so.cache, for this process and its children.
 
@@ -464,6 +484,12 @@ def enter_gpu_host(host: SimHost) -> None:
 
     fuse = os.stat("/dev/fuse").st_rdev if os.path.exists("/dev/fuse") else None
     simulate(str(host.root))
+    # The driver's version file too (a tmpfs over /proc/driver): --nv reads it, and keeps nvidia-container-cli's
+    # listing per driver version (singpy.gpu.listcache), as on a real host.
+    from singpy.kernel import syscalls as k
+
+    k.mount("simproc", "/proc/driver", "tmpfs", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, "mode=0755")
+    shutil.copytree(host.root / "proc/driver/nvidia", "/proc/driver/nvidia")
     if fuse is not None:
         os.mknod("/dev/fuse", stat.S_IFCHR | 0o666, fuse)
         os.chmod("/dev/fuse", 0o666)
@@ -772,10 +798,10 @@ def compare(old_path: str, rows: list[Row]) -> None:
 # --- the rows ---------------------------------------------------------------------------------------
 
 
-def make_rows(singpy: str, python: str, images: Images, cache: Path, gpu_reason: str) -> list[Row]:
+def make_rows(singpy: str, python: str, images: Images, cache: Path, gpu: GpuSetup) -> list[Row]:
     """Every row, in the table's order; a row whose tool is not installed is n/a."""
     env = {"SINGPY_CONFIG": str(images.confs["default"]), "SINGPY_CACHEDIR": str(cache)}
-    rows = [*reference_rows(singpy, python, str(images.sandbox), env), *variant_rows(singpy, images, env, gpu_reason)]
+    rows = [*reference_rows(singpy, python, str(images.sandbox), env), *variant_rows(singpy, images, env, gpu)]
     rows += [Row(f"mod-{name}", f"import {name}", [python, "-c", f"import {name}"],
                  display=f"python3 -c 'import {name}'") for name in STDLIB]
     packages = {"ch-run": "charliecloud-runtime", "bwrap": "bubblewrap"}
@@ -805,8 +831,9 @@ def reference_rows(singpy: str, python: str, sb: str, env: dict[str, str]) -> li
     ]
 
 
-def variant_rows(singpy: str, images: Images, env: dict[str, str], gpu_reason: str) -> list[Row]:
-    """singpy exec with a SIF, --nv and the isolation flags, then the typer path."""
+def variant_rows(singpy: str, images: Images, env: dict[str, str], gpu: GpuSetup) -> list[Row]:
+    """singpy exec with a SIF, --nv, --device and the isolation flags, then the typer path."""
+    gpu_reason = gpu.reason
     cache_env = {**env, "SINGPY_CONFIG": str(images.confs["unsquash"])}
     liblist_env = {**env, "SINGPY_CONFIG": str(images.confs["liblist"])}
     sb, sif, sif_reason = str(images.sandbox), str(images.sif), images.sif_reason
@@ -820,6 +847,9 @@ def variant_rows(singpy: str, images: Images, env: dict[str, str], gpu_reason: s
         Row("nv-liblist", "singpy exec --nv (nvliblist.conf + ld cache)", [singpy, "exec", "--nv", sb, "true"],
             env=liblist_env, display="singpy exec --nv SANDBOX true  # use nvidia-container-cli = no",
             na=gpu_reason),
+        Row("cdi", "singpy exec --device nvidia.com/gpu=all (CDI)",
+            [singpy, "exec", "--cdi-dirs", gpu.cdi_dir, "--device", "nvidia.com/gpu=all", sb, "true"], env=env,
+            display="singpy exec --device nvidia.com/gpu=all SANDBOX true", na=gpu_reason),
         Row("contain", "singpy exec --contain", [singpy, "exec", "--contain", sb, "true"], env=env,
             display="singpy exec --contain SANDBOX true"),
         Row("containall", "singpy exec --containall", [singpy, "exec", "--containall", sb, "true"], env=env,
@@ -892,8 +922,9 @@ def prepare_gpu_host(workdir: Path, wanted: bool) -> GpuSetup:
     host, reason = build_gpu_host(workdir)
     if host is None:
         return GpuSetup(path=DEFAULT_PATH, reason=reason, note=f"not simulated: {reason}")
+    cdi_dir = write_cdi_spec(workdir / "cdi", host)
     enter_gpu_host(host)
-    return GpuSetup(path=f"{host.bin_dir}:{DEFAULT_PATH}", reason="", note="")
+    return GpuSetup(path=f"{host.bin_dir}:{DEFAULT_PATH}", reason="", note="", cdi_dir=str(cdi_dir))
 
 
 def user_cache(workdir: Path, account: Account) -> Path:
@@ -971,7 +1002,7 @@ def benchmark(options: Options, info: Machine, workdir: Path, singpy: str, pytho
     images = prepare_images(workdir)
     gpu = prepare_gpu_host(workdir, options.gpu_host)
     runner = Runner(account.uid, account.gid, account.user, account.home, str(workdir), gpu.path)
-    rows = make_rows(singpy, python, images, user_cache(workdir, account), gpu.reason)
+    rows = make_rows(singpy, python, images, user_cache(workdir, account), gpu)
     by_key = probe_rows(runner, rows)
     gpu_note = gpu_host_note(runner, singpy, images.sandbox, by_key, gpu)
     time_rows(runner, rows, options, workdir)

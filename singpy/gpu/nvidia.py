@@ -266,8 +266,17 @@ def _host_files(host: GpuHost, image_glibc: str | None) -> HostFiles:
     if cli is not None and os.path.isfile(cli) and os.access(cli, os.X_OK):
         import subprocess
 
+        from singpy.gpu import listcache
+
+        saved = listcache.entry(cli, host)
+        kept = listcache.load(saved, cli) if saved is not None else None
+        if kept is not None:
+            return drop_newer_glibc(kept, image_glibc)
         try:
-            return drop_newer_glibc(files_from_container_cli(cli), image_glibc)
+            files = files_from_container_cli(cli)
+            if saved is not None and files.libraries:
+                listcache.save(saved, files)
+            return drop_newer_glibc(files, image_glibc)
         except (OSError, subprocess.SubprocessError) as exc:
             if host.nvccli:
                 raise GpuError(f"--nvccli: {cli} list failed: {_why(exc)}") from None

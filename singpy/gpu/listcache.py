@@ -1,0 +1,71 @@
+"""nvidia-container-cli's listing, kept per driver: `--nv` runs the tool once per driver, not once per launch.
+
+`nvidia-container-cli list` loads NVML and walks the driver's files: about
++23 ms on every `--nv` launch (benchmarks/README.md), for an answer that only
+changes when the driver does. The listing, as singpy resolved it (libraries
+with their soname links, binaries), is kept in the user's cache under a name
+made of what a driver update changes: the driver's version
+(/proc/driver/nvidia/version), the tool's identity (device, inode, size,
+mtime) and the ld cache's mtime (ldconfig runs when driver libraries are
+installed). Any of them changing is a miss; a miss runs the tool and saves.
+Saved atomically (a temporary file renamed), NUL-separated: reading it
+imports nothing. A cache that can't be read or written is no error.
+"""
+
+from __future__ import annotations
+
+import os
+
+from singpy.gpu import GpuHost
+from singpy.gpu.ldcache import HostFiles
+
+_LIBRARY, _BINARY = "L", "B"
+
+
+def entry(cli: str, host: GpuHost) -> str | None:
+    """The cache file for this tool and driver; None when a part of the key can't be read (no driver: no cache)."""
+    from singpy.gpu.nvidia import driver_version_text
+    from singpy.image import cache
+
+    version = driver_version_text(host.proc_driver_version)
+    directory = cache.cache_dir(host.env, host.env.get("HOME", ""))
+    if version is None or not os.path.isabs(directory):
+        return None
+    try:
+        tool = os.stat(cli)
+        ld_cache = os.stat(host.ld_cache_file or "/etc/ld.so.cache").st_mtime_ns
+    except OSError:
+        return None
+    name = f"{version}-{tool.st_dev:x}-{tool.st_ino:x}-{tool.st_size:x}-{tool.st_mtime_ns:x}-{ld_cache:x}"
+    return f"{directory}/nv-list/{name}"
+
+
+def load(path: str, cli: str) -> HostFiles | None:
+    try:
+        with open(path, "rb") as saved:
+            fields = saved.read().decode(errors="surrogateescape").split("\0")
+    except OSError:
+        return None
+    libraries: list[tuple[str, str]] = []
+    binaries: list[tuple[str, str]] = []
+    for kind, name, source in zip(fields[::3], fields[1::3], fields[2::3], strict=False):
+        (libraries if kind == _LIBRARY else binaries).append((name, source))
+    return HostFiles(libraries=tuple(libraries), binaries=tuple(binaries),
+                     warnings=() if libraries else ("could not find any nv libraries on this host",),
+                     notes=(f"libraries and binaries listed by {cli} (the listing kept for this driver: {path})",))
+
+
+def save(path: str, files: HostFiles) -> None:
+    from singpy.errors import ImageError
+    from singpy.image import cache
+
+    fields = [field for kind, pairs in ((_LIBRARY, files.libraries), (_BINARY, files.binaries))
+              for name, source in pairs for field in (kind, name, source)]
+    try:
+        cache.make_private_dirs(os.path.dirname(path))
+        partial = f"{path}.{os.getpid()}.partial"
+        with open(partial, "wb") as out:
+            out.write("\0".join(fields).encode(errors="surrogateescape"))
+        os.replace(partial, path)
+    except (OSError, ImageError):
+        return
