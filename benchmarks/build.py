@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import random
 import shutil
@@ -362,12 +361,7 @@ def results_document(run_info: RunInfo, image: ImageInfo, bench: BuildBench, pha
 
 def write_results(run_info: RunInfo, section: str, document: ResultsDocument, *, quick: bool) -> None:
     doc = pull.write_section(section, (MARK_BEGIN, MARK_END))
-    results = REPO / "benchmarks" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    out = results / (f"{run_info.now.strftime('%Y-%m-%d')}-{run_info.commit}{'-dirty' if run_info.dirty else ''}"
-                     f"-build{'-quick' if quick else ''}.json")
-    out.write_text(json.dumps(document, indent=1) + "\n")
-    print(f"\nwrote {doc.relative_to(REPO)} (its build section) and {out.relative_to(REPO)}", file=sys.stderr)
+    pull.save_results(run_info, "build", doc, document, quick=quick)
 
 
 # --- the run -----------------------------------------------------------------------------------------------------

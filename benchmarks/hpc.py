@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import random
 import signal
@@ -255,12 +254,7 @@ def write_results(run_info: RunInfo, section: str, bench: Bench, found: list[Tar
         "machine": run_info.machine, "tools": run_info.tools, "user": run_info.who,
         "series": [series.result() for series in bench.series.values()], "srun_overhead_ms": step,
         "single_overhead_ms": single, "join_note": bench.join_note, "targets": found}
-    results = REPO / "benchmarks" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    out = results / (f"{run_info.now.strftime('%Y-%m-%d')}-{run_info.commit}{'-dirty' if run_info.dirty else ''}"
-                     f"-hpc{'-quick' if quick else ''}.json")
-    out.write_text(json.dumps(document, indent=1) + "\n")
-    print(f"\nwrote {doc.relative_to(REPO)} (its HPC section) and {out.relative_to(REPO)}", file=sys.stderr)
+    pull.save_results(run_info, "hpc", doc, document, quick=quick)
 
 
 # --- the run ----------------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TypedDict
 
@@ -815,13 +815,17 @@ def benchmark(options: Options, workdir: Path, singpy: str, python: str) -> None
 
 
 def write_results(run_info: RunInfo, section: str, document: ResultsDocument, *, quick: bool) -> None:
-    doc = write_section(section)
+    save_results(run_info, "pull", write_section(section), document, quick=quick)
+
+
+def save_results(run_info: RunInfo, kind: str, doc: Path, document: Mapping[str, object], *, quick: bool) -> None:
+    """benchmarks/results/DATE-COMMIT[-dirty]-KIND[-quick].json (pull.py, build.py, hpc.py), and say so."""
     results = REPO / "benchmarks" / "results"
     results.mkdir(parents=True, exist_ok=True)
     out = results / (f"{run_info.now.strftime('%Y-%m-%d')}-{run_info.commit}{'-dirty' if run_info.dirty else ''}"
-                     f"-pull{'-quick' if quick else ''}.json")
+                     f"-{kind}{'-quick' if quick else ''}.json")
     out.write_text(json.dumps(document, indent=1) + "\n")
-    print(f"\nwrote {doc.relative_to(REPO)} (its pull section) and {out.relative_to(REPO)}", file=sys.stderr)
+    print(f"\nwrote {doc.relative_to(REPO)} (its {kind} section) and {out.relative_to(REPO)}", file=sys.stderr)
 
 
 @contextlib.contextmanager
