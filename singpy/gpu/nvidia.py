@@ -264,14 +264,14 @@ def _host_files(host: GpuHost, image_glibc: str | None) -> HostFiles:
     fallback_warning: tuple[str, ...] = ()
     cli = host.nvidia_container_cli
     if cli is not None and os.path.isfile(cli) and os.access(cli, os.X_OK):
-        import subprocess
-
         from singpy.gpu import listcache
 
         saved = listcache.entry(cli, host)
         kept = listcache.load(saved, cli) if saved is not None else None
         if kept is not None:
             return drop_newer_glibc(kept, image_glibc)
+        import subprocess  # only when the tool runs: its imports cost ~9 ms, which a kept listing spares
+
         try:
             files = files_from_container_cli(cli)
             if saved is not None and files.libraries:
