@@ -51,7 +51,7 @@ from typing import TypedDict
 import pull
 import startup
 from pull import ImageInfo, RunInfo, Series, SeriesResult
-from startup import Account, Machine, Runner, Target
+from startup import Account, Runner, Target
 
 from singpy.oci.pull import SQUASH_COMPRESSION
 from singpy.record import Record
@@ -327,15 +327,9 @@ def _phases_section(phases: list[Phase]) -> list[str]:
     return [*lines, ""]
 
 
-class ResultsDocument(TypedDict):
+class ResultsDocument(pull.ResultsHeader):
     """benchmarks/results/DATE-COMMIT-build.json."""
 
-    date: str
-    commit: str
-    dirty: bool
-    machine: Machine
-    tools: dict[str, str]
-    user: str
     image: ImageInfo
     recipe: str
     series: list[SeriesResult]

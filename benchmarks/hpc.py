@@ -35,12 +35,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TypedDict
 
 import pull
 import startup
 from pull import RunInfo
-from startup import Account, Machine, Runner, Target
+from startup import Account, Runner, Target
 
 from singpy.record import Record
 from tests.support import mpi, slurm
@@ -232,13 +231,9 @@ def _row(series: Series) -> str:
     return f"| `{series.display}` | **{series.median:.1f}** | {min(series.times):.1f} to {max(series.times):.1f} |"
 
 
-class ResultsDocument(TypedDict):
-    date: str
-    commit: str
-    dirty: bool
-    machine: Machine
-    tools: dict[str, str]
-    user: str
+class ResultsDocument(pull.ResultsHeader):
+    """benchmarks/results/DATE-COMMIT-hpc.json."""
+
     series: list[dict[str, object]]
     srun_overhead_ms: float | None
     single_overhead_ms: float | None

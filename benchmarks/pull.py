@@ -724,8 +724,8 @@ def write_section(section: str, markers: tuple[str, str] = (MARK_BEGIN, MARK_END
     return doc
 
 
-class ResultsDocument(TypedDict):
-    """benchmarks/results/DATE-COMMIT-pull.json."""
+class ResultsHeader(TypedDict):
+    """What every results file of pull.py, build.py and hpc.py starts with (RunInfo's facts)."""
 
     date: str
     commit: str
@@ -733,6 +733,11 @@ class ResultsDocument(TypedDict):
     machine: Machine
     tools: dict[str, str]
     user: str
+
+
+class ResultsDocument(ResultsHeader):
+    """benchmarks/results/DATE-COMMIT-pull.json."""
+
     image: ImageInfo
     pull: list[SeriesResult]
     sizes: dict[str, int]
