@@ -14,7 +14,11 @@ The issue's target: building a recipe with a trivial `%post` on a cached base im
 (b) `singpy -q build --no-https OUT.sif recipe.def`, the recipe `Bootstrap: docker`, `From: HOST/base:latest`,
     `%post` = `true`;
 (c) `mksquashfs TREE OUT.squashfs` at singpy's compression, TREE the base unpacked by `singpy build --sandbox`
-    (untimed, once): the squash that (b) cannot avoid and (a) does not do.
+    (untimed, once): the squash that (b) cannot avoid and (a) does not do;
+(d) (b) with the work directory in /dev/shm.
+
+(b) does not unpack the base in its work directory: the stage is an overlay on it (singpy/recipe/layered.py),
+for the test user on the base unpacked once into the cache, by the untimed warm-up round's build.
 
 The report gives (b) - (a) and (b) - (a) - (c) per round (medians of the paired differences) and the target
 (b) - (a) - (c) <= 2 s, met or missed. One untimed warm-up round, then rounds with the three commands in
@@ -289,9 +293,10 @@ def _rounds_section(image: ImageInfo, bench: BuildBench, rounds: int) -> list[st
              f"uncompressed, {pull.mb(image['compressed_bytes'])} MB compressed, {entries} entries (pull.py's "
              "image builder). It is pulled and converted once into the cache all three commands use; the recipe "
              "is `Bootstrap: docker`, `From: HOST/base:latest`, `%post` `true`. One warm-up round, then "
-             f"{rounds} rounds, the commands in shuffled order; wall time of each command. (d) is (b) with the "
-             "build's work directory in /dev/shm (SINGPY_TMPDIR), the output still on disk: what the build "
-             "costs when unpacking the base is not bound by the disk.", "",
+             f"{rounds} rounds, the commands in shuffled order; wall time of each command. The build's stage is "
+             "an overlay on the base (singpy/recipe/layered.py): as root on the image itself, for a user on the "
+             "base unpacked once into the cache (by the warm-up round's build). (d) is (b) with the build's work "
+             "directory in /dev/shm (SINGPY_TMPDIR), the output still on disk.", "",
              "| measure | command | median s | min to max s |", "|---|---|---:|---:|"]
     for series in bench.series.values():
         value = series.median

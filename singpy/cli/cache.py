@@ -36,6 +36,7 @@ def list_command() -> None:
         created = info.get("created")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(str(created)))) if created else "?"
         rows.append((digest[:16], human_size(size), when, str(info.get("source", "?"))))
+    _list_build_trees(location)
     if not rows:
         print(f"no unpacked images in {location}")
         return
@@ -60,24 +61,48 @@ def clean_command(
     location = _location()
     doomed = _selected(location, days)
     pulled = [digest for digest, _ in store.pulled_images(location)]
-    if not doomed and not pulled and not store.blobs_usage(location)[0]:
+    trees = _old_build_trees(location, days)
+    if not doomed and not pulled and not trees and not store.blobs_usage(location)[0]:
         print(f"nothing to remove in {location}")
         return
     if dry_run:
         for digest in doomed:
             print(f"would remove {digest}")
+        for name in trees:
+            print(f"would remove the base unpacked for builds {name}")
         _clean_pulled(location, days, dry_run=True)
         return
     if not force and not _confirm(f"Remove the cached images from {location}?"):
         console.info("nothing removed")
         raise typer.Exit(1)
     removed = _clean_pulled(location, days, dry_run=False)
+    if trees:
+        from singpy.recipe.layered import remove_build_trees
+
+        removed += remove_build_trees(location, older_than=time.time() - days * 86400 if days else None)
     for digest in doomed:
         if cache.remove_entry(location, digest):
             removed += 1
         else:
             console.warning(f"{digest[:16]} is being unpacked by another singpy: left alone")
     print(f"removed {removed} cache entries from {location}")
+
+
+def _list_build_trees(location: str) -> None:
+    """One line for the bases `singpy build` unpacked for a user's builds (singpy.recipe.layered)."""
+    from singpy.recipe.layered import build_trees
+
+    trees = build_trees(location)
+    if trees:
+        print(f"{len(trees)} base image(s) unpacked for builds, {human_size(sum(size for _, _, size in trees))}")
+        print()
+
+
+def _old_build_trees(location: str, days: int) -> list[str]:
+    from singpy.recipe.layered import build_trees
+
+    limit = time.time() - days * 86400 if days else None
+    return [name for name, made, _ in build_trees(location) if limit is None or made < limit]
 
 
 def _list_pulled(location: str) -> None:

@@ -62,35 +62,42 @@ def index_key(path: str, offset: int, length: int) -> str:
     return f"{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}-{offset:x}-{length:x}"
 
 
-def lookup(cache: str, path: str, offset: int, length: int) -> str | None:
-    """The unpacked tree of this partition if this very file was unpacked before; no hashing."""
+def lookup(cache: str, path: str, offset: int, length: int, *, kind: str = ROOTFS, suffix: str = "") -> str | None:
+    """The unpacked tree of this partition if this very file was unpacked before; no hashing.
+
+    `kind` and `suffix`: the subdirectory and name of another kind of tree of
+    the same partition (singpy.recipe.basetree); the index names the digest.
+    """
     try:
         target = os.readlink(f"{cache}/{INDEX}/{index_key(path, offset, length)}")
     except OSError:
         return None
-    entry = f"{cache}/{ROOTFS}/{os.path.basename(target)}"
+    entry = f"{cache}/{kind}/{os.path.basename(target)}{suffix}"
     return entry if os.path.isdir(entry) else None
 
 
-def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str, root: bool) -> str:
+def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str, root: bool, kind: str = ROOTFS,
+             suffix: str = "") -> str:
     """Unpack the partition into the cache unless an identical one is there; return the tree.
+
+    The tree is `kind/DIGEST` + `suffix` (see `lookup`).
 
     Every failure is one `ImageError`; a full filesystem says so, naming the
     cache directory and how to choose another. SIGTERM, SIGHUP and SIGINT
     during the extraction stop unsquashfs and remove the temporary tree.
     """
-    for sub in ("", ROOTFS, INDEX):
+    for sub in ("", kind, INDEX):
         make_private_dirs(f"{cache}/{sub}")
     console.verbose(f"computing the digest of {path} (offset {offset}, {length} bytes)")
     digest = _digest(path, offset, length)
-    entry = f"{cache}/{ROOTFS}/{digest}"
+    entry = f"{cache}/{kind}/{digest}{suffix}"
     if not os.path.isdir(entry):
         from singpy.image import tools
 
         _warn_if_shared(cache, length)
         with tools.Interruptible():
             try:
-                _populate_locked(path, offset, digest, entry, unsquashfs=unsquashfs, root=root)
+                _populate_locked(path, offset, f"{digest}{suffix}", entry, unsquashfs=unsquashfs, root=root)
             except tools.Interrupted as interrupted:
                 raise tools.Interrupted(f"unpacking {path} into the cache {interrupted.message}") from None
             except OSError as error:

@@ -2,8 +2,9 @@
 
 Agents, as Apptainer names them ([1] Apptainer internal/pkg/build/sources):
 `docker`, `oci`, `oci-archive`, `docker-archive` (the SIF singpy's pull
-keeps in its cache, unpacked), `localimage` (a SIF, squashfs or sandbox image on this
-host) and `scratch` (nothing). Every rootfs then gets Apptainer's base
+keeps in its cache), `localimage` (a SIF, squashfs or sandbox image on this
+host) and `scratch` (nothing): `resolve` finds the image, `populate` unpacks
+or copies it where it does not lie under an overlay (singpy.recipe.layered). Every rootfs then gets Apptainer's base
 layout: the directories a container needs as mount points and empty
 /etc/hosts and /etc/resolv.conf, made inside the image (its links resolved
 in it, never on the host).
@@ -56,44 +57,51 @@ def source(stage: Stage, cwd: str) -> str:
     return base if base.startswith(prefix) else prefix + base
 
 
-def fetch(base: str, rootfs: str, *, options: PullOptions, env: Mapping[str, str], home: str,
-          idmap: IdMap | None) -> None:
-    """Make `rootfs` (which must not exist) from `base` (see `source`), then lay out the base directories.
+def resolve(base: str, *, options: PullOptions, env: Mapping[str, str], home: str) -> str:
+    """The image file or directory a stage starts from ('' for scratch), fetched first when it must be.
 
-    An OCI image comes from singpy's cache as the SIF `pull` makes of it
-    (converted first if it is not there yet), unpacked by unsquashfs: on a
-    cached base, that is the whole cost. With subordinate ids, unsquashfs runs
-    as root of the build's user namespace, so that the image's owners are
-    kept (as those ids), as in Apptainer's fakeroot builds.
+    An OCI image is the SIF `pull` keeps in singpy's cache (pulled and
+    converted first if it is not there yet). Called for every stage before
+    any of them runs, as the user: the cache is the user's.
     """
     if not base:
-        console.info("Creating an empty root filesystem (Bootstrap: scratch)")
-        os.mkdir(rootfs, 0o755)
-    elif base.startswith(tuple(_URI_PREFIX.values())):
+        return ""
+    if base.startswith(tuple(_URI_PREFIX.values())):
         from singpy.oci.pull import cached_image
 
-        _unpack(cached_image(base, options, env, home), rootfs, env, idmap)
-    else:
-        _local_image(base, rootfs, env, idmap)
-    lay_out_base(rootfs)
-
-
-def _local_image(path: str, rootfs: str, env: Mapping[str, str], idmap: IdMap | None) -> None:
+        return cached_image(base, options, env, home)
     from singpy.image.detect import classify
 
-    image = classify(path)
+    image = classify(base)
     console.info(f"Using the local image {image.path}")
-    if image.kind != "sandbox":
-        _unpack(image.path, rootfs, env, idmap)
-        return
+    return image.path
+
+
+def populate(image: str, rootfs: str, *, env: Mapping[str, str], idmap: IdMap | None) -> None:
+    """Make `rootfs` (which must not exist) from `image` (see `resolve`): empty, unpacked, or copied.
+
+    With subordinate ids, unsquashfs runs as root of the build's user
+    namespace, so that the image's owners are kept (as those ids), as in
+    Apptainer's fakeroot builds.
+    """
+    if not image:
+        console.info("Creating an empty root filesystem (Bootstrap: scratch)")
+        os.mkdir(rootfs, 0o755)
+    elif not os.path.isdir(image):
+        _unpack(image, rootfs, env, idmap)
+    else:
+        _copy_sandbox(image, rootfs)
+
+
+def _copy_sandbox(image: str, rootfs: str) -> None:
     import subprocess
 
     os.mkdir(rootfs, 0o755)
-    copied = subprocess.run(["cp", "-a", "--", f"{image.path}/.", rootfs], stdin=subprocess.DEVNULL,
+    copied = subprocess.run(["cp", "-a", "--", f"{image}/.", rootfs], stdin=subprocess.DEVNULL,
                             capture_output=True, text=True, check=False, env={"PATH": "/usr/bin:/bin"})
     if copied.returncode != 0:
         said = [line for line in copied.stderr.splitlines() if line.strip()]
-        raise ImageError(f"can't copy the sandbox {image.path}: {said[-1] if said else 'cp failed'}")
+        raise ImageError(f"can't copy the sandbox {image}: {said[-1] if said else 'cp failed'}")
 
 
 def _unpack(image: str, rootfs: str, env: Mapping[str, str], idmap: IdMap | None) -> None:

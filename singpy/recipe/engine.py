@@ -7,6 +7,8 @@ host, %files from the host, %post in the container, the metadata of
 sandbox directory renamed into place, or a SIF squashed from it with the
 definition file as its Def.FILE object. Everything happens in one work
 directory (singpy.recipe.workdir), removed at the end whatever happens.
+Every stage's base is fetched first; for a SIF output, a squashfs base is
+not unpacked there but lies under an overlay (singpy.recipe.layered).
 
 As root, %post runs as real root. Anyone else builds with --fakeroot: root
 in a user namespace, with the user's subordinate ids when /etc/subuid and
@@ -26,7 +28,7 @@ from singpy.deffile import Definition, DefinitionError, Section, Stage, files_en
 from singpy.errors import ImageError
 from singpy.hostfiles import path_problem, shown
 from singpy.plan import IdMap
-from singpy.recipe import apps, bootstrap, sections, workdir
+from singpy.recipe import apps, bootstrap, layered, sections, workdir
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
@@ -101,16 +103,25 @@ def build(request: BuildRequest, *, options: PullOptions, env: Mapping[str, str]
     runner = sections.Runner(idmap=idmap, binds=request.binds, env=env)
     console.info("Starting build...")
     work = workdir.make(request.target, env)
+    layers = None
     try:
         with tools.Interruptible():
             try:
-                rootfs = _build_stages(definition, text, request, work, runner, options=options, env=env, home=home,
+                bases = [bootstrap.resolve(bootstrap.source(stage, cwd), options=options, env=env, home=home)
+                         for stage in definition.stages]
+                layers = _enter_layers(request, bases, idmap, env, home)
+                if layers is not None:
+                    idmap = None  # already root of the build's namespace: host programs need no mapping
+                    runner.in_namespace = True
+                rootfs = _build_stages(definition, text, request, work, runner, bases, layers, idmap, env=env,
                                        cwd=cwd)
                 _write_output(rootfs, text, request, work, idmap, env)
             except tools.Interrupted as interrupted:
                 raise tools.Interrupted(f"build of {request.target} {interrupted.message}: nothing was "
                                         "written") from None
     finally:
+        if layers is not None:
+            layers.release()
         workdir.remove(work, idmap)
     return f"Build complete: {request.target}"
 
@@ -150,9 +161,28 @@ def _id_map(request: BuildRequest) -> IdMap | None:
     return idmap
 
 
-def _build_stages(definition: Definition, text: str, request: BuildRequest, work: str, runner: sections.Runner, *,
-                  options: PullOptions, env: Mapping[str, str], home: str, cwd: str) -> str:
-    """Every stage, in order; returns the last one's root filesystem."""
+def _enter_layers(request: BuildRequest, bases: list[str], idmap: IdMap | None, env: Mapping[str, str],
+                  home: str) -> layered.Layers | None:
+    """Move into the build's own mount namespace when some stage's base can be mounted (singpy.recipe.layered).
+
+    Not for --sandbox: its output is the whole tree, which must be written anyway.
+    """
+    if request.sandbox or not any(base and not os.path.isdir(base) for base in bases):
+        return None
+    layers = layered.plan(idmap, env, home)
+    if layers is not None:
+        layered.enter(idmap)
+    return layers
+
+
+def _build_stages(definition: Definition, text: str, request: BuildRequest, work: str, runner: sections.Runner,
+                  bases: list[str], layers: layered.Layers | None, idmap: IdMap | None, *, env: Mapping[str, str],
+                  cwd: str) -> str:
+    """Every stage, in order; returns the last one's root filesystem.
+
+    `idmap`: how host programs (cp, unsquashfs) run: None as root or inside
+    the build's namespace already, where `runner.idmap` still says --fakeroot.
+    """
     from singpy.image.builder import build_labels
     from singpy.image.detect import host_arch
     from singpy.recipe import files, metadata
@@ -164,16 +194,18 @@ def _build_stages(definition: Definition, text: str, request: BuildRequest, work
         if name:
             console.info(f"Building stage {name}")
         rootfs = f"{work}/stage{number}"
-        bootstrap.fetch(bootstrap.source(stage, cwd), rootfs, options=options, env=env, home=home,
-                        idmap=runner.idmap)
+        base = bases[number]
+        if not (layers is not None and base and layers.mount_stage(base, rootfs, work, number)):
+            bootstrap.populate(base, rootfs, env=env, idmap=idmap)
+        bootstrap.lay_out_base(rootfs)
         app_names = apps.app_names(stage, request.recipe)
         if app_names:
             apps.install(rootfs, stage, app_names, cwd=cwd)
         for section in stage.sections:
             source = _from_stage(section)
             if source:
-                files.copy_from_stage(files_entries(section), roots[source], rootfs, run=_host_command(runner.idmap))
-        sections.run_setup(stage, rootfs, work, runner.idmap)
+                files.copy_from_stage(files_entries(section), roots[source], rootfs, run=_host_command(idmap))
+        sections.run_setup(stage, rootfs, work, idmap)
         host_files = _host_files(stage)
         if host_files:
             files.copy_from_host(host_files, rootfs, cwd=cwd)

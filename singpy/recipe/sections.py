@@ -40,6 +40,9 @@ class Runner:
 
     def __init__(self, *, idmap: IdMap | None, binds: Sequence[str], env: Mapping[str, str]) -> None:
         self.idmap = idmap  # None as root: real root inside
+        # The build process is root of the build's user namespace already (singpy.recipe.layered): the
+        # nested launcher runs as that root, without --fakeroot (which would nest a single mapping in it).
+        self.in_namespace = False
         self.binds = tuple(binds)
         self.env = {name: value for name, value in env.items() if _passed(name)}
 
@@ -47,7 +50,7 @@ class Runner:
         argv = [sys.executable, "-m", "singpy", "--build-config", "exec", "--pid", "--pwd", "/"]
         if writable:  # %post; %test sees the caller's environment, as in Apptainer
             argv += ["--writable", "--cleanenv"]
-        if self.idmap is not None:
+        if self.idmap is not None and not self.in_namespace:
             argv.append("--fakeroot")
         for bind in self.binds:
             argv += ["--bind", bind]

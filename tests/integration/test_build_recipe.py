@@ -11,6 +11,7 @@ Errors, clean-up and signals are in test_build_recipe_errors.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ import pytest
 from tests.conftest import Singpy, assert_one_fatal
 from tests.support import oci
 from tests.support.images import build_busybox_rootfs
+from tests.support.leftovers import settled, traces
 from tests.support.recipes import (
     SUBUID_START,
     base_oci_image,
@@ -735,6 +737,77 @@ def test_owners_and_modes_of_the_base_survive_the_build(as_root: Singpy, as_user
         assert listed["/usr/bin/suid-tool"] == "-rwsr-xr-x 0/0", (runner.profile, listed)
         assert runner.ok("exec", str(out / "image.sif"), "cat", "/owners-seen-by-post") == \
             "1000:1000 600\n0:0 4755\n", runner.profile
+
+
+# --- a base mounted under an overlay, not unpacked (singpy.recipe.layered) ----------------------------------------
+
+
+def layered_base(workdir: Path) -> Path:
+    """An OCI layout whose image has a file of another user, a file and a directory for %post to remove."""
+    layout = workdir / "recipe-layered-layout"
+    if not layout.exists():
+        image = oci.busybox_image(extra=[
+            oci.directory("home"), oci.directory("home/user", uid=1000, gid=1000),
+            oci.file("home/user/notes", "mine\n", uid=1000, gid=1000, mode=0o600),
+            oci.file("etc/base-marker", "layered base\n"), oci.file("etc/appended", "first\n"),
+            oci.directory("opt"), oci.directory("opt/gone"), oci.file("opt/gone/file", "x\n")])
+        oci.write_layout(layout, {"latest": image})
+        subprocess.run(["chmod", "-R", "a+rX", str(layout)], check=True)
+    return layout
+
+
+OVERLAID = """
+    Bootstrap: oci
+    From: {layout}:latest
+
+    %files
+        {src}/added.txt /opt/added.txt
+
+    %post
+        rm /etc/base-marker
+        rm -r /opt/gone
+        echo second >> /etc/appended
+        mkdir -p /var/new
+        touch /var/new/owned
+        chown 4242:4343 /var/new/owned
+    """
+
+
+def test_build_on_a_base_under_an_overlay_keeps_what_post_did(singpy: Singpy, workdir: Path) -> None:
+    """A SIF built on a squashfs base: the stage is an overlay on the base (as root the image itself; for a user
+    with a subordinate range the base unpacked once into the cache, with its owners); removals, appends, new
+    owners and the base's owners reach the SIF, a second build reuses the cached base, nothing is left mounted
+    or running, and `singpy cache clean` removes the cached base although its files are subordinate ids'."""
+    if not is_root():
+        pytest.skip("subordinate ranges are simulated with files bound over /etc/subuid: needs root")
+    out = out_dir(singpy, workdir, "layered")
+    cache = out / "cache"
+    env = singpy.env(SINGPY_CACHEDIR=str(cache))
+    (out / "added.txt").write_text("added by %files\n")
+    recipe = write_recipe(out, OVERLAID.format(layout=layered_base(workdir), src=out))
+    image = str(out / "image.sif")
+    before = traces(out)
+    ranges = subordinate_ranges(singpy, workdir, "layered", present=True) if singpy.profile == "user" \
+        else contextlib.nullcontext()
+    with ranges:
+        first = singpy.run("-v", "build", image, str(recipe), env=env, timeout=BUILD_TIMEOUT)
+        assert first.returncode == 0, first.stderr
+        second = singpy.run("-v", "build", "--force", image, str(recipe), env=env, timeout=BUILD_TIMEOUT)
+        assert second.returncode == 0, second.stderr
+        assert "not unpacked in the work directory" in first.stderr, first.stderr
+        if singpy.profile == "user":
+            assert "unpacking" in first.stderr and "using the base unpacked in the cache" in second.stderr
+            assert "1 base image(s) unpacked for builds" in singpy.ok("cache", "list", env=env)
+            singpy.ok("cache", "clean", "--force", env=env)
+            assert os.listdir(cache / "build-rootfs") == []
+    listed = sif_owners(out / "image.sif")
+    assert "/etc/base-marker" not in listed and "/opt/gone" not in listed, sorted(listed)
+    assert listed["/home/user/notes"] == "-rw------- 1000/1000"
+    assert listed["/var/new/owned"].endswith(" 4242/4343")
+    assert listed["/bin/busybox"].endswith(" 0/0")
+    assert singpy.ok("exec", image, "cat", "/etc/appended", "/opt/added.txt") == "first\nsecond\nadded by %files\n"
+    assert build_dirs(out) == []
+    assert settled(before, out) == before
 
 
 # --- a C program compiled in %post -----------------------------------------------------------------------------------

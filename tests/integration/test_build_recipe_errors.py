@@ -21,7 +21,15 @@ import pytest
 from tests.conftest import Singpy, assert_one_fatal
 from tests.support.images import build_busybox_rootfs
 from tests.support.leftovers import descendants, settled, traces, wait_for_descendants, wait_until_gone
-from tests.support.recipes import base_sandbox, build_dirs, out_dir, read_until, subordinate_ranges, write_recipe
+from tests.support.recipes import (
+    base_sandbox,
+    base_sif,
+    build_dirs,
+    out_dir,
+    read_until,
+    subordinate_ranges,
+    write_recipe,
+)
 from tests.support.users import is_root
 
 PROMPT = 10.0  # seconds a build may take to end after a signal
@@ -30,6 +38,13 @@ PROMPT = 10.0  # seconds a build may take to end after a signal
 @pytest.fixture(scope="module")
 def base(workdir: Path) -> Path:
     return base_sandbox(workdir)
+
+
+@pytest.fixture(params=["sandbox", "sif"])
+def post_base(request: pytest.FixtureRequest, workdir: Path) -> Path:
+    """The base of a failing or interrupted %post: a sandbox (copied), or a SIF, which a build puts under an
+    overlay in its own mount namespace (singpy.recipe.layered)."""
+    return base_sandbox(workdir) if request.param == "sandbox" else base_sif(workdir)
 
 
 def owned_dir(singpy: Singpy, path: Path) -> Path:
@@ -127,11 +142,11 @@ FAILING_POST = """
 
 
 @pytest.mark.parametrize("tmpdir_set", [False, True], ids=["next-to-out", "singpy-tmpdir"])
-def test_failing_post_shows_output_and_status_and_leaves_nothing(singpy: Singpy, workdir: Path, base: Path,
+def test_failing_post_shows_output_and_status_and_leaves_nothing(singpy: Singpy, workdir: Path, post_base: Path,
                                                                  tmpdir_set: bool) -> None:
-    out = out_dir(singpy, workdir, f"failing-post-{tmpdir_set}")
+    out = out_dir(singpy, workdir, f"failing-post-{tmpdir_set}-{post_base.name}")
     work = owned_dir(singpy, out / "work")
-    recipe = write_recipe(out, FAILING_POST.format(base=base))
+    recipe = write_recipe(out, FAILING_POST.format(base=post_base))
     env = singpy.env(SINGPY_TMPDIR=str(work)) if tmpdir_set else singpy.env()
     before = traces(out)
     result = singpy.run("build", str(out / "image.sif"), str(recipe), env=env, timeout=120)
@@ -302,12 +317,12 @@ SIGNALS = {"SIGTERM": (signal.SIGTERM, False), "SIGINT": (signal.SIGINT, False),
 
 
 @pytest.mark.parametrize("case", list(SIGNALS))
-def test_signal_during_post_ends_the_build_and_leaves_nothing(singpy: Singpy, workdir: Path, base: Path,
+def test_signal_during_post_ends_the_build_and_leaves_nothing(singpy: Singpy, workdir: Path, post_base: Path,
                                                               case: str) -> None:
     signum, to_group = SIGNALS[case]
-    out = out_dir(singpy, workdir, f"signal-{case}")
+    out = out_dir(singpy, workdir, f"signal-{case}-{post_base.name}")
     work = owned_dir(singpy, out / "work")
-    recipe = write_recipe(out, SLEEPY_POST.format(base=base))
+    recipe = write_recipe(out, SLEEPY_POST.format(base=post_base))
     before = traces(out)
     process = singpy.popen(["build", str(out / "image.sif"), str(recipe)], env=singpy.env(SINGPY_TMPDIR=str(work)),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=to_group)
