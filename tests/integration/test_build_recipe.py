@@ -195,8 +195,10 @@ class Built(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def full(singpy: Singpy, workdir: Path, base: Path) -> Built:
-    """The FULL recipe built into a SIF once per profile."""
+def full(singpy: Singpy, workdir: Path) -> Built:
+    """The FULL recipe built into a SIF once per profile, on a SIF base: every section runs on an overlay over
+    the base (singpy.recipe.layered)."""
+    base = base_sif(workdir)
     out = out_dir(singpy, workdir, "full")
     data = out / "data"
     data.mkdir()
@@ -255,12 +257,12 @@ def test_runscript_and_startscript(singpy: Singpy, full: Built) -> None:
     assert "test -e /post-made" in singpy.ok("inspect", "--test", str(full.sif))
 
 
-def test_labels_help_and_build_labels(singpy: Singpy, full: Built, base: Path) -> None:
+def test_labels_help_and_build_labels(singpy: Singpy, full: Built, workdir: Path) -> None:
     labels = singpy.ok("inspect", "--labels", str(full.sif)).splitlines()
     for line in ("Author: recipe tester", "Version: v1.2", "postlabel: yes",
                  "org.label-schema.schema-version: 1.0",
                  "org.label-schema.usage.singularity.deffile.bootstrap: localimage",
-                 f"org.label-schema.usage.singularity.deffile.from: {base}",
+                 f"org.label-schema.usage.singularity.deffile.from: {base_sif(workdir)}",
                  "org.label-schema.usage: /.singularity.d/runscript.help"):
         assert line in labels, (line, labels)
     assert any(line.startswith("org.label-schema.build-date: ") for line in labels), labels
@@ -649,9 +651,12 @@ STAGES = """
     """
 
 
-def test_multi_stage_copies_only_what_files_from_names(singpy: Singpy, workdir: Path, base: Path) -> None:
-    out = out_dir(singpy, workdir, "stages")
-    recipe = write_recipe(out, STAGES.format(base=base))
+@pytest.mark.parametrize("kind", ["sandbox", "sif"])
+def test_multi_stage_copies_only_what_files_from_names(singpy: Singpy, workdir: Path, base: Path, kind: str) -> None:
+    """From a sandbox base (copied) and a SIF base (each stage an overlay on it, `%files from` reading the first
+    stage's overlay)."""
+    out = out_dir(singpy, workdir, f"stages-{kind}")
+    recipe = write_recipe(out, STAGES.format(base=base if kind == "sandbox" else base_sif(workdir)))
     build(singpy, str(out / "image.sif"), str(recipe))
     shown = singpy.ok("exec", str(out / "image.sif"), "sh", "-c",
                       "cat /opt/artifact /opt/seen-by-post-two; ls / /opt")
