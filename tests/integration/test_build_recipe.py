@@ -708,16 +708,20 @@ def test_user_build_with_a_subordinate_range_can_chown(as_user: Singpy, workdir:
     assert sif_owners(out / "image.sif")["/bin/busybox"].endswith(" 0/0")  # the user's own files are root's inside
 
 
-def owners_base(workdir: Path) -> Path:
-    """An OCI layout whose image has files of another user and a setuid file, made once."""
-    layout = workdir / "recipe-owners-layout"
+def oci_base(workdir: Path, name: str, extra: list[oci.Entry]) -> Path:
+    """An OCI layout of busybox plus a layer of `extra`, made once per session under `name`."""
+    layout = workdir / f"recipe-{name}-layout"
     if not layout.exists():
-        image = oci.busybox_image(extra=[oci.directory("home"), oci.directory("home/user", uid=1000, gid=1000),
-                                         oci.file("home/user/notes", "mine\n", uid=1000, gid=1000, mode=0o600),
-                                         oci.file("usr/bin/suid-tool", "#!/bin/sh\n", mode=0o4755)])
-        oci.write_layout(layout, {"latest": image})
+        oci.write_layout(layout, {"latest": oci.busybox_image(extra=extra)})
         subprocess.run(["chmod", "-R", "a+rX", str(layout)], check=True)
     return layout
+
+
+def owners_base(workdir: Path) -> Path:
+    """An OCI layout whose image has files of another user and a setuid file."""
+    return oci_base(workdir, "owners", [oci.directory("home"), oci.directory("home/user", uid=1000, gid=1000),
+                                        oci.file("home/user/notes", "mine\n", uid=1000, gid=1000, mode=0o600),
+                                        oci.file("usr/bin/suid-tool", "#!/bin/sh\n", mode=0o4755)])
 
 
 OWNERS = """
@@ -749,16 +753,11 @@ def test_owners_and_modes_of_the_base_survive_the_build(as_root: Singpy, as_user
 
 def layered_base(workdir: Path) -> Path:
     """An OCI layout whose image has a file of another user, a file and a directory for %post to remove."""
-    layout = workdir / "recipe-layered-layout"
-    if not layout.exists():
-        image = oci.busybox_image(extra=[
-            oci.directory("home"), oci.directory("home/user", uid=1000, gid=1000),
-            oci.file("home/user/notes", "mine\n", uid=1000, gid=1000, mode=0o600),
-            oci.file("etc/base-marker", "layered base\n"), oci.file("etc/appended", "first\n"),
-            oci.directory("opt"), oci.directory("opt/gone"), oci.file("opt/gone/file", "x\n")])
-        oci.write_layout(layout, {"latest": image})
-        subprocess.run(["chmod", "-R", "a+rX", str(layout)], check=True)
-    return layout
+    return oci_base(workdir, "layered", [
+        oci.directory("home"), oci.directory("home/user", uid=1000, gid=1000),
+        oci.file("home/user/notes", "mine\n", uid=1000, gid=1000, mode=0o600),
+        oci.file("etc/base-marker", "layered base\n"), oci.file("etc/appended", "first\n"),
+        oci.directory("opt"), oci.directory("opt/gone"), oci.file("opt/gone/file", "x\n")])
 
 
 OVERLAID = """
