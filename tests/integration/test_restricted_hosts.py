@@ -280,3 +280,20 @@ def test_apparmor_on_the_uid_map_write(as_user: Singpy, workdir: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("can't write /proc/self/uid_map: Operation not permitted: AppArmor restricts "
                                     "unprivileged user namespaces on this host"), result.stderr
+
+
+def test_build_says_it_once(as_user: Singpy, sif: Path, workdir: Path) -> None:
+    """`singpy build` on a SIF base enters the build's user namespace itself (singpy.recipe.layered): the same
+    diagnosis, one FATAL line, no output and no work directory."""
+    needs_root()
+    out = workdir / f"restricted-build-{uuid.uuid4().hex[:8]}"
+    out.mkdir()
+    os.chown(out, as_user.uid, as_user.gid)
+    recipe = out / "recipe.def"
+    recipe.write_text(f"Bootstrap: localimage\nFrom: {sif}\n\n%post\n    true\n")
+    before = traces(sif, workdir)
+    result = restricted(as_user, workdir, "-q", "build", str(out / "image.sif"), str(recipe), deny=NO_USERNS,
+                        sysctls={"user.max_user_namespaces": "0"})
+    assert_one_fatal(result, "user namespaces are disabled on this host (user.max_user_namespaces = 0)")
+    assert sorted(os.listdir(out)) == ["recipe.def"]
+    assert settled(before, sif, workdir) == before
