@@ -116,6 +116,7 @@ class Layers:
         if tree is not None:
             console.verbose(f"using the base unpacked in the cache: {tree}")
             return tree
+        # root=False: unsquashfs's options for a user (no xattrs, no /dev), which the namespace's root is
         return cache.populate(self.cache, path, offset, size, unsquashfs=self.unsquashfs, root=False,
                               kind=BUILD_TREES, suffix=suffix)
 
