@@ -19,6 +19,7 @@ def failing_cases(image: Path, workdir: Path) -> dict[str, tuple[list[str], int,
         (escape / "evil").symlink_to("../../../../tmp")
     not_image = workdir / "not-an-image.txt"
     not_image.write_text("hello")
+    missing = f"missing-{workdir.name}"  # in the host's /tmp, where no other program makes a file of this name
     return {
         "missing image": (["exec", str(workdir / "nope"), "true"], 255, "does not exist"),
         "not an image": (["exec", str(not_image), "true"], 255, "is not a container image"),
@@ -26,10 +27,10 @@ def failing_cases(image: Path, workdir: Path) -> dict[str, tuple[list[str], int,
         "bad bind option": (["exec", "-B", "/tmp:/x:rx", str(image), "true"], 255, "unknown option 'rx'"),
         "missing bind source": (["exec", "-B", "/no/such/dir:/x", str(image), "true"], 255,
                                 "bind source /no/such/dir does not exist"),
-        # evil -> ../../../../tmp climbs no higher than the container's root, as inside: /tmp/x, on the
+        # evil -> ../../../../tmp climbs no higher than the container's root, as inside: /tmp/MISSING, on the
         # host's /tmp bound there, where singpy makes nothing.
-        "escaping destination": (["exec", "-B", f"{workdir}:/evil/x", str(escape), "true"], 255,
-                                 "/evil/x: /tmp/x does not exist and can't be made"),
+        "escaping destination": (["exec", "-B", f"{workdir}:/evil/{missing}", str(escape), "true"], 255,
+                                 f"/evil/{missing}: /tmp/{missing} does not exist and can't be made"),
         "unknown flag": (["exec", "--no-such-flag", str(image), "true"], 1, "unknown flag: --no-such-flag"),
         "missing command": (["exec", str(image)], 1, "needs a COMMAND"),
         "command not found": (["exec", str(image), "no-such-command"], 255,
