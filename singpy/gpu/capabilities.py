@@ -15,6 +15,12 @@ Unset everywhere: `utility,compute` (the toolkit's default) for an image made
 for the toolkit (it sets a `NVIDIA_*` variable or `CUDA_VERSION`), and
 everything for any other image, as Apptainer's --nv, which ignores these
 variables, has always done.
+
+Device nodes follow the capabilities too, but only when NVIDIA_DRIVER_CAPABILITIES
+is given (`select_nodes`): as libnvidia-container mounts them, /dev/nvidia-uvm and
+/dev/nvidia-uvm-tools need `compute` (or `video`, which brings the compute
+libraries), /dev/nvidia-modeset needs `display`; nvidiactl, the GPU nodes and
+/dev/nvidia-caps are always bound. Without the variable every node is bound.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from singpy.gpu.ldcache import HostFiles
+from singpy.plan import MountSpec
 
 KNOWN = ("compute", "compat32", "display", "graphics", "ngx", "utility", "video")
 TOOLKIT_DEFAULT = frozenset({"utility", "compute"})
@@ -91,6 +98,33 @@ def driver_capabilities(env: Mapping[str, str], image_env: Mapping[str, str]) ->
         else:
             warnings.append(f"{VARIABLE}: unknown capability '{item}' ignored (known: all, {', '.join(KNOWN)})")
     return frozenset(wanted), tuple(warnings)
+
+
+# Device nodes the toolkit binds only for some capabilities (libnvidia-container nvc_mount.c, nvc_driver_mount):
+# the UVM pair (a major other than the driver's 195) only with compute libraries, which `compute` and `video`
+# bring (options.h), nvidia-modeset (195:254) only with `display`. nvidiactl and the GPU nodes always.
+_NODE_CAPS = {"/dev/nvidia-uvm": ("compute", "video"), "/dev/nvidia-uvm-tools": ("compute", "video"),
+              "/dev/nvidia-modeset": ("display",)}
+
+
+def is_set(env: Mapping[str, str]) -> bool:
+    """Whether NVIDIA_DRIVER_CAPABILITIES is given (by the image or the host), not defaulted."""
+    return bool(env.get(VARIABLE, "").strip())
+
+
+def wants_node(dest: str, wanted: frozenset[str]) -> bool:
+    """Whether the device node at `dest` ("/dev/nvidia-uvm") is bound for `wanted`."""
+    return dest not in _NODE_CAPS or bool(wanted.intersection(_NODE_CAPS[dest]))
+
+
+def select_nodes(mounts: tuple[MountSpec, ...], wanted: frozenset[str]
+                 ) -> tuple[tuple[MountSpec, ...], tuple[str, ...]]:
+    """The device binds `wanted` asks for, and a -v note naming the nodes left out."""
+    left = [spec.dest for spec in mounts if not wants_node(spec.dest, wanted)]
+    if not left:
+        return mounts, ()
+    kept = tuple(spec for spec in mounts if spec.dest not in left)
+    return kept, (f"{VARIABLE}={','.join(sorted(wanted)) or 'none'}: not binding {', '.join(left)}",)
 
 
 def capabilities_of(name: str) -> tuple[str, ...] | None:

@@ -17,9 +17,11 @@ and hooks. Every edit of a requested device and of its spec is applied:
   `create-symlinks --link TARGET::LINK` becomes a read-only bind at LINK of
   the file TARGET names (the container gets the same content at the same
   path), and `update-ldcache --folder DIR` exposes the spec's libraries in
-  DIR under their sonames in /.singularity.d/libs (a tmpfs singpy owns, on
-  every LD_LIBRARY_PATH), with the links create-symlinks makes in DIR: what
-  ldconfig in the container would have made findable. NVIDIA's
+  DIR under their names and sonames in /.singularity.d/libs (a tmpfs singpy
+  owns, on every LD_LIBRARY_PATH), with the links create-symlinks makes in
+  DIR: what ldconfig in the container would have made findable. They are
+  links there (`singpy.gpu.libsdir`): each library is bound once, where the
+  spec mounts it. NVIDIA's
   `disable-device-node-modification` and `enable-cuda-compat` are no-ops
   here (a --verbose note). Any other hook is refused.
 
@@ -29,17 +31,15 @@ Everything is checked before the launch: each problem is one GpuError
 
 from __future__ import annotations
 
-import json
-import mmap
 import os
-import re
 import stat
-import struct
 from collections.abc import Iterable, Mapping
 
 from singpy.constants import LIBS_DIR
 from singpy.errors import GpuError
 from singpy.gpu import GpuContribution
+from singpy.gpu.elf import soname as elf_soname
+from singpy.gpu.libsdir import libs_dir_mounts, link_notes
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
 
@@ -47,10 +47,11 @@ DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
 NEWEST_VERSION = (0, 8, 0)
 SPEC_LIMIT = 16 << 20  # a generated spec for 8 GPUs with MIG is ~100 KB
 _SUFFIXES = (".json", ".yaml", ".yml")
-_NAME = re.compile(r"(?P<vendor>[A-Za-z0-9][A-Za-z0-9.-]*)/(?P<class>[A-Za-z0-9][A-Za-z0-9_.-]*)"
-                   r"=(?P<name>[A-Za-z0-9][A-Za-z0-9_.:-]*)")
-_KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
-_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+# Characters after the first (an ASCII letter or digit) of a CDI vendor, class and device name (the CDI
+# library's parser rules); checked by hand: `import re` alone costs ~10 ms of start-up here.
+_VENDOR_CHARS = frozenset(".-")
+_CLASS_CHARS = frozenset("_.-")
+_DEVICE_CHARS = frozenset("_.:-")
 _HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 _HOOK_PROGRAMS = ("nvidia-cdi-hook", "nvidia-ctk")
 _NOOP_HOOKS = {
@@ -61,8 +62,6 @@ _NOOP_HOOKS = {
 _MOUNT_OPTIONS = {"ro", "rw", "bind", "rbind", "nosuid", "nodev", "private", "rprivate", "slave", "rslave",
                   "shared", "rshared", "relatime", "norelatime", "noatime", "strictatime", "nodiratime"}
 _EDIT_FIELDS = {"env", "deviceNodes", "mounts", "hooks"}
-_DT_SONAME = 14
-_SHT_DYNAMIC = 6
 
 
 class CdiDevice(Record, kw_only=False):
@@ -86,12 +85,24 @@ def parse_names(values: Iterable[str]) -> tuple[tuple[str, str], ...]:
     found: dict[tuple[str, str], None] = {}
     for value in values:
         for item in value.split(","):
-            match = _NAME.fullmatch(item.strip())
-            if match is None:
+            kind, _, name = item.strip().partition("=")
+            if not (is_kind(kind) and _is_word(name, _DEVICE_CHARS)):
                 raise GpuError(f"bad --device {item!r}: expected a CDI device name VENDOR/CLASS=NAME "
                                  "(nvidia.com/gpu=all, nvidia.com/gpu=0, amd.com/gpu=GPU-...)")
-            found[(f"{match['vendor']}/{match['class']}", match["name"])] = None
+            found[(kind, name)] = None
     return tuple(found)
+
+
+def is_kind(kind: str) -> bool:
+    """VENDOR/CLASS: "nvidia.com/gpu"."""
+    vendor, slash, device_class = kind.partition("/")
+    return bool(slash) and _is_word(vendor, _VENDOR_CHARS) and _is_word(device_class, _CLASS_CHARS)
+
+
+def _is_word(text: str, more: frozenset[str]) -> bool:
+    """An ASCII letter or digit, then letters, digits or `more`."""
+    return bool(text) and text[0].isascii() and text[0].isalnum() and all(
+        char.isascii() and (char.isalnum() or char in more) for char in text)
 
 
 def discover(values: Iterable[str], dirs: Iterable[str] = DEFAULT_DIRS, *,
@@ -166,6 +177,11 @@ def read_spec(path: str) -> _Spec:
 
 def _parse(path: str, text: str) -> object:
     if path.endswith(".json"):
+        parsed = _scan_json(text)
+        if parsed is not _NOT_PARSED:
+            return parsed
+        import json  # the fallback, and the message (with its line) for a spec that is not JSON
+
         try:
             return json.loads(text)
         except json.JSONDecodeError as error:
@@ -179,25 +195,62 @@ def _parse(path: str, text: str) -> object:
                        hint="singpy reads the YAML subset nvidia-ctk writes; JSON is read in full") from None
 
 
+_NOT_PARSED = object()
+_JSON_SPACE = " \t\n\r"
+
+
+class _JsonContext:
+    """What CPython's JSON scanner reads from a json.JSONDecoder: its defaults (no hooks, strict strings)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> object:
+        raise ValueError(f"{name} is not JSON a CDI spec may hold")
+
+
+def _scan_json(text: str) -> object:
+    """json.loads(text) by the C scanner of CPython's `_json` accelerator, or _NOT_PARSED.
+
+    That scanner is what json.loads itself runs; importing it alone skips
+    the `json` package and the `re` it imports (`python3 -c 'import json'`
+    takes ~12 ms more than `pass` here, far more than the parse). Whatever it does not accept (malformed text, a
+    Python without `_json`) is left to json.loads, for its verdict and message.
+    """
+    try:
+        from _json import make_scanner
+
+        start = len(text) - len(text.lstrip(_JSON_SPACE))
+        # typeshed names the scanner's own class as its argument; any object with a decoder's attributes works
+        value, end = make_scanner(_JsonContext())(text, start)  # type: ignore[arg-type]
+    except (ImportError, StopIteration, ValueError):  # json.JSONDecodeError is a ValueError
+        return _NOT_PARSED
+    return value if not text[end:].strip(_JSON_SPACE) else _NOT_PARSED
+
+
 def _check_spec(path: str, data: object) -> _Spec:
     spec = _mapping(data, path, "the spec")
     version = spec.get("cdiVersion")
-    match = _VERSION.fullmatch(version) if isinstance(version, str) else None
-    if match is None:
+    parts = version.split(".") if isinstance(version, str) else []
+    if len(parts) != 3 or not all(part.isascii() and part.isdigit() for part in parts):
         raise GpuError(f"CDI spec {path}: cdiVersion {version!r} is not a version (0.5.0)")
-    if tuple(int(part) for part in match.groups())[:2] > NEWEST_VERSION[:2]:
+    if (int(parts[0]), int(parts[1])) > NEWEST_VERSION[:2]:
         newest = ".".join(map(str, NEWEST_VERSION))
         raise GpuError(f"CDI spec {path}: cdiVersion {version} is newer than {newest}, the newest singpy reads",
                        hint="generate the spec for an older CDI version (nvidia-ctk cdi generate --format/"
                             "--version), or update singpy")
     kind = spec.get("kind")
-    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+    if not isinstance(kind, str) or not is_kind(kind):
         raise GpuError(f"CDI spec {path}: kind {kind!r} is not VENDOR/CLASS (nvidia.com/gpu)")
     devices: dict[str, Mapping[str, object]] = {}
     for entry in _list(spec.get("devices"), path, "devices"):
         device = _mapping(entry, path, "a device")
         name = device.get("name")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.:-]*", name):
+        if not isinstance(name, str) or not _is_word(name, _DEVICE_CHARS):
             raise GpuError(f"CDI spec {path}: device name {name!r} is not valid")
         if name in devices:
             raise GpuError(f"CDI spec {path}: device {name!r} is defined twice")
@@ -348,6 +401,7 @@ class _Edits:
                 specs.append(MountSpec(op=MountOp.BIND, source=source, dest=link, readonly=True, stage=Stage.GPU))
         specs += self._libs_dir(sonames)
         notes = [f"CDI {devices}: binding {spec.source} -> {spec.dest}" for spec in specs if spec.op is MountOp.BIND]
+        notes += link_notes(specs)
         return GpuContribution(mounts=tuple(specs), env=tuple(self.env.items()),
                                libs_dir_used=any(spec.dest.startswith(f"{LIBS_DIR}/") for spec in specs),
                                warnings=tuple(self.warnings), notes=(*notes, *self.notes))
@@ -358,7 +412,7 @@ class _Edits:
         for dest, (host, _) in self.mounts.items():
             folder, name = os.path.split(dest)
             if folder in self.folders and ".so" in name:
-                soname = _soname(host) if read else None
+                soname = elf_soname(host) if read else None
                 if soname and soname != name and "/" not in soname:
                     found.setdefault(os.path.join(folder, soname), dest)
         return found
@@ -377,29 +431,25 @@ class _Edits:
             return self._provider(path, self.links[path], sonames, depth + 1)
         return None
 
-    def _libs_dir(self, sonames: Mapping[str, str]) -> list[MountSpec]:
-        """update-ldcache's effect: the folders' libraries and links, by name, in /.singularity.d/libs."""
-        entries: dict[str, MountSpec] = {}
-        for dest, (host, _) in self.mounts.items():
+    def _libs_dir(self, sonames: Mapping[str, str]) -> tuple[MountSpec, ...]:
+        """update-ldcache's effect: the folders' libraries and links, by name, in /.singularity.d/libs.
+
+        Every entry is a link (`singpy.gpu.libsdir`): a library to where the spec
+        mounts it, its soname to that entry, a create-symlinks link to its target.
+        The libraries are bound once, at the spec's own paths.
+        """
+        links: list[tuple[str, str]] = []
+        for dest in self.mounts:
             folder, name = os.path.split(dest)
             if folder in self.folders and ".so" in name:
-                entries[name] = MountSpec(op=MountOp.BIND, source=host, dest=f"{LIBS_DIR}/{name}", readonly=True,
-                                          stage=Stage.GPU)
-        for link, library in sonames.items():
-            name = os.path.basename(link)
-            entries.setdefault(name, MountSpec(op=MountOp.SYMLINK, source=os.path.basename(library),
-                                               dest=f"{LIBS_DIR}/{name}", stage=Stage.GPU))
+                links.append((name, dest))
+        links += [(os.path.basename(link), os.path.basename(library)) for link, library in sonames.items()]
         for link, target in self.links.items():
             folder, name = os.path.split(link)
             if folder in self.folders:
                 resolved = os.path.normpath(os.path.join(folder, target))
-                inside = os.path.dirname(resolved) == folder
-                entries.setdefault(name, MountSpec(op=MountOp.SYMLINK, dest=f"{LIBS_DIR}/{name}", stage=Stage.GPU,
-                                                   source=os.path.basename(resolved) if inside else resolved))
-        if not entries:
-            return []
-        return [MountSpec(op=MountOp.TMPFS, dest=LIBS_DIR, stage=Stage.GPU), *entries.values(),
-                MountSpec(op=MountOp.SEAL, dest=LIBS_DIR, stage=Stage.GPU)]
+                links.append((name, os.path.basename(resolved) if os.path.dirname(resolved) == folder else resolved))
+        return libs_dir_mounts((), links)
 
 
 def _node_kind(kind: object) -> str:
@@ -425,39 +475,3 @@ def _flag_values(options: list[str], flag: str, ignored: set[str]) -> list[str] 
         if option == flag:
             values.append(value)
     return values
-
-
-def _soname(path: str) -> str | None:
-    """DT_SONAME of an ELF shared object (what ldconfig names its link after); None when it has none."""
-    try:
-        with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _read_soname(data)
-    except (OSError, ValueError, struct.error, IndexError):
-        return None
-
-
-def _read_soname(data: mmap.mmap) -> str | None:
-    if data[:4] != b"\x7fELF" or data[4] not in (1, 2) or data[5] not in (1, 2):
-        return None
-    wide = data[4] == 2
-    order = "<" if data[5] == 1 else ">"
-    shoff, shentsize, shnum = (struct.unpack_from(order + "Q", data, 0x28)[0], *struct.unpack_from(
-        order + "HH", data, 0x3A)) if wide else (struct.unpack_from(order + "I", data, 0x20)[0],
-                                                 *struct.unpack_from(order + "HH", data, 0x2E))
-    header = order + ("IIQQQQII" if wide else "IIIIIIII")
-    sections = [struct.unpack_from(header, data, shoff + index * shentsize) for index in range(shnum)]
-    for section in sections:
-        if section[1] != _SHT_DYNAMIC:
-            continue
-        offset, size, link = section[4], section[5], section[6]
-        strtab = sections[link][4]
-        entry = order + ("qQ" if wide else "iI")
-        step = struct.calcsize(entry)
-        for at in range(offset, offset + size, step):
-            tag, value = struct.unpack_from(entry, data, at)
-            if tag == 0:
-                break
-            if tag == _DT_SONAME:
-                end = data.find(b"\0", strtab + value)
-                return bytes(data[strtab + value:end]).decode(errors="replace")
-    return None

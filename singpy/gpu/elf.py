@@ -13,15 +13,21 @@ against a newer glibc than the image's fails inside the container with
 
 from __future__ import annotations
 
-import mmap
 import os
 import struct
 import sys
 
 from singpy.record import Record
 
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    import mmap
+    from collections.abc import Callable
+
 _MAGIC = b"\x7fELF"
 _SHT_GNU_VERNEED = 0x6FFFFFFE
+_SHT_DYNAMIC = 6
+_DT_SONAME = 14
 
 
 class ElfIdentity(Record, kw_only=False):
@@ -67,6 +73,8 @@ def required_glibc(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     table (stripped of section headers).  The file is memory-mapped, so a
     60 MB libcuda costs only the pages touched.
     """
+    import mmap  # only when an image's glibc is known: not on every --nv run
+
     try:
         with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, prot=mmap.PROT_READ) as data:
             names = _verneed_names(data)
@@ -133,3 +141,51 @@ def _walk_verneed(data: mmap.mmap, order: str, offset: int, count: int, strtab: 
             break
         offset += next_need
     return names
+
+
+def soname(path: str | os.PathLike[str]) -> str | None:
+    """DT_SONAME of an ELF shared object (what ldconfig names its link after); None when it has none.
+
+    Four small reads (os.pread: the ELF header, the section headers, the
+    dynamic section, the name), not a mapping of the file: the CDI path asks
+    about ~70 libraries on every launch.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return _read_soname(lambda offset, size: os.pread(fd, size, offset))
+    except (OSError, ValueError, struct.error, IndexError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_soname(read: Callable[[int, int], bytes]) -> str | None:
+    """The DT_SONAME string: the dynamic section's entry, an offset into the string table its sh_link names."""
+    ident = read(0, 64)
+    if ident[:4] != _MAGIC or ident[4] not in (1, 2) or ident[5] not in (1, 2):
+        return None
+    wide, order = ident[4] == 2, "<" if ident[5] == 1 else ">"
+    shoff, shentsize, shnum = (
+        struct.unpack_from(order + "Q", ident, 0x28)[0] if wide else struct.unpack_from(order + "I", ident, 0x20)[0],
+        *struct.unpack_from(order + "HH", ident, 0x3A if wide else 0x2E),
+    )
+    header = struct.Struct(order + ("IIQQQQII" if wide else "IIIIIIII"))  # name type flags addr offset size link
+    if shoff == 0 or shentsize < header.size:
+        return None
+    table = read(shoff, shnum * shentsize)
+    sections = [header.unpack_from(table, index * shentsize) for index in range(shnum)]
+    dynamic = next((section for section in sections if section[1] == _SHT_DYNAMIC), None)
+    if dynamic is None:
+        return None
+    strtab = sections[dynamic[6]][4]
+    entry = struct.Struct(order + ("qQ" if wide else "iI"))
+    for tag, value in entry.iter_unpack(read(dynamic[4], dynamic[5] - dynamic[5] % entry.size)):
+        if tag == 0:
+            break
+        if tag == _DT_SONAME:
+            name = read(strtab + value, 4096)
+            return name[:name.index(b"\0")].decode(errors="replace")
+    return None

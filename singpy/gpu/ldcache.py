@@ -20,20 +20,23 @@ into `MountSpec`s.
 
 from __future__ import annotations
 
-import bisect
 import os
 import struct
 from collections.abc import Iterable, Mapping
 
-from singpy.config.liblist import LibList
-from singpy.constants import LIBS_DIR, SYSTEM_PATH
+from singpy.constants import SYSTEM_PATH
 from singpy.errors import GpuError
 from singpy.gpu import GpuHost
-from singpy.gpu.elf import ElfIdentity, elf_identity, host_elf_identity, required_glibc
+from singpy.gpu.libsdir import libs_dir_mounts, link_notes, link_target
 from singpy.gpu.versions import major_minor
 from singpy.hostfiles import which
 from singpy.plan import MountOp, MountSpec, Stage
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from singpy.config.liblist import LibList
+    from singpy.gpu.elf import ElfIdentity
 
 LdCache = Mapping[str, tuple[str, ...]]  # library name -> host paths, in `ldconfig -p` order
 
@@ -67,19 +70,27 @@ _NEW_ENTRY = struct.Struct("<iIIIQ")
 _NEW_HEADER_SIZE = 48
 
 
-def read_ld_cache(ldconfig: str = "/sbin/ldconfig", cache_file: str | None = None) -> dict[str, tuple[str, ...]]:
+def read_ld_cache(ldconfig: str = "/sbin/ldconfig", cache_file: str | None = None,
+                  prefixes: tuple[str, ...] | None = None) -> dict[str, tuple[str, ...]]:
     """The host's library cache, name -> paths, in `ldconfig -p` order.
 
     The cache file is read directly when it is in glibc's current format
     (what `ldconfig -p` prints, without a fork and exec on every --nv run);
-    any other format goes through `ldconfig -p` itself.
+    any other format goes through `ldconfig -p` itself. `prefixes`: only the
+    names starting with one of them are needed (others may be left out).
     """
-    parsed = parse_ld_so_cache(cache_file or SYSTEM_LD_CACHE)
+    parsed = parse_ld_so_cache(cache_file or SYSTEM_LD_CACHE, prefixes)
     return parsed if parsed is not None else run_ldconfig(ldconfig, cache_file)
 
 
-def parse_ld_so_cache(path: str) -> dict[str, tuple[str, ...]] | None:
-    """Parse a new-format ld.so.cache; None when the file is absent or in another format."""
+def parse_ld_so_cache(path: str, prefixes: tuple[str, ...] | None = None) -> dict[str, tuple[str, ...]] | None:
+    """Parse a new-format ld.so.cache; None when the file is absent or in another format.
+
+    With `prefixes`, only names starting with one of them are decoded: a
+    host's cache has ~1000 names, --nv asks about ~70 stems, and decoding
+    every name cost more than the rest of the lookup.
+    """
+    wanted = tuple(prefix.encode() for prefix in prefixes) if prefixes is not None else None
     try:
         with open(path, "rb") as handle:
             data = handle.read()
@@ -91,9 +102,13 @@ def parse_ld_so_cache(path: str) -> dict[str, tuple[str, ...]] | None:
     if _NEW_HEADER_SIZE + count * _NEW_ENTRY.size > len(data):
         return None
     cache: dict[str, list[str]] = {}
-    for index in range(count):
-        _, key, value, _, _ = _NEW_ENTRY.unpack_from(data, _NEW_HEADER_SIZE + index * _NEW_ENTRY.size)
-        name, library = _cstring(data, key), _cstring(data, value)
+    strings: dict[int, str | None] = {}  # offset -> string: a library's path is often the value of several names
+    entries = memoryview(data)[_NEW_HEADER_SIZE:_NEW_HEADER_SIZE + count * _NEW_ENTRY.size]
+    for _, key, value, _, _ in _NEW_ENTRY.iter_unpack(entries):
+        if wanted is not None and not data.startswith(wanted, key):
+            continue
+        name = _cstring(data, key)
+        library = strings[value] if value in strings else strings.setdefault(value, _cstring(data, value))
         if name is None or library is None:
             return None
         paths = cache.setdefault(name, [])
@@ -140,7 +155,7 @@ def so_links(path: str, directories: dict[str, dict[str, list[str]]] | None = No
     cache = {} if directories is None else directories
     if directory not in cache:
         cache[directory] = _symlinks_by_target(directory)
-    return tuple(link for link in cache[directory].get(_link_target(path), ())
+    return tuple(link for link in cache[directory].get(link_target(path), ())
                  if os.path.basename(link).startswith(stem) and link != path)
 
 
@@ -152,24 +167,8 @@ def _symlinks_by_target(directory: str) -> dict[str, list[str]]:
         return links
     for entry in entries:
         if entry.is_symlink():
-            links.setdefault(_link_target(entry.path), []).append(entry.path)
+            links.setdefault(link_target(entry.path), []).append(entry.path)
     return links
-
-
-def _link_target(path: str) -> str:
-    """The file a chain of symlinks ends at (libcuda.so -> libcuda.so.1 -> libcuda.so.550.54.14).
-
-    Unlike os.path.realpath, the directories on the way are not resolved: a
-    library and its links are compared in the same spelling, at a fraction
-    of realpath's cost (it stats every component of every path).
-    """
-    for _ in range(40):
-        try:
-            target = os.readlink(path)
-        except OSError:
-            break
-        path = os.path.normpath(os.path.join(os.path.dirname(path), target))
-    return path
 
 
 class HostFiles(Record):
@@ -180,25 +179,22 @@ class HostFiles(Record):
     files: tuple[str, ...] = ()  # plain files, bound at the same path
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()  # verbose-level messages
+    glibc: tuple[tuple[str, str], ...] = ()  # (host path, newest GLIBC_2.x it needs, "2.34" or "") known ahead
 
     def mounts(self) -> tuple[MountSpec, ...]:
-        """Read-only binds; with libraries, a tmpfs at /.singularity.d/libs first and its seal last."""
-        specs: list[MountSpec] = []
-        if self.libraries:
-            specs.append(MountSpec(op=MountOp.TMPFS, dest=LIBS_DIR, stage=Stage.GPU))
-        targets = [(path, f"{LIBS_DIR}/{name}") for name, path in self.libraries]
-        targets += [(path, f"/usr/bin/{name}") for name, path in self.binaries]
+        """Read-only binds of binaries and files; the libraries in /.singularity.d/libs (`libs_dir_mounts`:
+        a tmpfs, one bind per distinct file, links for its other names, then the seal) go first."""
+        targets = [(path, f"/usr/bin/{name}") for name, path in self.binaries]
         targets += [(path, path) for path in self.files]
-        specs += [
+        return libs_dir_mounts(self.libraries) + tuple(
             MountSpec(op=MountOp.BIND, source=src, dest=dst, readonly=True, stage=Stage.GPU) for src, dst in targets
-        ]
-        if self.libraries:  # one recursive read-only switch, not one remount per library (singpy.mounts.apply)
-            specs.append(MountSpec(op=MountOp.SEAL, dest=LIBS_DIR, stage=Stage.GPU))
-        return tuple(specs)
+        )
 
-    def bind_notes(self) -> tuple[str, ...]:
-        """One "binding SRC -> DEST" line per bind, for -v."""
-        return tuple(f"binding {spec.source} -> {spec.dest}" for spec in self.mounts() if spec.op is MountOp.BIND)
+    def bind_notes(self, mounts: tuple[MountSpec, ...] | None = None) -> tuple[str, ...]:
+        """One "binding SRC -> DEST" line per bind and "linking DEST -> TARGET" per link, for -v."""
+        specs = self.mounts() if mounts is None else mounts
+        binds = tuple(f"binding {spec.source} -> {spec.dest}" for spec in specs if spec.op is MountOp.BIND)
+        return binds + link_notes(specs)
 
 
 def resolve_libraries(
@@ -209,6 +205,8 @@ def resolve_libraries(
     `inherited` pairs (already in a parent container's /.singularity.d/libs)
     come first and win, as in Apptainer's nested-container handling.
     """
+    from singpy.gpu.elf import elf_identity  # the ld cache path only: a kept listing reads no ELF header
+
     found: dict[str, str] = dict(inherited)
     missing: list[str] = []
     notes: list[str] = []
@@ -232,8 +230,10 @@ def _cache_candidates(prefix: str, cache: LdCache, names: list[str]) -> list[tup
     A scan of the whole cache for each of the ~70 list entries cost more than
     everything else --nv does before mounting.
     """
+    from bisect import bisect_left  # the ld cache path only: nvidia-container-cli's listing needs no search
+
     candidates = []
-    for name in names[bisect.bisect_left(names, prefix):]:
+    for name in names[bisect_left(names, prefix):]:
         if not name.startswith(prefix):
             break
         candidates.append(cache[name])
@@ -273,9 +273,11 @@ def drop_newer_glibc(files: HostFiles, image_glibc: str | None) -> HostFiles:
     if limit is None:
         return files
     warnings: list[str] = []
+    known = {path: _parse_glibc(needs) for path, needs in files.glibc}  # a kept listing's: no file is read
+    from singpy.gpu.elf import required_glibc
 
     def keep(path: str) -> bool:
-        needed = required_glibc(path)
+        needed = known[path] if path in known else required_glibc(path)
         if needed is None or needed <= limit:
             return True
         want = f"GLIBC_{needed[0]}.{needed[1]}"
@@ -291,6 +293,14 @@ def drop_newer_glibc(files: HostFiles, image_glibc: str | None) -> HostFiles:
     )
 
 
+def glibc_needs(files: HostFiles) -> tuple[tuple[str, str], ...]:
+    """(host path, "2.34" or "") for every library and binary: what `drop_newer_glibc` would read."""
+    from singpy.gpu.elf import required_glibc
+
+    paths = dict.fromkeys(path for _, path in files.libraries + files.binaries)
+    return tuple((path, ".".join(map(str, needed)) if (needed := required_glibc(path)) else "") for path in paths)
+
+
 def _parse_glibc(version: str | None) -> tuple[int, int] | None:
     return major_minor(version or "")
 
@@ -300,10 +310,13 @@ def find_host_files(wanted: LibList, platform: str, host: GpuHost, image_glibc: 
     notes: list[str] = []
     warnings: list[str] = []
     try:
-        cache: LdCache = read_ld_cache(host.ldconfig, host.ld_cache_file) if wanted.libraries else {}
+        bare = tuple(entry for entry in wanted.libraries if not entry.startswith("/"))  # looked up by prefix
+        cache: LdCache = read_ld_cache(host.ldconfig, host.ld_cache_file, bare) if bare else {}
     except GpuError as exc:
         warnings.append(f"while finding {platform} bind points: {exc.message}")
         cache = {}
+    from singpy.gpu.elf import host_elf_identity
+
     found_libs, missing_libs, lib_notes = resolve_libraries(
         wanted.libraries, cache, host_elf_identity(), inherited=inherited_libraries(host.inherited_libs_dir)
     )

@@ -10,6 +10,10 @@ mtime) and the ld cache's mtime (ldconfig runs when driver libraries are
 installed). Any of them changing is a miss; a miss runs the tool and saves.
 Saved atomically (a temporary file renamed), NUL-separated: reading it
 imports nothing. A cache that can't be read or written is no error.
+
+The newest GLIBC_2.x each listed file needs is kept too (read once, when the
+listing is saved): an image whose glibc is known is then checked against it
+without reading the ~70 files' version tables on every launch.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import os
 from singpy.gpu import GpuHost
 from singpy.gpu.ldcache import HostFiles
 
-_LIBRARY, _BINARY = "L", "B"
+_LIBRARY, _BINARY, _GLIBC = "L", "B", "G"
+_FORMAT = "2"  # in the file name: a singpy reading another layout misses, it never misreads
 
 
 def entry(cli: str, host: GpuHost) -> str | None:
@@ -36,7 +41,7 @@ def entry(cli: str, host: GpuHost) -> str | None:
         ld_cache = os.stat(host.ld_cache_file or "/etc/ld.so.cache").st_mtime_ns
     except OSError:
         return None
-    name = f"{version}-{tool.st_dev:x}-{tool.st_ino:x}-{tool.st_size:x}-{tool.st_mtime_ns:x}-{ld_cache:x}"
+    name = f"{_FORMAT}-{version}-{tool.st_dev:x}-{tool.st_ino:x}-{tool.st_size:x}-{tool.st_mtime_ns:x}-{ld_cache:x}"
     return f"{directory}/nv-list/{name}"
 
 
@@ -46,21 +51,23 @@ def load(path: str, cli: str) -> HostFiles | None:
             fields = saved.read().decode(errors="surrogateescape").split("\0")
     except OSError:
         return None
-    libraries: list[tuple[str, str]] = []
-    binaries: list[tuple[str, str]] = []
-    for kind, name, source in zip(fields[::3], fields[1::3], fields[2::3], strict=False):
-        (libraries if kind == _LIBRARY else binaries).append((name, source))
-    return HostFiles(libraries=tuple(libraries), binaries=tuple(binaries),
+    found: dict[str, list[tuple[str, str]]] = {_LIBRARY: [], _BINARY: [], _GLIBC: []}
+    for kind, name, value in zip(fields[::3], fields[1::3], fields[2::3], strict=False):
+        if kind in found:
+            found[kind].append((name, value))
+    libraries = found[_LIBRARY]
+    return HostFiles(libraries=tuple(libraries), binaries=tuple(found[_BINARY]), glibc=tuple(found[_GLIBC]),
                      warnings=() if libraries else ("could not find any nv libraries on this host",),
                      notes=(f"libraries and binaries listed by {cli} (the listing kept for this driver: {path})",))
 
 
 def save(path: str, files: HostFiles) -> None:
     from singpy.errors import ImageError
+    from singpy.gpu.ldcache import glibc_needs
     from singpy.image import cache
 
-    fields = [field for kind, pairs in ((_LIBRARY, files.libraries), (_BINARY, files.binaries))
-              for name, source in pairs for field in (kind, name, source)]
+    records = ((_LIBRARY, files.libraries), (_BINARY, files.binaries), (_GLIBC, files.glibc or glibc_needs(files)))
+    fields = [field for kind, pairs in records for name, value in pairs for field in (kind, name, value)]
     try:
         cache.make_private_dirs(os.path.dirname(path))
         partial = f"{path}.{os.getpid()}.partial"

@@ -6,7 +6,10 @@ Library lookup follows Apptainer's legacy mode (nvliblist.conf + `ldconfig
 output, as SingularityCE 3.7 did (absolute paths honoured, every versioned
 symlink to them bound too).  Devices are every `/dev/nvidia*` node
 (Apptainer `NvidiaDevices(true)`); with --contain, `NVIDIA_VISIBLE_DEVICES`
-picks the GPU nodes, as `nvidia-container-cli --device=` does.
+picks the GPU nodes (and MIG devices, `singpy.gpu.mig`), as
+`nvidia-container-cli --device=` does, and a set NVIDIA_DRIVER_CAPABILITIES
+leaves out the UVM and modeset nodes it does not need
+(`singpy.gpu.capabilities.select_nodes`).
 
 Nothing is mounted here.  Problems are warnings: a launch with --nv on a
 host without GPUs still runs (Apptainer behaves the same).
@@ -17,25 +20,31 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from singpy.config.liblist import load_liblist
 from singpy.errors import ConfigError, GpuError
 from singpy.gpu import GpuContribution, GpuHost, ImageHints
-from singpy.gpu.capabilities import driver_capabilities, nvidia_env, select
-from singpy.gpu.elf import elf_identity, host_elf_identity
+from singpy.gpu.capabilities import driver_capabilities, is_set, nvidia_env, select, select_nodes, wants_node
 from singpy.gpu.ldcache import (
     HostFiles,
     drop_newer_glibc,
     find_host_files,
+    glibc_needs,
     so_links,
 )
-from singpy.gpu.require import Facts, describe, disabled, unmet
 from singpy.gpu.versions import after, dotted, major_minor
 from singpy.hostfiles import which
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
 
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from singpy.gpu.mig import MigDevice
+    from singpy.gpu.require import Facts
+
 SELECT_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES")  # kept through --cleanenv
 NO_DEVICES = "no NVIDIA GPU devices found on this host (no /dev/nvidia*): the container will run without GPU access"
+UVM_MISSING = ("{dev_dir}/nvidia-uvm is missing although the NVIDIA driver is loaded: CUDA programs will fail with "
+               "CUDA_ERROR_UNKNOWN; run 'modprobe nvidia_uvm' on the host (or start nvidia-persistenced, or run any "
+               "CUDA program once on the host), then retry")
 
 # Minimum Linux driver per CUDA toolkit (GA release), newest first: NVIDIA "CUDA Toolkit
 # Release Notes", table "CUDA Toolkit and Corresponding Driver Versions".
@@ -78,6 +87,8 @@ def discover(host: GpuHost, *, contain: bool, image: ImageHints | None = None) -
     devices = device_mounts(dev_dir=host.dev_dir, contain=contain, host_env=selection, path_env=host.path_env,
                             proc_dir=os.path.dirname(host.proc_driver_version))
     wanted, cap_warnings = driver_capabilities(env, image.env or {})
+    if is_set(env):  # only then: an image that says nothing gets every node, as with Apptainer
+        devices = _nodes_for(devices, wanted, host.dev_dir)
     files = select(_host_files(host, image.glibc), wanted)
     socket = host.persistenced_socket
     if os.path.exists(socket):
@@ -85,12 +96,13 @@ def discover(host: GpuHost, *, contain: bool, image: ImageHints | None = None) -
     else:
         files = files.replace(notes=(*files.notes, f"persistenced socket {socket} not found"))
     cuda_warning = check_cuda_version(host.proc_driver_version, env, host.env)
+    mounts = files.mounts()
     return GpuContribution(
-        mounts=devices.mounts + files.mounts(),
+        mounts=devices.mounts + mounts,
         keep_host_env=tuple(name for name in SELECT_VARS if name in host.env),
         libs_dir_used=bool(files.libraries),
         warnings=devices.warnings + cap_warnings + files.warnings + cuda_warning,
-        notes=devices.notes + files.notes + files.bind_notes(),
+        notes=devices.notes + files.notes + files.bind_notes(mounts),
     )
 
 
@@ -120,11 +132,7 @@ def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], p
     warnings: list[str] = []
     notes: list[str] = []
     if "nvidiactl" in names and "nvidia-uvm" not in names:
-        warnings.append(
-            f"{dev_dir}/nvidia-uvm is missing although the NVIDIA driver is loaded: CUDA programs will fail "
-            "with CUDA_ERROR_UNKNOWN; run 'modprobe nvidia_uvm' on the host (or start nvidia-persistenced, "
-            "or run any CUDA program once on the host), then retry"
-        )
+        warnings.append(UVM_MISSING.format(dev_dir=dev_dir))
     caps: list[str] = []
     wanted = _wanted_gpus(names, contain, host_env, path_env, warnings, notes, (proc_dir, dev_dir, caps))
     kept = [n for n in names if (i := gpu_index(n)) is None or wanted is None or i in wanted]
@@ -137,6 +145,16 @@ def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], p
     )
     notes += [f"binding {spec.source} -> {spec.dest}" for spec in mounts]
     return _Devices(mounts, tuple(warnings), tuple(notes))
+
+
+def _nodes_for(devices: _Devices, wanted: frozenset[str], dev_dir: str) -> _Devices:
+    """The device binds the capabilities ask for (`singpy.gpu.capabilities.select_nodes`); the "binding" note
+    of a node left out goes, and so does the missing-UVM warning when UVM is not wanted."""
+    nodes, node_notes = select_nodes(devices.mounts, wanted)
+    left = {f"binding {spec.source} -> {spec.dest}" for spec in devices.mounts if spec not in nodes}
+    unwanted = () if wants_node("/dev/nvidia-uvm", wanted) else (UVM_MISSING.format(dev_dir=dev_dir),)
+    return devices.replace(mounts=nodes, notes=tuple(n for n in devices.notes if n not in left) + node_notes,
+                           warnings=tuple(w for w in devices.warnings if w not in unwanted))
 
 
 def gpu_index(name: str) -> int | None:
@@ -164,14 +182,23 @@ def _wanted_gpus(
         return None
     if value in ("none", "void"):
         return set()
+    from singpy.gpu.mig import find, mig_caps  # only for a selection: not on every --nv run
+
     present = {i for n in names if (i := gpu_index(n)) is not None}
     uuids: dict[str, int] | None = None
+    migs: list[MigDevice] | None = None
     wanted: set[int] = set()
     for item in (part.strip() for part in value.split(",") if part.strip()):
-        if item.startswith("MIG-"):
-            warnings.append(f"NVIDIA_VISIBLE_DEVICES: MIG device '{item}' cannot be selected by UUID; name it as "
-                            "GPU:GI:CI (nvidia-smi mig -lci lists the instance ids); ignored")
-            continue
+        if item[:4].upper() == "MIG-" or item.count(":") == 1:  # a MIG device by UUID or as GPU:MIG
+            if migs is None:
+                migs = host_mig_devices(path_env, warnings)
+            device = find(item, migs)
+            if device is None:
+                warnings.append(f"NVIDIA_VISIBLE_DEVICES: no MIG device '{item}' on this host (nvidia-smi -L lists "
+                                "them); ignored")
+                continue
+            notes.append(f"NVIDIA_VISIBLE_DEVICES: MIG device {item} is GPU:GI:CI {device.name}")
+            item = device.name
         if item.count(":") == 2:
             found = mig_caps(item, mig[0], mig[1], warnings)
             if found is not None and found[0] in present:
@@ -193,41 +220,14 @@ def _wanted_gpus(
     return wanted
 
 
-def mig_caps(item: str, proc_dir: str, dev_dir: str, warnings: list[str]) -> tuple[int, tuple[str, ...]] | None:
-    """(GPU minor, capability node names) for a MIG instance "GPU:GI:CI", as nvidia-container-cli finds them.
+def host_mig_devices(path_env: str, warnings: list[str]) -> list[MigDevice]:
+    """The host's MIG devices, from `nvidia-smi -L` and the MIG table of `nvidia-smi` (`singpy.gpu.mig`)."""
+    if (which("nvidia-smi", path_env) if path_env else None) is None:
+        warnings.append("NVIDIA_VISIBLE_DEVICES names MIG devices but nvidia-smi is not on PATH to resolve them")
+        return []
+    from singpy.gpu.mig import mig_devices
 
-    The driver publishes, per instance, `capabilities/gpuN/mig/giG/access` and
-    `.../giG/ciC/access` under /proc/driver/nvidia, each naming the minor of
-    the /dev/nvidia-caps/nvidia-capM node that grants it ("DeviceFileMinor: M").
-    """
-    gpu, gi, ci = (part.strip() for part in item.split(":"))
-    if not (gpu.isdigit() and gi.isdigit() and ci.isdigit()):
-        warnings.append(f"NVIDIA_VISIBLE_DEVICES: '{item}' is not GPU:GI:CI (three numbers); ignored")
-        return None
-    instance = os.path.join(proc_dir, "capabilities", f"gpu{int(gpu)}", "mig", f"gi{int(gi)}")
-    caps = []
-    for access in (os.path.join(instance, "access"), os.path.join(instance, f"ci{int(ci)}", "access")):
-        minor = _device_file_minor(access)
-        if minor is None or not os.path.exists(os.path.join(dev_dir, "nvidia-caps", f"nvidia-cap{minor}")):
-            warnings.append(f"NVIDIA_VISIBLE_DEVICES: no MIG instance '{item}' on this host ({access} or its "
-                            f"{dev_dir}/nvidia-caps node is missing); ignored")
-            return None
-        caps.append(f"nvidia-cap{minor}")
-    return int(gpu), tuple(caps)
-
-
-def _device_file_minor(path: str) -> int | None:
-    """M from the "DeviceFileMinor: M" line of a /proc/driver/nvidia/capabilities access file."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as handle:
-            text = handle.read(4096)
-    except OSError:
-        return None
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() == "DeviceFileMinor" and value.strip().isdigit():
-            return int(value.strip())
-    return None
+    return mig_devices(_smi(path_env, "-L"), _smi(path_env))
 
 
 def gpu_uuids(path_env: str, warnings: list[str]) -> dict[str, int]:
@@ -275,6 +275,7 @@ def _host_files(host: GpuHost, image_glibc: str | None) -> HostFiles:
         try:
             files = files_from_container_cli(cli)
             if saved is not None and files.libraries:
+                files = files.replace(glibc=glibc_needs(files))  # read once, kept with the listing
                 listcache.save(saved, files)
             return drop_newer_glibc(files, image_glibc)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -282,6 +283,8 @@ def _host_files(host: GpuHost, image_glibc: str | None) -> HostFiles:
                 raise GpuError(f"--nvccli: {cli} list failed: {_why(exc)}") from None
             fallback_warning = (f"nvidia-container-cli list failed ({_why(exc)}); using {host.nvliblist} instead",)
     try:
+        from singpy.config.liblist import load_liblist
+
         liblist = load_liblist(host.nvliblist)
     except ConfigError as exc:
         return HostFiles(warnings=(*fallback_warning, f"while finding nv bind points: {exc.message}"))
@@ -307,6 +310,8 @@ def files_from_container_cli(cli: str) -> HostFiles:
 
     argv = [cli, "list", "--binaries", "--libraries"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    from singpy.gpu.elf import elf_identity, host_elf_identity
+
     host = host_elf_identity()
     libraries: dict[str, str] = {}
     binaries: dict[str, str] = {}
@@ -321,8 +326,8 @@ def files_from_container_cli(cli: str) -> HostFiles:
         elif elf_identity(path) != host:
             notes.append(f"ignoring {path}: not an ELF library of the host's architecture")
         else:
-            for source in (path, *so_links(path, directories)):
-                libraries.setdefault(os.path.basename(source), source)
+            for source in (path, *so_links(path, directories)):  # each name of the file, bound from the file
+                libraries.setdefault(os.path.basename(source), path)
     warnings = () if libraries else ("could not find any nv libraries on this host",)
     return HostFiles(
         libraries=tuple(libraries.items()), binaries=tuple(binaries.items()), warnings=warnings,
@@ -337,12 +342,14 @@ def check_cuda_version(
     proc_driver_version: str, image_env: Mapping[str, str], host_env: Mapping[str, str]
 ) -> tuple[str, ...]:
     """A warning when the image's CUDA is newer than the host driver supports."""
-    if disabled(image_env) or disabled(host_env):
-        return ()  # the toolkit's opt-out of its own `cuda>=` requirement check
     wanted = image_cuda_version(image_env)
-    drv = driver_version_text(proc_driver_version)
-    if wanted is None or drv is None:
+    if wanted is None:
         return ()
+    from singpy.gpu.require import disabled
+
+    drv = driver_version_text(proc_driver_version)
+    if disabled(image_env) or disabled(host_env) or drv is None:
+        return ()  # NVIDIA_DISABLE_REQUIRE: the toolkit's opt-out of its own `cuda>=` requirement check
     driver = tuple(int(part) for part in drv.split("."))
     supported = max_cuda_for_driver(driver)
     newest_known = CUDA_MIN_DRIVER[0][0]
@@ -398,8 +405,12 @@ def check_requirements(host: GpuHost, image: ImageHints | None = None) -> tuple[
     loaded driver (no /proc/driver/nvidia/version): --nv then warns and runs anyway.
     """
     env = nvidia_env((image.env if image else None) or {}, host.env)
+    if not any(name.startswith("NVIDIA_REQUIRE_") or name == "CUDA_VERSION" for name in env):
+        return ()  # nothing to check (most images): singpy.gpu.require is not even loaded
     if driver_version(host.proc_driver_version) is None:
         return ()
+    from singpy.gpu.require import describe, unmet
+
     facts = host_facts(host)
     failed, warnings = unmet(env, facts)
     if failed is not None:
@@ -428,6 +439,8 @@ def host_facts(host: GpuHost) -> Facts:
         return found or None
 
     from functools import cache
+
+    from singpy.gpu.require import Facts
 
     return Facts(cuda=cache(lambda: driver_cuda_version(host)),
                  driver=cache(lambda: driver_version(host.proc_driver_version)), archs=cache(archs),

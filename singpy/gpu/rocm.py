@@ -36,12 +36,13 @@ def discover(host: GpuHost, *, contain: bool, image: ImageHints | None = None) -
     files = _host_files(host, (image or ImageHints()).glibc)
     if not contain and devices:
         notes = (*notes, "without --contain the whole host /dev is visible; the /dev/kfd and /dev/dri binds are no-ops")
+    mounts = files.mounts()
     return GpuContribution(
-        mounts=devices + files.mounts(),
+        mounts=devices + mounts,
         keep_host_env=tuple(name for name in SELECT_VARS if name in host.env),
         libs_dir_used=bool(files.libraries),
         warnings=warnings + files.warnings,
-        notes=notes + files.notes + files.bind_notes(),
+        notes=notes + files.notes + files.bind_notes(mounts),
     )
 
 

@@ -92,6 +92,7 @@ class SimHost:
     container_cli: Path  # stub nvidia-container-cli
     uuids: tuple[str, ...]  # GPU-... per index
     gpus: int
+    mig_uuids: dict[str, str] = dataclasses.field(default_factory=dict)  # "GPU:GI:CI" -> MIG-..., as nvidia-smi -L
 
 
 def build_nvidia_host(
@@ -123,7 +124,8 @@ def build_nvidia_host(
     ld_conf, ld_cache, ldconfig = build_ld_cache(root, [lib_dir, *([lib32_dir] if lib32_dir else [])])
     bin_dir = root / "usr/bin"
     uuids = tuple(f"GPU-{index:08x}-5a3c-4f7e-9d2b-{0xC0FFEE000000 + index:012x}" for index in range(gpus))
-    _write_script(bin_dir / "nvidia-smi", _nvidia_smi_script(uuids, driver))
+    migs = {item: mig_uuid(item) for item in MIG_INSTANCES if int(item.split(":")[0]) < gpus} if devices else {}
+    _write_script(bin_dir / "nvidia-smi", _nvidia_smi_script(uuids, driver, migs))
     cli_paths = [str(bin_dir / "nvidia-smi"), *(str(lib_dir / f"{stem}.so.{driver}") for stem in
                  ("libcuda", "libnvidia-ml", "libnvidia-glcore"))]
     container_cli = _write_script(bin_dir / "nvidia-container-cli", container_cli_script(cli_paths))
@@ -138,7 +140,7 @@ def build_nvidia_host(
         root=root, dev_dir=dev_dir, lib_dir=lib_dir, lib32_dir=lib32_dir, ld_conf=ld_conf, ld_cache=ld_cache,
         ldconfig=ldconfig, bin_dir=bin_dir, path_env=str(bin_dir), liblist=liblist, libs=libs, lib32=lib32,
         foreign_lib=foreign, files=(icd,), proc_version=proc_version, persistenced_socket=socket_path,
-        container_cli=container_cli, uuids=uuids, gpus=gpus,
+        container_cli=container_cli, uuids=uuids, gpus=gpus, mig_uuids=migs,
     )
 
 
@@ -244,8 +246,21 @@ def _nvidia_nodes(dev_dir: Path, gpus: int, uvm: bool) -> None:
 
 
 # MIG instances "GPU:GI:CI" -> (GI access minor, CI access minor): /dev/nvidia-caps/nvidia-capM nodes and the
-# /proc/driver/nvidia/capabilities/gpuN/mig/giG[/ciC]/access files naming them, as the driver publishes them.
-MIG_INSTANCES = {"0:1:0": (12, 13), "1:2:0": (21, 22)}
+# /proc/driver/nvidia/capabilities/gpuN/mig/giG[/ciC]/access files naming them, as the driver publishes them. In
+# this order, each is its GPU's MIG device 0, 1... (nvidia-smi's "Device N" and "MIG Dev").
+MIG_INSTANCES = {"0:1:0": (12, 13), "0:2:1": (15, 16), "1:2:0": (21, 22)}
+
+
+def mig_uuid(item: str) -> str:
+    """The simulated MIG device's UUID ("MIG-" and a UUID made of GPU, GI and CI)."""
+    gpu, gi, ci = (int(part) for part in item.split(":"))
+    return f"MIG-{gpu:08x}-{gi:04x}-4{ci:03x}-8e1f-{0xD15C0 + gpu:012x}"
+
+
+def mig_index(item: str) -> int:
+    """The MIG device's index on its GPU: its rank among that GPU's instances in MIG_INSTANCES."""
+    gpu = item.split(":")[0]
+    return [name for name in MIG_INSTANCES if name.split(":")[0] == gpu].index(item)
 
 
 def _mig_instances(root: Path, gpus: int) -> None:
@@ -358,9 +373,25 @@ libnvidia-opencl.so
 """
 
 
-def _nvidia_smi_script(uuids: tuple[str, ...], driver: str) -> str:
+def _nvidia_smi_script(uuids: tuple[str, ...], driver: str, migs: dict[str, str]) -> str:
+    """nvidia-smi's answers; `migs` ("GPU:GI:CI" -> MIG UUID) appear in -L and in the summary's MIG table."""
     csv = "\n".join(f"{index}, {uuid}" for index, uuid in enumerate(uuids))
-    listing = "\n".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {u})" for i, u in enumerate(uuids))
+    lines = []
+    for i, u in enumerate(uuids):
+        lines.append(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: {u})")
+        lines += [f"  MIG 1g.10gb     Device  {mig_index(item)}: (UUID: {uuid})" for item, uuid in migs.items()
+                  if int(item.split(":")[0]) == i]
+    listing = "\n".join(lines)
+    rows = [f"| {item.split(':')[0]:>2} {item.split(':')[1]:>4} {item.split(':')[2]:>3} {mig_index(item):>3}  |"
+            "     11MiB /  9984MiB | 16      0 |  1   0    1    0    1 |\n"
+            "|                  |      0MiB / 16383MiB |           |                       |" for item in migs]
+    mig_table = ("| MIG devices:                                                                            |\n"
+                 "+------------------+----------------------+-----------+-----------------------+\n"
+                 "| GPU  GI  CI  MIG |         Memory-Usage |        Vol|        Shared         |\n"
+                 "|      ID  ID  Dev |           BAR1-Usage | SM     Unc| CE ENC  DEC  OFA  JPG |\n"
+                 "|==================+======================+===========+=======================|\n"
+                 + "\n".join(rows) + "\n+------------------+----------------------+-----------+"
+                 "-----------------------+") if migs else "| MIG: none"
     caps = "\n".join(COMPUTE_CAP for _ in uuids)
     query = "\n".join(f"GPU 0000000{i}:00.0\n    Product Name : NVIDIA H100 80GB HBM3\n"
                       f"    Product Brand : {BRAND}\n    Product Architecture : Hopper" for i in range(len(uuids)))
@@ -388,6 +419,13 @@ EOF
 | NVIDIA-SMI {driver}             Driver Version: {driver}     CUDA Version: 12.4     |
 +-----------------------------------------------------------------------------------------+
 | simulated host: {len(uuids)} GPU(s)
++-----------------------------------------------------------------------------------------+
+{mig_table}
++-----------------------------------------------------------------------------------------+
+| Processes:                                                                              |
+|  GPU   GI   CI        PID   Type   Process name                              GPU Memory |
+|=========================================================================================|
+|  No running processes found                                                             |
 +-----------------------------------------------------------------------------------------+
 EOF
   ;;

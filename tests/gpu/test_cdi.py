@@ -256,3 +256,18 @@ def test_newer_version_and_unknown_hook(sim: SimHostRun, image: Path, cdi_host: 
     directory = _spec_dir(sim.runner, "hook", json.dumps(spec), "json")
     line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(directory), str(image), "true"))
     assert "hook `/usr/bin/nvidia-cdi-hook chmod --mode 755`" in line
+
+
+def test_update_ldcache_links_to_the_spec_mounts(sim: SimHostRun, cdi_image: Path, spec_dirs: dict[str, Path],
+                                                 cdi_host: simhost.SimHost) -> None:
+    """Each library is bound once, where the spec mounts it; /.singularity.d/libs holds only links to it."""
+    libs = "/.singularity.d/libs"
+    real = f"libcuda.so.{simhost.DRIVER}"
+    out = sim.ok("exec", "--contain", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(spec_dirs["json"]),
+                 str(cdi_image), "sh", "-c",
+                 f"readlink {libs}/{real}; readlink -f {libs}/libcuda.so.1; cmp {libs}/libcuda.so.1 {LIB_DIR}/{real}"
+                 f" && echo same; grep -c ' {libs}/' /proc/self/mountinfo; grep -c ' {LIB_DIR}/' /proc/self/mountinfo")
+    target, resolved, same, in_libs, in_lib_dir = out.split()
+    assert target == resolved == f"{LIB_DIR}/{real}" and same == "same"
+    assert in_libs == "0"  # links only: no bind below /.singularity.d/libs
+    assert int(in_lib_dir) == len(cdi_host.libs) + 1  # the spec's libraries, and create-symlinks' libcuda.so

@@ -94,7 +94,40 @@ def dev_dests(contrib: GpuContribution) -> set[str]:
 
 
 def lib_binds(contrib: GpuContribution) -> dict[str, str]:
-    return {dest.removeprefix(LIBS + "/"): src for dest, src in binds(contrib).items() if dest.startswith(LIBS + "/")}
+    """What each name in /.singularity.d/libs is inside the container: name -> the host file it leads to.
+
+    The container's view, worked out from the mounts as the kernel would: a
+    bind shows its source file, a link in the tmpfs leads (relative: to
+    another entry of the directory, absolute: to a path bound in the
+    container) to what is there. The host files compared against are real
+    paths (os.path.realpath), so a name leading to the wrong file, or to
+    nothing, fails.
+    """
+    seen: dict[str, str] = {}
+    for name in {spec.dest.removeprefix(LIBS + "/") for spec in contrib.mounts if spec.dest.startswith(LIBS + "/")}:
+        seen[name] = container_file(contrib, f"{LIBS}/{name}")
+    return seen
+
+
+def container_file(contrib: GpuContribution, path: str, depth: int = 0) -> str:
+    """The host file (real path) that container path `path` shows; "" for nothing (a dangling link)."""
+    spec = next((m for m in contrib.mounts if m.dest == path and m.op in (MountOp.BIND, MountOp.SYMLINK)), None)
+    if spec is None or spec.source is None or depth > 8:
+        return ""
+    if spec.op is MountOp.BIND:
+        return os.path.realpath(spec.source)
+    assert spec.op is MountOp.SYMLINK and path.startswith(LIBS + "/")  # links are made only in the tmpfs
+    return container_file(contrib, os.path.normpath(os.path.join(LIBS, spec.source)), depth + 1)
+
+
+def real(path: Path | str) -> str:
+    return os.path.realpath(path)
+
+
+def bound_files(contrib: GpuContribution) -> list[str]:
+    """Host files bound into /.singularity.d/libs, in order (one bind each, the other names are links)."""
+    return [os.path.realpath(m.source or "") for m in contrib.mounts
+            if m.op is MountOp.BIND and m.dest.startswith(LIBS + "/")]
 
 
 # --- the simulated host itself ------------------------------------------------------------
@@ -178,7 +211,7 @@ def test_uuid_without_nvidia_smi_warns_and_binds_no_gpu(nv_host: SimHost, tmp_pa
     [
         pytest.param("7", "no GPU device node for '7'", id="absent-index"),
         pytest.param("GPU-ffffffff-0000-0000-0000-000000000000", "no GPU device node for 'GPU-ffff", id="unknown-uuid"),
-        pytest.param("MIG-4f6c1d2e-0000-0000-0000-000000000000", "MIG device", id="mig"),
+        pytest.param("MIG-4f6c1d2e-0000-0000-0000-000000000000", "no MIG device 'MIG-4f6c1d2e", id="mig"),
     ],
 )
 def test_unusable_selection_entries_warn(nv_host: SimHost, value: str, expected: str) -> None:
@@ -219,14 +252,19 @@ def test_missing_uvm_warning(tmp_path: Path) -> None:
 def test_libraries_resolved_through_the_ldconfig_cache(nv_host: SimHost) -> None:
     contrib = discover_nv(nv_host)
     libs = lib_binds(contrib)
+    libcuda = real(nv_host.lib_dir / "libcuda.so.1")
+    assert libcuda.endswith(f"/libcuda.so.{DRIVER}")
     assert libs == {
-        "libcuda.so.1": str(nv_host.lib_dir / "libcuda.so.1"),
-        "libcuda.so": str(nv_host.lib_dir / "libcuda.so"),
-        "libnvidia-ml.so.1": str(nv_host.lib_dir / "libnvidia-ml.so.1"),
-        f"libnvidia-glcore.so.{DRIVER}": str(nv_host.lib_dir / f"libnvidia-glcore.so.{DRIVER}"),
+        "libcuda.so.1": libcuda,
+        "libcuda.so": libcuda,
+        "libnvidia-ml.so.1": real(nv_host.lib_dir / "libnvidia-ml.so.1"),
+        f"libnvidia-glcore.so.{DRIVER}": real(nv_host.lib_dir / f"libnvidia-glcore.so.{DRIVER}"),
     }
     assert contrib.libs_dir_used
-    assert f"binding {nv_host.lib_dir}/libcuda.so.1 -> {LIBS}/libcuda.so.1" in contrib.notes
+    # libcuda.so and libcuda.so.1 are one file: bound once (under its most specific name), the other a link.
+    assert sorted(bound_files(contrib)) == sorted(set(libs.values()))
+    assert f"binding {libcuda} -> {LIBS}/libcuda.so.1" in contrib.notes
+    assert f"linking {LIBS}/libcuda.so -> libcuda.so.1" in contrib.notes
 
 
 def test_library_binds_follow_one_tmpfs_and_are_read_only(nv_host: SimHost) -> None:
@@ -235,7 +273,12 @@ def test_library_binds_follow_one_tmpfs_and_are_read_only(nv_host: SimHost) -> N
     assert len(tmpfs) == 1 and mounts[tmpfs[0]].dest == LIBS and mounts[tmpfs[0]].stage is Stage.GPU
     lib_indices = [i for i, m in enumerate(mounts) if m.dest.startswith(LIBS + "/")]
     assert lib_indices and min(lib_indices) > tmpfs[0]
-    assert all(mounts[i].readonly and mounts[i].missing is Missing.REQUIRED for i in lib_indices)
+    (seal,) = [i for i, m in enumerate(mounts) if m.op is MountOp.SEAL]
+    assert mounts[seal].dest == LIBS and max(lib_indices) < seal  # links too are made before the tmpfs is sealed
+    assert all(mounts[i].missing is Missing.REQUIRED for i in lib_indices)
+    assert all(mounts[i].readonly for i in lib_indices if mounts[i].op is MountOp.BIND)
+    links = [mounts[i] for i in lib_indices if mounts[i].op is MountOp.SYMLINK]
+    assert links and all(link.source and "/" not in link.source for link in links)  # relative, to an entry beside
 
 
 def test_32bit_and_foreign_libraries_are_skipped(nv_host: SimHost) -> None:
@@ -308,8 +351,8 @@ def test_broken_ldconfig_is_a_warning(nv_host: SimHost, tmp_path: Path) -> None:
 
 def test_shipped_nvliblist_finds_the_simulated_driver(nv_host: SimHost) -> None:
     libs = lib_binds(discover_nv(nv_host, nvliblist=str(SHIPPED_NV)))
-    assert libs["libcuda.so.1"] == str(nv_host.lib_dir / "libcuda.so.1")
-    assert libs["libnvidia-ml.so.1"] == str(nv_host.lib_dir / "libnvidia-ml.so.1")
+    assert libs["libcuda.so.1"] == real(nv_host.lib_dir / "libcuda.so.1")
+    assert libs["libnvidia-ml.so.1"] == real(nv_host.lib_dir / "libnvidia-ml.so.1")
 
 
 def test_parent_container_libraries_win(nv_host: SimHost) -> None:
@@ -317,7 +360,7 @@ def test_parent_container_libraries_win(nv_host: SimHost) -> None:
     parent.mkdir()
     inherited = build_elf_library(parent, "libcuda.so.1")
     contrib = discover_nv(nv_host, inherited_libs_dir=str(parent))
-    assert lib_binds(contrib)["libcuda.so.1"] == str(inherited)
+    assert lib_binds(contrib)["libcuda.so.1"] == real(inherited)
 
 
 # --- glibc check ----------------------------------------------------------------------------
@@ -353,11 +396,15 @@ def test_library_needing_newer_glibc_is_skipped(nv_host: SimHost, image_glibc: s
 def test_container_cli_paths_and_their_symlinks(nv_host: SimHost) -> None:
     contrib = discover_nv(nv_host, nvidia_container_cli=str(nv_host.container_cli))
     libs = lib_binds(contrib)
-    real = str(nv_host.lib_dir / f"libcuda.so.{DRIVER}")
-    assert libs[f"libcuda.so.{DRIVER}"] == real
-    assert libs["libcuda.so.1"] == str(nv_host.lib_dir / "libcuda.so.1")
-    assert libs["libcuda.so"] == str(nv_host.lib_dir / "libcuda.so")
-    assert "libnvidia-ml.so.1" in libs and f"libnvidia-glcore.so.{DRIVER}" in libs
+    libcuda = str(nv_host.lib_dir / f"libcuda.so.{DRIVER}")
+    assert libs[f"libcuda.so.{DRIVER}"] == libs["libcuda.so.1"] == libs["libcuda.so"] == real(libcuda)
+    assert libs["libnvidia-ml.so.1"] == real(nv_host.lib_dir / f"libnvidia-ml.so.{DRIVER}")
+    assert libs[f"libnvidia-glcore.so.{DRIVER}"] == real(nv_host.lib_dir / f"libnvidia-glcore.so.{DRIVER}")
+    # Each listed file bound once under its own name; its soname links are links to it.
+    assert sorted(bound_files(contrib)) == sorted(set(libs.values())) and len(bound_files(contrib)) == 3
+    mounts = {m.dest: m for m in contrib.mounts}
+    assert (mounts[f"{LIBS}/libcuda.so.1"].op, mounts[f"{LIBS}/libcuda.so.1"].source) == (
+        MountOp.SYMLINK, f"libcuda.so.{DRIVER}")
     assert binds(contrib)["/usr/bin/nvidia-smi"] == str(nv_host.bin_dir / "nvidia-smi")
     assert str(nv_host.files[0]) not in binds(contrib)  # the liblist was not used
     assert any(str(nv_host.container_cli) in note for note in contrib.notes)
@@ -371,6 +418,7 @@ def test_container_cli_output_is_elf_filtered(nv_host: SimHost) -> None:
     cli.chmod(0o755)
     libs = lib_binds(discover_nv(nv_host, nvidia_container_cli=str(cli)))
     assert set(libs) == {f"libnvidia-ml.so.{DRIVER}", "libnvidia-ml.so.1"}
+    assert set(libs.values()) == {real(nv_host.lib_dir / f"libnvidia-ml.so.{DRIVER}")}
 
 
 def test_failing_container_cli_falls_back_to_liblist(nv_host: SimHost) -> None:
@@ -380,7 +428,7 @@ def test_failing_container_cli_falls_back_to_liblist(nv_host: SimHost) -> None:
     assert contrib.warnings == (
         f"nvidia-container-cli list failed (nvml error: driver not loaded); using {nv_host.liblist} instead",
     )
-    assert lib_binds(contrib)["libcuda.so.1"] == str(nv_host.lib_dir / "libcuda.so.1")
+    assert lib_binds(contrib)["libcuda.so.1"] == real(nv_host.lib_dir / "libcuda.so.1")
 
 
 def test_absent_container_cli_uses_liblist_silently(nv_host: SimHost) -> None:
@@ -489,9 +537,9 @@ def test_rocm_devices_libraries_and_binaries(rocm_host: SimHost) -> None:
     assert binds(contrib)["/dev/dri"] == str(rocm_host.dev_dir / "dri")
     assert all(m.missing is Missing.REQUIRED and m.stage is Stage.GPU for m in contrib.mounts)
     assert lib_binds(contrib) == {
-        "libamdocl64.so": str(rocm_host.lib_dir / "libamdocl64.so"),
-        "librocr_debug_agent64.so.2": str(rocm_host.lib_dir / "librocr_debug_agent64.so.2"),
-        "libCXLActivityLogger.so": str(rocm_host.lib_dir / "libCXLActivityLogger.so"),
+        "libamdocl64.so": real(rocm_host.lib_dir / "libamdocl64.so"),
+        "librocr_debug_agent64.so.2": real(rocm_host.lib_dir / "librocr_debug_agent64.so.2"),
+        "libCXLActivityLogger.so": real(rocm_host.lib_dir / "libCXLActivityLogger.so"),
     }
     assert binds(contrib)["/usr/bin/rocminfo"] == str(rocm_host.bin_dir / "rocminfo")
     assert binds(contrib)["/usr/bin/rocm-smi"] == str(rocm_host.bin_dir / "rocm-smi")
@@ -501,8 +549,8 @@ def test_rocm_devices_libraries_and_binaries(rocm_host: SimHost) -> None:
 
 def test_rocm_shipped_liblist_finds_the_simulated_libraries(rocm_host: SimHost) -> None:
     libs = lib_binds(discover_rocm(rocm_host, rocmliblist=str(SHIPPED_ROCM)))
-    assert libs["libamdocl64.so"] == str(rocm_host.lib_dir / "libamdocl64.so")
-    assert libs["librocr_debug_agent64.so.2"] == str(rocm_host.lib_dir / "librocr_debug_agent64.so.2")
+    assert libs["libamdocl64.so"] == real(rocm_host.lib_dir / "libamdocl64.so")
+    assert libs["librocr_debug_agent64.so.2"] == real(rocm_host.lib_dir / "librocr_debug_agent64.so.2")
 
 
 def test_rocm_no_devices_warning(tmp_path: Path) -> None:
@@ -530,7 +578,7 @@ def test_rocm_no_libraries_warning(rocm_host: SimHost) -> None:
 def test_rocm_foreign_library_skipped(rocm_host: SimHost) -> None:
     liblist = write_file(rocm_host.root / "foreign.conf", f"{rocm_host.foreign_lib}\nlibamdocl64.so\n")
     libs = lib_binds(discover_rocm(rocm_host, rocmliblist=str(liblist)))
-    assert libs == {"libamdocl64.so": str(rocm_host.lib_dir / "libamdocl64.so")}
+    assert libs == {"libamdocl64.so": real(rocm_host.lib_dir / "libamdocl64.so")}
 
 
 def test_rocm_keep_host_env(rocm_host: SimHost) -> None:

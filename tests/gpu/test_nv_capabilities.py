@@ -272,7 +272,8 @@ def test_mig_instance_binds_its_gpu_and_capability_nodes(caps_host: simhost.SimH
 
 
 @pytest.mark.parametrize(("item", "why"), [("0:9:0", "no MIG instance '0:9:0'"), ("0:x:0", "is not GPU:GI:CI"),
-                                           ("MIG-4f1b0c5e-1f0a-5e3c-9d2b-000000000001", "cannot be selected by UUID")])
+                                           ("MIG-4f1b0c5e-1f0a-5e3c-9d2b-000000000001", "no MIG device 'MIG-4f1b"),
+                                           ("1:5", "no MIG device '1:5'")])
 def test_unknown_mig_instance_warns(caps_host: simhost.SimHost, item: str, why: str) -> None:
     contrib = discover_nv(caps_host, contain=True, env={"NVIDIA_VISIBLE_DEVICES": item})
     assert any(why in warning for warning in contrib.warnings), contrib.warnings
@@ -285,3 +286,93 @@ def test_image_selects_a_mig_instance(nv: DriverRun, workdir: Path) -> None:
     devices, caps = out.split("---")
     assert {name for name in devices.split() if name.startswith("nvidia") and name[6:].isdigit()} == {"nvidia1"}
     assert set(caps.split()) == {"nvidia-cap21", "nvidia-cap22"}
+
+
+@pytest.mark.parametrize(("instance", "spelling"), [("0:2:1", "uuid"), ("1:2:0", "uuid"), ("0:2:1", "UUID"),
+                                                    ("0:2:1", "gpu:mig")])
+def test_mig_device_by_uuid_or_index(caps_host: simhost.SimHost, instance: str, spelling: str) -> None:
+    """nvidia-container-cli's names for a MIG device: its UUID (any case) or GPU:MIG, resolved through nvidia-smi."""
+    uuid = caps_host.mig_uuids[instance]
+    item = {"uuid": uuid, "UUID": uuid.upper().replace("MIG-", "mig-"), "gpu:mig": f"0:{simhost.mig_index(instance)}"}
+    contrib = discover_nv(caps_host, contain=True, env={"NVIDIA_VISIBLE_DEVICES": item[spelling]})
+    gi_minor, ci_minor = simhost.MIG_INSTANCES[instance]
+    gpu = instance.split(":")[0]
+    devices = {spec.dest for spec in contrib.mounts if spec.dev}
+    caps = {name for name in devices if name.startswith("/dev/nvidia-caps")}
+    assert caps == {f"/dev/nvidia-caps/nvidia-cap{gi_minor}", f"/dev/nvidia-caps/nvidia-cap{ci_minor}"}
+    assert {name for name in devices if name[len("/dev/nvidia"):].isdigit()} == {f"/dev/nvidia{gpu}"}
+    assert f"NVIDIA_VISIBLE_DEVICES: MIG device {item[spelling]} is GPU:GI:CI {instance}" in contrib.notes
+    assert not contrib.warnings
+
+
+def test_mig_uuid_without_nvidia_smi_warns(caps_host: simhost.SimHost, tmp_path: Path) -> None:
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    contrib = discover_nv(caps_host, contain=True, path_env=str(empty),
+                          env={"NVIDIA_VISIBLE_DEVICES": caps_host.mig_uuids["0:1:0"]})
+    assert any("nvidia-smi is not on PATH" in warning for warning in contrib.warnings)
+    assert not any(spec.dest.startswith("/dev/nvidia-caps/") or spec.dest == "/dev/nvidia0" for spec in contrib.mounts)
+
+
+def test_mig_uuid_selects_inside_the_container(nv: DriverRun, caps_host: simhost.SimHost, workdir: Path) -> None:
+    image = env_image(workdir, NVIDIA_VISIBLE_DEVICES=caps_host.mig_uuids["0:2:1"])
+    out = nv.ok("exec", "--nv", "--contain", str(image), "sh", "-c", "ls /dev; echo ---; ls /dev/nvidia-caps")
+    devices, caps = out.split("---")
+    assert {name for name in devices.split() if name.startswith("nvidia") and name[6:].isdigit()} == {"nvidia0"}
+    assert set(caps.split()) == {"nvidia-cap15", "nvidia-cap16"}
+
+
+# --- device nodes by capability ---------------------------------------------------------------------------
+
+ALWAYS = {"/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidia-caps"}
+UVM = {"/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+
+
+@pytest.mark.parametrize(
+    ("image_env", "host_env", "expected"),
+    [
+        pytest.param({}, {}, ALWAYS | UVM | {"/dev/nvidia-modeset"}, id="no-nvidia-vars-everything"),
+        pytest.param({"NVIDIA_VISIBLE_DEVICES": "all"}, {}, ALWAYS | UVM | {"/dev/nvidia-modeset"},
+                     id="capabilities-unset-everything"),
+        pytest.param({"NVIDIA_DRIVER_CAPABILITIES": "utility"}, {}, ALWAYS, id="utility"),
+        pytest.param({"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}, {}, ALWAYS | UVM, id="compute"),
+        pytest.param({"NVIDIA_DRIVER_CAPABILITIES": "video"}, {}, ALWAYS | UVM, id="video-brings-compute"),
+        pytest.param({"NVIDIA_DRIVER_CAPABILITIES": "graphics"}, {}, ALWAYS, id="graphics"),
+        pytest.param({"NVIDIA_DRIVER_CAPABILITIES": "display"}, {}, ALWAYS | {"/dev/nvidia-modeset"}, id="display"),
+        pytest.param({"NVIDIA_DRIVER_CAPABILITIES": "all"}, {}, ALWAYS | UVM | {"/dev/nvidia-modeset"}, id="all"),
+        pytest.param({"NVIDIA_DRIVER_CAPABILITIES": "none"}, {}, ALWAYS, id="none"),
+        pytest.param({}, {"SINGULARITYENV_NVIDIA_DRIVER_CAPABILITIES": "utility"}, ALWAYS, id="host-sets-it"),
+        pytest.param({"NVIDIA_DRIVER_CAPABILITIES": "utility"}, {"NVIDIA_DRIVER_CAPABILITIES": "compute"},
+                     ALWAYS | UVM, id="host-wins"),
+    ],
+)  # fmt: skip
+def test_device_nodes_follow_capabilities(caps_host: simhost.SimHost, image_env: dict[str, str],
+                                          host_env: dict[str, str], expected: set[str]) -> None:
+    contrib = discover_nv(caps_host, contain=True, image=ImageHints(env=image_env), env=host_env)
+    assert {spec.dest for spec in contrib.mounts if spec.dev} == expected
+    left = sorted((ALWAYS | UVM | {"/dev/nvidia-modeset"}) - expected)
+    notes = [note for note in contrib.notes if note.startswith("NVIDIA_DRIVER_CAPABILITIES=") and "/dev/" in note]
+    assert len(notes) == (1 if left else 0)
+    assert all(node in notes[0] for node in left)  # the -v note names every node left out...
+    assert not any(note.endswith(f"-> {node}") for note in contrib.notes for node in left)  # ...and none is "bound"
+
+
+def test_missing_uvm_is_no_warning_without_compute(tmp_path: Path) -> None:
+    host = simhost.build_nvidia_host(tmp_path, uvm=False)
+    utility = discover_nv(host, image=ImageHints(env={"NVIDIA_DRIVER_CAPABILITIES": "utility"}))
+    assert not any("nvidia-uvm is missing" in warning for warning in utility.warnings)
+    compute = discover_nv(host, image=ImageHints(env={"NVIDIA_DRIVER_CAPABILITIES": "compute"}))
+    assert any("nvidia-uvm is missing" in warning for warning in compute.warnings)
+
+
+@pytest.mark.parametrize(("capabilities", "present", "absent"), [
+    ("utility", set(), {"nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}),
+    ("compute", {"nvidia-uvm", "nvidia-uvm-tools"}, {"nvidia-modeset"}),
+    ("display", {"nvidia-modeset"}, {"nvidia-uvm", "nvidia-uvm-tools"}),
+])
+def test_image_capabilities_pick_nodes_inside(nv: DriverRun, workdir: Path, capabilities: str, present: set[str],
+                                              absent: set[str]) -> None:
+    image = env_image(workdir, NVIDIA_DRIVER_CAPABILITIES=capabilities)
+    devices = set(nv.ok("exec", "--nv", "--contain", str(image), "ls", "/dev").split())
+    assert {"nvidiactl", "nvidia0", "nvidia1", "nvidia-caps"} | present <= devices
+    assert not absent & devices

@@ -9,6 +9,7 @@ calls into it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -289,3 +290,24 @@ def test_every_library_mount_is_read_only_nosuid_nodev(nv: SimHostRun, image: Pa
     for fields in mounts:
         options = fields[5].split(",")
         assert {"ro", "nosuid", "nodev"} <= set(options), fields[4]
+
+
+@pytest.mark.parametrize("conf", ["", "use nvidia-container-cli = no\n"], ids=["container-cli", "nvliblist"])
+def test_each_library_name_is_its_host_file_bound_once(nv: SimHostRun, nv_host: simhost.SimHost, image: Path,
+                                                       conf: str) -> None:
+    """Every name in /.singularity.d/libs holds the host file it names; each file is one mount, the rest links."""
+    libs = "/.singularity.d/libs"
+    out = nv.ok("exec", "--nv", "--contain", str(image), "sh", "-c",
+                f"cd {libs} && for f in *; do echo \"$f $(md5sum < $f | cut -c1-32) $(readlink $f)\"; done; echo ---;"
+                f" grep -c ' {libs}/' /proc/self/mountinfo", conf=conf)
+    listing, mounts = out.split("---")
+    seen = {name: (digest, target) for name, digest, *target in (line.split() for line in listing.splitlines())}
+    assert {"libcuda.so", "libcuda.so.1", "libnvidia-ml.so.1"} <= set(seen)
+    for name, (digest, _) in seen.items():
+        host_file = os.path.realpath(nv_host.lib_dir / name)
+        assert digest == hashlib.md5(Path(host_file).read_bytes()).hexdigest(), name
+    links = {name: target[0] for name, (_, target) in seen.items() if target}
+    assert links and all("/" not in target and target in seen for target in links.values())  # relative, beside
+    files = {os.path.realpath(nv_host.lib_dir / name) for name in seen}
+    assert int(mounts) == len(files) == len(seen) - len(links)  # one bind per distinct host file
+    assert "libcuda.so" in links

@@ -61,3 +61,27 @@ def test_the_listing_is_kept_until_the_tool_changes(listed: DriverRun, image: Pa
     assert again == first  # the tool was not run: it would have failed, fatally under --nvccli
     tool.write_text(tool.read_text() + "\n")  # a new tool (size and mtime change): run again, and it fails
     assert_one_fatal(listed.run("exec", "--nvccli", "--contain", str(image), "true", **env), "--nvccli:")
+
+
+def test_glibc_needs_are_kept_with_the_listing(tmp_path: Path) -> None:
+    """The newest GLIBC_2.x of each listed file is read when the listing is saved, not on every launch."""
+    from singpy.gpu import ImageHints
+    from tests.gpu.test_discover import discover_nv, lib_binds
+
+    host = simhost.build_nvidia_host(tmp_path / "host")
+    env = {"SINGPY_CACHEDIR": str(tmp_path / "cache")}
+    old_image = ImageHints(glibc="2.31")
+    glcore = f"libnvidia-glcore.so.{simhost.DRIVER}"
+    first = discover_nv(host, image=old_image, nvidia_container_cli=str(host.container_cli), env=env)
+    (saved,) = (tmp_path / "cache" / "nv-list").iterdir()
+    fields = saved.read_bytes().split(b"\0")
+    needs = {fields[i + 1].decode(): fields[i + 2].decode() for i in range(0, len(fields), 3) if fields[i] == b"G"}
+    assert needs[str(host.lib_dir / glcore)] == "2.34"
+    assert needs[str(host.lib_dir / f"libcuda.so.{simhost.DRIVER}")] in ("", "2.2")  # __cxa_finalize@GLIBC_2.2.5
+    kept = discover_nv(host, image=old_image, nvidia_container_cli=str(host.container_cli), env=env)
+    assert glcore not in lib_binds(first) and lib_binds(kept) == lib_binds(first)
+    assert [w for w in kept.warnings if "GLIBC_2.34" in w] == [w for w in first.warnings if "GLIBC_2.34" in w] != []
+    # What is kept is what is used: a glcore that now needs nothing older is still judged by the saved value.
+    (host.lib_dir / glcore).write_bytes((host.lib_dir / f"libcuda.so.{simhost.DRIVER}").read_bytes())
+    assert glcore not in lib_binds(discover_nv(host, image=old_image, nvidia_container_cli=str(host.container_cli),
+                                               env=env))
