@@ -98,11 +98,18 @@ def plan_launch(request: LaunchRequest, config: SysConfig, host: HostInfo, *,
                          keep_host_env=gpu.keep_host_env if gpu else ())
     for warning in (*(gpu.warnings if gpu else ()), *planned.warnings):
         console.warning(warning)
-    for note in (*(gpu.notes if gpu else ()), *planned.notes):
+    for note in (*(_gpu_notes(gpu, planned.plan) if gpu else ()), *planned.notes):
         console.verbose(note)
     if request.nvccli and request.writable_tmpfs:
         console.info("--nvccli: the image is writable in memory (--writable-tmpfs), as with Apptainer")
     return planned, gpu
+
+
+def _gpu_notes(gpu: GpuContribution, plan: LaunchPlan) -> tuple[str, ...]:
+    """GPU discovery's notes, less the "binding" lines of binds the plan left out (singpy.planner)."""
+    planned = set(plan.mounts)
+    left_out = {f"binding {spec.source} -> {spec.dest}" for spec in gpu.mounts if spec not in planned}
+    return tuple(note for note in gpu.notes if note not in left_out)
 
 
 def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec) -> GpuContribution | None:

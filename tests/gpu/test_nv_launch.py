@@ -263,6 +263,11 @@ def test_dry_run_reports_without_starting(nv: SimHostRun, image: Path) -> None:
 def test_verbose_names_each_bind(nv: SimHostRun, image: Path) -> None:
     result = nv.run("-v", "exec", "--nv", str(image), "true")
     assert "binding" in result.stderr and "/.singularity.d/libs/libcuda.so.1" in result.stderr
+    # without --contain the nodes come with the host's /dev (test_nv_devices_inside): no bind of their own
+    assert "binding /dev/nvidia0 -> /dev/nvidia0" not in result.stderr
+    assert "GPU device node(s) come with the host's /dev" in result.stderr
+    contained = nv.run("-v", "exec", "--nv", "--contain", str(image), "true")
+    assert "binding /dev/nvidia0 -> /dev/nvidia0" in contained.stderr
 
 
 @pytest.mark.parametrize("flags", [[], ["--contain"]], ids=["default", "contain"])
