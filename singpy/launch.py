@@ -98,8 +98,9 @@ def plan_launch(request: LaunchRequest, config: SysConfig, host: HostInfo, *,
                          keep_host_env=gpu.keep_host_env if gpu else ())
     for warning in (*(gpu.warnings if gpu else ()), *planned.warnings):
         console.warning(warning)
-    for note in (*(_gpu_notes(gpu, planned.plan) if gpu else ()), *planned.notes):
-        console.verbose(note)
+    if console.level() >= console.VERBOSE:  # the GPU notes cost a comparison of every mount
+        for note in (*(_gpu_notes(gpu, planned.plan) if gpu else ()), *planned.notes):
+            console.verbose(note)
     if request.nvccli and request.writable_tmpfs:
         console.info("--nvccli: the image is writable in memory (--writable-tmpfs), as with Apptainer")
     return planned, gpu

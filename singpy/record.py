@@ -26,6 +26,7 @@ class Record:
     """Keyword-only, immutable, compared and hashed by value."""
 
     __fields__: tuple[str, ...] = ()
+    __field_set__: frozenset[str] = frozenset()
     __defaults__: dict[str, object] = {}
 
     __kw_only__: bool = True
@@ -37,6 +38,7 @@ class Record:
         cls.__fields__ = tuple(dict.fromkeys([*cls.__fields__, *names]))
         cls.__defaults__ = {**cls.__defaults__,
                             **{name: cls.__dict__[name] for name in names if name in cls.__dict__}}
+        cls.__field_set__ = frozenset(cls.__fields__)
 
     def __init__(self, *positional: Any, **values: Any) -> None:
         if positional:
@@ -48,14 +50,16 @@ class Record:
             if given_twice:
                 raise TypeError(f"{type(self).__name__} got {sorted(given_twice)[0]!r} twice")
             values.update(zip(self.__fields__, positional, strict=False))
-        unknown = set(values) - set(self.__fields__)
-        if unknown:
+        if not self.__field_set__.issuperset(values):
+            unknown = set(values) - self.__field_set__
             raise TypeError(f"{type(self).__name__} has no field {sorted(unknown)[0]!r}")
-        for name in self.__fields__:
-            value = values.get(name, self.__defaults__.get(name, _MISSING))
-            if value is _MISSING:
-                raise TypeError(f"{type(self).__name__} needs a value for {name!r}")
-            object.__setattr__(self, name, value)
+        merged = {**self.__defaults__, **values}
+        if len(merged) != len(self.__fields__):
+            missing = next(name for name in self.__fields__ if name not in merged)
+            raise TypeError(f"{type(self).__name__} needs a value for {missing!r}")
+        # One dict update instead of a __setattr__ per field: records are built by the hundred per launch
+        # (a MountSpec per GPU library), and the per-field loop was most of --nv's record cost.
+        self.__dict__.update(merged)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is frozen")

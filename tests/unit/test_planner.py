@@ -99,8 +99,18 @@ def test_default_mounts(host: HostInfo, image: ImageSpec, home: str) -> None:
     assert not any(spec.readonly for spec in mounts if spec.op is MountOp.BIND)
 
 
+@pytest.mark.parametrize("contain", [False, True])
+def test_gpu_nodes_come_with_the_host_dev(host: HostInfo, image: ImageSpec, contain: bool) -> None:
+    """Without --contain the host's /dev is bound whole: a GPU node's bind onto itself is left out, with a note."""
+    node = MountSpec(op=MountOp.BIND, source="/dev/nvidia0", dest="/dev/nvidia0", dev=True, stage=Stage.GPU)
+    planned = build_plan(request(contain=contain), config(), host, image, gpu_mounts=(node,))
+    assert (node in planned.plan.mounts) == contain
+    assert any("come with the host's /dev" in note for note in planned.notes) != contain
+
+
 def test_mounts_sorted_by_stage(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
-    gpu = (MountSpec(op=MountOp.BIND, source="/dev/nvidia0", dest="/dev/nvidia0", dev=True, stage=Stage.GPU),
+    gpu = (MountSpec(op=MountOp.BIND, source="/usr/lib/libcuda.so.1", dest="/.singularity.d/libs/libcuda.so.1",
+                     stage=Stage.GPU),
            MountSpec(op=MountOp.BIND, source="/usr/bin/nvidia-smi", dest="/usr/bin/nvidia-smi", stage=Stage.GPU))
     binds = parse_bind_list([f"{tmp_path}:/tmp"], CWD)
     mounts = build_plan(request(binds=binds, pid=True), config("bind path = /etc/hosts"), host, image,
