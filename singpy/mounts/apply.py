@@ -33,7 +33,7 @@ from singpy.errors import BindSpecError, ImageError, PathError
 from singpy.kernel import syscalls as k
 from singpy.mounts.rootpath import Lookup, Resolver, Tree, is_under
 from singpy.plan import Missing, MountOp, MountSpec
-from singpy.rootfs import HOST, NEWROOT, PROC, SCRATCH, host_path, remount
+from singpy.rootfs import HOST, NEWROOT, PROC, SCRATCH, remount
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -299,6 +299,7 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
     its policy.
     """
     found_all = Survey()
+    host = Resolver(HOST)  # bind sources share their directories (a CDI spec's ~64 libraries): resolved once
     for spec in specs:
         if spec.op in (MountOp.SYMLINK, MountOp.SEAL):
             continue
@@ -309,7 +310,7 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
         except PathError:
             continue
         if found.missing and not found_all.covers(found.path):
-            found_all.missing.append((found.path.lstrip("/"), _wants_directory(spec)))
+            found_all.missing.append((found.path.lstrip("/"), _wants_directory(spec, host)))
         found_all.covering.add(found.path)
     return found_all
 
@@ -323,10 +324,10 @@ def _is_covered(path: str, covering: set[str]) -> bool:
     return True
 
 
-def _wants_directory(spec: MountSpec) -> bool:
+def _wants_directory(spec: MountSpec, host: Resolver) -> bool:
     if spec.op is MountOp.FILE:
         return False
     if spec.op is MountOp.BIND:
         assert spec.source is not None
-        return os.path.isdir(host_path(spec.source))
+        return os.path.isdir(host(spec.source))
     return True
