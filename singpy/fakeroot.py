@@ -47,6 +47,18 @@ def read_ranges(text: str, user: str, uid: int) -> tuple[tuple[int, int], ...]:
     return tuple(ranges)
 
 
+def own_id_map() -> IdMap:
+    """`plan_id_map` for the calling user (named as the password database says, else by uid)."""
+    import pwd
+
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    return plan_id_map(uid=uid, gid=os.getgid(), user=user)
+
+
 def plan_id_map(*, uid: int, gid: int, user: str, subuid: str = SUBUID, subgid: str = SUBGID) -> IdMap:
     """The mapping --fakeroot will use for `user`; the note says which and why."""
     single = ((0, uid, 1),), ((0, gid, 1),)

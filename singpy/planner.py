@@ -168,7 +168,8 @@ def _outside_host_dev(gpu_mounts: tuple[MountSpec, ...],
     container already, as in Apptainer; binding each over itself again cost
     a mount apiece (9 on a 4-GPU host) and changed nothing.
     """
-    if not any(spec.op is MountOp.BIND and spec.source == "/dev" and spec.dest == "/dev" for spec in mounts):
+    if not gpu_mounts or not any(spec.op is MountOp.BIND and spec.source == "/dev" and spec.dest == "/dev"
+                                 for spec in mounts):
         return gpu_mounts, ()
     kept = tuple(spec for spec in gpu_mounts if not (spec.dev and spec.op is MountOp.BIND and
                                                      spec.source == spec.dest and spec.dest.startswith("/dev/")))

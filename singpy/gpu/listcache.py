@@ -46,10 +46,10 @@ def entry(cli: str, host: GpuHost) -> str | None:
 
 
 def load(path: str, cli: str) -> HostFiles | None:
-    try:
-        with open(path, "rb") as saved:
-            fields = saved.read().decode(errors="surrogateescape").split("\0")
-    except OSError:
+    from singpy.image.cache import read_fields
+
+    fields = read_fields(path)
+    if fields is None:
         return None
     found: dict[str, list[tuple[str, str]]] = {_LIBRARY: [], _BINARY: [], _GLIBC: []}
     for kind, name, value in zip(fields[::3], fields[1::3], fields[2::3], strict=False):
@@ -62,17 +62,8 @@ def load(path: str, cli: str) -> HostFiles | None:
 
 
 def save(path: str, files: HostFiles) -> None:
-    from singpy.errors import ImageError
     from singpy.gpu.ldcache import glibc_needs
-    from singpy.image import cache
+    from singpy.image.cache import write_fields
 
     records = ((_LIBRARY, files.libraries), (_BINARY, files.binaries), (_GLIBC, files.glibc or glibc_needs(files)))
-    fields = [field for kind, pairs in records for name, value in pairs for field in (kind, name, value)]
-    try:
-        cache.make_private_dirs(os.path.dirname(path))
-        partial = f"{path}.{os.getpid()}.partial"
-        with open(partial, "wb") as out:
-            out.write("\0".join(fields).encode(errors="surrogateescape"))
-        os.replace(partial, path)
-    except (OSError, ImageError):
-        return
+    write_fields(path, (field for kind, pairs in records for name, value in pairs for field in (kind, name, value)))

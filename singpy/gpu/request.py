@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from singpy.config.sysconf import SysConfig, confdir
 from singpy.constants import ENV_DIR
-from singpy.errors import GpuError, ImageError, PathError
+from singpy.errors import GpuError, PathError
 from singpy.gpu import GpuContribution, GpuHost, ImageHints, merge
 from singpy.gpu.versions import major_minor
 from singpy.hostfiles import which
@@ -146,27 +146,16 @@ def _saved_hints(image: ImageSpec, host_env: Mapping[str, str]) -> str | None:
 
 
 def _read_hints(path: str) -> dict[str, str]:
-    """NAME=VALUE pairs, NUL-separated (no json import on --nv's path)."""
-    try:
-        with open(path, "rb") as saved:
-            fields = saved.read().decode(errors="replace").split("\0")
-    except OSError:
-        return {}
-    return dict(field.split("=", 1) for field in fields if "=" in field)
+    """NAME=VALUE pairs (singpy.image.cache.read_fields)."""
+    from singpy.image.cache import read_fields
+
+    return dict(field.split("=", 1) for field in read_fields(path) or () if "=" in field)
 
 
 def _save_hints(path: str, hints: dict[str, str]) -> None:
-    """Atomically (a concurrent run reads all or nothing); a cache that can't be written is no error."""
-    from singpy.image import cache
+    from singpy.image.cache import write_fields
 
-    try:
-        cache.make_private_dirs(os.path.dirname(path))
-        partial = f"{path}.{os.getpid()}.partial"
-        with open(partial, "wb") as out:
-            out.write("\0".join(f"{name}={value}" for name, value in hints.items()).encode())
-        os.replace(partial, path)
-    except (OSError, ImageError):
-        return
+    write_fields(path, (f"{name}={value}" for name, value in hints.items()))
 
 
 def _cuda_hints(image: Tree) -> dict[str, str]:

@@ -27,8 +27,9 @@ digest (holding the lock, so none is live) removes it.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from singpy import console
 from singpy.errors import ImageError
@@ -118,14 +119,20 @@ LARGE_EXTRACTION = 256 << 20  # compressed bytes of a partition whose extraction
 def _warn_if_shared(cache: str, length: int) -> None:
     """A large extraction into a cache on network storage: once (the tree is reused after), say where to move it."""
     if length >= LARGE_EXTRACTION:
-        try:
-            with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mountinfo:
-                kind = filesystem_type(os.path.realpath(cache), mountinfo.read())
-        except OSError:
-            return
-        warning = shared_storage_warning(cache, kind, length)
+        warning = shared_storage_warning(cache, filesystem_of(cache), length)
         if warning:
             console.warning(warning)
+
+
+def filesystem_of(path: str) -> str:
+    """The type of the filesystem `path` (or, missing, its nearest existing parent) is on; "" if unknown."""
+    while not os.path.exists(path) and path not in ("/", ""):
+        path = os.path.dirname(path)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mountinfo:
+            return filesystem_type(os.path.realpath(path or "/"), mountinfo.read())
+    except OSError:
+        return ""
 
 
 def shared_storage_warning(cache: str, kind: str, length: int) -> str:
@@ -304,6 +311,30 @@ def write_record(path: str, record: Mapping[str, object]) -> None:
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_fields(path: str, fields: Iterable[str]) -> None:
+    """A small cache file of NUL-separated fields (`read_fields`), for what the start-up path keeps between runs
+    (--nv's listing, an image's NVIDIA_ variables) without importing json. Written atomically (a concurrent
+    run reads all of it or nothing), its directory made private; one that can't be written is no error."""
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        make_private_dirs(os.path.dirname(path))
+        with open(partial, "wb") as out:
+            out.write("\0".join(fields).encode(errors="surrogateescape"))
+        os.replace(partial, path)
+    except (OSError, ImageError):
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+
+
+def read_fields(path: str) -> list[str] | None:
+    """What `write_fields` wrote, or None when there is no such file (or it can't be read)."""
+    try:
+        with open(path, "rb") as saved:
+            return saved.read().decode(errors="surrogateescape").split("\0")
+    except OSError:
+        return None
 
 
 def read_record(path: str) -> dict[str, object]:

@@ -145,15 +145,9 @@ def _id_map(request: BuildRequest) -> IdMap | None:
         if request.fakeroot:
             console.verbose("--fakeroot: ignored as root, %post runs as real root")
         return None
-    import pwd
-
     from singpy import fakeroot
 
-    try:
-        user = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        user = str(uid)
-    idmap = fakeroot.plan_id_map(uid=uid, gid=os.getgid(), user=user)
+    idmap = fakeroot.own_id_map()
     console.verbose(idmap.note)
     if not idmap.helper:
         console.info(f"{idmap.note.split(': ', 2)[1]}: %post runs as root with a single id mapping "

@@ -158,7 +158,7 @@ def plan(idmap: IdMap | None, env: Mapping[str, str], home: str) -> Layers | Non
     from singpy.image.tools import find_tool
 
     location = cache.cache_dir(env, home)
-    kind = _filesystem_type(location)
+    kind = cache.filesystem_of(location)
     if kind in cache.NETWORK_FS_TYPES:
         console.verbose(f"the cache {location} is on {kind}: the base image is unpacked in the work directory")
         return None
@@ -174,19 +174,6 @@ def map_key(idmap: IdMap) -> str:
 
     text = repr((idmap.uids, idmap.gids))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def _filesystem_type(path: str) -> str:
-    from singpy.image.cache import filesystem_type
-
-    probe = path
-    while not os.path.exists(probe) and probe != "/":  # the cache may not exist yet: its nearest parent
-        probe = os.path.dirname(probe)
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mountinfo:
-            return filesystem_type(os.path.realpath(probe), mountinfo.read())
-    except OSError:
-        return ""
 
 
 def _kernel_squashfs_allowed(env: Mapping[str, str]) -> bool:
@@ -247,39 +234,19 @@ def remove_build_trees(cache: str, *, older_than: float | None = None) -> int:
     root of a user namespace with the user's mapping, as a build's work
     directory is (singpy.recipe.workdir).
     """
-    from singpy.image.cache import remove_tree
+    from singpy import fakeroot
+    from singpy.recipe import workdir
 
     where = f"{cache}/{BUILD_TREES}"
+    idmap = fakeroot.own_id_map() if os.getuid() != 0 else None
     removed = 0
     for name, made, _ in build_trees(cache):
         if older_than is not None and made >= older_than:
             continue
         path = f"{where}/{name}"
-        try:
-            remove_tree(path)
-        except OSError:
-            _remove_mapped(path)
+        workdir.remove(path, idmap, what="the base unpacked for builds")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f"{path}.json")
         removed += 1
     return removed
 
-
-def _remove_mapped(path: str) -> None:
-    import pwd
-    import subprocess
-
-    from singpy import fakeroot
-    from singpy.errors import ImageError
-    from singpy.recipe import mapped
-
-    uid = os.getuid()
-    try:
-        user = pwd.getpwuid(uid).pw_name
-    except KeyError:
-        user = str(uid)
-    idmap = fakeroot.plan_id_map(uid=uid, gid=os.getgid(), user=user)
-    subprocess.run([*mapped.command(idmap), "rm", "-rf", "--one-file-system", path], stdin=subprocess.DEVNULL,
-                   check=False)
-    if os.path.lexists(path):
-        raise ImageError(f"can't remove {path}: remove it as root (its files belong to your subordinate ids)")

@@ -44,7 +44,7 @@ def make(target: str, env: Mapping[str, str]) -> str:
     return path
 
 
-def remove(path: str, idmap: IdMap | None) -> None:
+def remove(path: str, idmap: IdMap | None, *, what: str = "the work directory") -> None:
     """Remove `path`; what the user cannot remove (files of subordinate ids) is removed in the namespace."""
     from singpy.image import cache
 
@@ -61,4 +61,4 @@ def remove(path: str, idmap: IdMap | None) -> None:
     subprocess.run([*mapped.command(idmap), "rm", "-rf", "--one-file-system", path], stdin=subprocess.DEVNULL,
                    check=False)
     if os.path.lexists(path):
-        raise ImageError(f"can't remove the work directory {path}: remove it by hand")
+        raise ImageError(f"can't remove {what} {path}: remove it by hand")

@@ -118,10 +118,7 @@ def spec_dirs(workdir: Path, cdi_host: simhost.SimHost) -> dict[str, Path]:
 
 @pytest.fixture
 def sim(singpy: Singpy, cdi_host: simhost.SimHost, workdir: Path) -> SimHostRun:
-    parent = workdir / f"conf-cdi-{singpy.profile}"
-    parent.mkdir(exist_ok=True)
-    parent.chmod(0o777)
-    return _sim(singpy, cdi_host, parent, "nvliblist.conf")
+    return _sim(singpy, cdi_host, workdir / f"conf-cdi-{singpy.profile}", "nvliblist.conf")
 
 
 def _spec_dir(singpy: Singpy, name: str, text: str, suffix: str = "yaml") -> Path:

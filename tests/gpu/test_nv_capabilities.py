@@ -65,10 +65,7 @@ def caps_host(workdir: Path) -> simhost.SimHost:
 
 @pytest.fixture
 def nv(singpy: Singpy, caps_host: simhost.SimHost, workdir: Path) -> DriverRun:
-    conf = workdir / f"conf-caps-{singpy.profile}"
-    conf.mkdir(exist_ok=True)
-    conf.chmod(0o777)
-    sim = _sim(singpy, caps_host, conf, "nvliblist.conf")
+    sim = _sim(singpy, caps_host, workdir / f"conf-caps-{singpy.profile}", "nvliblist.conf")
     return DriverRun(sim.runner, sim.host, sim.confdir)
 
 

@@ -127,8 +127,11 @@ def build_cuda_check_image(directory: Path) -> Path:
     return root
 
 
-def _sim(runner: Singpy, host: simhost.SimHost, workdir: Path, liblist_name: str) -> SimHostRun:
-    confdir = _confdir(workdir, host.liblist, liblist_name)
+def _sim(runner: Singpy, host: simhost.SimHost, parent: Path, liblist_name: str) -> SimHostRun:
+    """`host` for `runner`, its conf directory in `parent` (made if missing, open to the test user)."""
+    parent.mkdir(exist_ok=True)
+    parent.chmod(0o777)
+    confdir = _confdir(parent, host.liblist, liblist_name)
     confdir.chmod(0o777)
     (confdir / "singpy.conf").touch()
     return SimHostRun(runner, host, confdir)
@@ -142,18 +145,6 @@ def nv(singpy: Singpy, nv_host: simhost.SimHost, workdir: Path) -> SimHostRun:
 @pytest.fixture
 def rocm(singpy: Singpy, rocm_host: simhost.SimHost, workdir: Path) -> SimHostRun:
     return _sim(singpy, rocm_host, workdir / f"conf-rocm-{singpy.profile}", "rocmliblist.conf")
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(exist_ok=True)
-    return path
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _conf_parents(workdir: Path) -> None:
-    for profile in ("root", "user"):
-        for vendor in ("nv", "rocm", "bare", "nouvm"):
-            _mkdir(workdir / f"conf-{vendor}-{profile}").chmod(0o777)
 
 
 NV_NODES = {"nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps"}

@@ -36,9 +36,7 @@ def base(workdir: Path) -> Path:
 def listed(singpy: Singpy, base: Path) -> DriverRun:
     """A simulated host of this test's own (its tool is changed here)."""
     host = _host(base, "sim-nvidia", simhost.build_nvidia_host)
-    conf = base / "conf"
-    conf.mkdir()
-    sim = _sim(singpy, host, conf, "nvliblist.conf")
+    sim = _sim(singpy, host, base / "conf", "nvliblist.conf")
     return DriverRun(sim.runner, sim.host, sim.confdir)
 
 

@@ -82,10 +82,7 @@ def nv_host(workdir: Path) -> simhost.SimHost:
 
 @pytest.fixture
 def nv(singpy: Singpy, nv_host: simhost.SimHost, workdir: Path) -> SimHostRun:
-    base = workdir / f"conf-old-kernels-{singpy.profile}"
-    base.mkdir(exist_ok=True)
-    base.chmod(0o777)
-    return _sim(singpy, nv_host, base, "nvliblist.conf")
+    return _sim(singpy, nv_host, workdir / f"conf-old-kernels-{singpy.profile}", "nvliblist.conf")
 
 
 @pytest.mark.parametrize("avoid", [False, True], ids=["mount_setattr", "remounts"])
