@@ -63,7 +63,7 @@ from singpy.kernel import caps
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_id_maps
 from singpy.mounts.apply import apply_mounts, survey
-from singpy.mounts.rootpath import Tree
+from singpy.mounts.rootpath import Resolver, Tree
 from singpy.plan import ImageSpec, LaunchPlan, MountOp
 from singpy.planner import LaunchRequest, Planned, build_plan
 from singpy.record import Record
@@ -134,9 +134,11 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Imag
         parts.append(discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
                                    rootfs=image.rootfs, nvccli=request.nvccli, image_spec=image))
     if request.devices:
+        from singpy.cachefiles import cache_dir
         from singpy.gpu import cdi
 
-        parts.append(cdi.discover(request.devices, request.cdi_dirs or cdi.DEFAULT_DIRS))
+        parts.append(cdi.discover(request.devices, request.cdi_dirs or cdi.DEFAULT_DIRS,
+                                  cache=cache_dir(host.env, host.home)))
     return merge(*parts)
 
 
@@ -195,11 +197,12 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
         from singpy.overlay import check_writable_image
 
         check_writable_image(image, image.overlay_partition())
-    from singpy.image import cache, squashfs
+    from singpy import cachefiles
+    from singpy.image import squashfs
 
     image = squashfs.choose(image, uid=host.uid, unsquash=request.unsquash or config.flag("unsquash"),
                             allow_kernel=config.flag("allow kernel squashfs"), env=host.env,
-                            cache=cache.cache_dir(host.env, host.home),
+                            cache=cachefiles.cache_dir(host.env, host.home),
                             user_namespace=request.fakeroot or request.userns)
     return image if dry_run else squashfs.prepare(image, root=host.uid == 0)
 
@@ -331,6 +334,7 @@ class PreparedRoot(Record):
 
     image: Tree  # the image's own root, open: what is read from it is its own
     scripts: ImageScripts  # its scripts the payload may use
+    host: Resolver  # the bind sources the survey resolved (apply_mounts asks again)
 
 
 def _layered(plan: LaunchPlan) -> bool:
@@ -375,7 +379,7 @@ def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple
     except BaseException:
         image.close()
         raise
-    return PreparedRoot(image=image, scripts=scripts), helpers
+    return PreparedRoot(image=image, scripts=scripts, host=found.host), helpers
 
 
 def build_container(plan: LaunchPlan, root: PreparedRoot) -> ImageScripts:
@@ -387,7 +391,7 @@ def build_container(plan: LaunchPlan, root: PreparedRoot) -> ImageScripts:
     writes = plan.writable or plan.writable_tmpfs or any(not layer.readonly for layer in plan.overlays)
     with root.image as image:
         apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs, no_layer=_no_layer(plan),
-                     mount_setattr="mount_setattr" not in plan.avoid_features)
+                     mount_setattr="mount_setattr" not in plan.avoid_features, host=root.host)
     rootfs.finish_root(writable=writes)
     scripts = root.scripts
     if plan.hostname is not None:

@@ -132,18 +132,22 @@ def make_mount_point_layer(image: Tree, mount_points: list[tuple[str, bool]]) ->
     layer = f"{SCRATCH}/layer"
     os.mkdir(layer)
     os.chmod(layer, stat.S_IMODE(os.fstat(image.fd).st_mode))
+    made: set[str] = set()  # what the layer has so far (a CDI spec's libraries share their directories)
     for relative, is_dir in mount_points:
         parts = relative.split("/")
         for depth in range(1, len(parts)):
-            _mirror_dir(image, layer, "/".join(parts[:depth]))
-        path = f"{layer}/{relative}"
+            _mirror_dir(image, layer, "/".join(parts[:depth]), made)
         if is_dir:
-            _mirror_dir(image, layer, relative)
-        elif not os.path.lexists(path):
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+            _mirror_dir(image, layer, relative, made)
+        elif relative not in made:
+            made.add(relative)
+            os.close(os.open(f"{layer}/{relative}", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 
 
-def _mirror_dir(image: Tree, layer: str, relative: str) -> None:
+def _mirror_dir(image: Tree, layer: str, relative: str, made: set[str]) -> None:
+    if relative in made:
+        return
+    made.add(relative)
     path = f"{layer}/{relative}"
     if os.path.isdir(path):
         return

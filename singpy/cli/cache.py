@@ -8,6 +8,7 @@ import time
 
 import typer
 
+from singpy import cachefiles
 from singpy.console import human_size
 from singpy.image import cache
 
@@ -19,7 +20,7 @@ def _location() -> str:
     from singpy import host
 
     info = host.capture()
-    return cache.cache_dir(info.env, info.home)
+    return cachefiles.cache_dir(info.env, info.home)
 
 
 @cache_app.command("list")

@@ -16,12 +16,12 @@ and hooks. Every edit of a requested device and of its spec is applied:
 * `hooks`: singpy runs no hook binary. NVIDIA's two hooks are done here:
   `create-symlinks --link TARGET::LINK` becomes a read-only bind at LINK of
   the file TARGET names (the container gets the same content at the same
-  path), and `update-ldcache --folder DIR` exposes the spec's libraries in
-  DIR under their names and sonames in /.singularity.d/libs (a tmpfs singpy
-  owns, on every LD_LIBRARY_PATH), with the links create-symlinks makes in
-  DIR: what ldconfig in the container would have made findable. They are
-  links there (`singpy.gpu.libsdir`): each library is bound once, where the
-  spec mounts it. NVIDIA's
+  path), and `update-ldcache --folder DIR` puts what ldconfig in the
+  container would enter in its cache in /.singularity.d/libs (a tmpfs singpy
+  owns, on every LD_LIBRARY_PATH): the spec's libraries in DIR under their
+  sonames, and the links create-symlinks makes in DIR. They are links there
+  (`singpy.gpu.libsdir`): each library is bound once, where the spec mounts
+  it. NVIDIA's
   `disable-device-node-modification` and `enable-cuda-compat` are no-ops
   here (a --verbose note). Any other hook is refused.
 
@@ -38,7 +38,6 @@ from collections.abc import Iterable, Mapping
 from singpy.constants import LIBS_DIR
 from singpy.errors import GpuError
 from singpy.gpu import GpuContribution
-from singpy.gpu.elf import soname as elf_soname
 from singpy.gpu.libsdir import libs_dir_mounts, link_notes
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
@@ -105,9 +104,11 @@ def _is_word(text: str, more: frozenset[str]) -> bool:
         char.isascii() and (char.isalnum() or char in more) for char in text)
 
 
-def discover(values: Iterable[str], dirs: Iterable[str] = DEFAULT_DIRS, *,
-             read_soname: bool = True) -> GpuContribution:
-    """What the requested CDI devices add to the launch; a GpuError for anything that can't be applied."""
+def discover(values: Iterable[str], dirs: Iterable[str] = DEFAULT_DIRS, *, cache: str | None = None) -> GpuContribution:
+    """What the requested CDI devices add to the launch; a GpuError for anything that can't be applied.
+
+    `cache`: the user's cache directory, where the libraries' sonames are kept (singpy.gpu.sonames).
+    """
     wanted = parse_names(values)
     dirs = tuple(dirs)
     specs = load_specs(dirs)
@@ -118,7 +119,7 @@ def discover(values: Iterable[str], dirs: Iterable[str] = DEFAULT_DIRS, *,
         edits.add(spec.edits, f"{path} (containerEdits)")
     for device in devices:
         edits.add(device.edits, f"{device.spec} ({device.kind}={device.name})")
-    return edits.contribution(read_soname=read_soname,
+    return edits.contribution(cache=cache,
                               devices=", ".join(f"{device.kind}={device.name}" for device in devices))
 
 
@@ -286,6 +287,7 @@ class _Edits:
     def __init__(self) -> None:
         self.nodes: dict[str, str] = {}  # container path -> host node
         self.mounts: dict[str, tuple[str, bool]] = {}  # container path -> (host path, read-only)
+        self.sources: dict[str, os.stat_result] = {}  # host path of each mount -> what it is
         self.env: dict[str, str] = {}
         self.links: dict[str, str] = {}  # create-symlinks: link -> target (as written)
         self.folders: dict[str, None] = {}  # update-ldcache folders
@@ -349,9 +351,11 @@ class _Edits:
             raise GpuError(f"CDI spec {where}: mount of {dest}: option {', '.join(unknown)} is not supported")
         if not os.path.isabs(host) or not os.path.isabs(dest):
             raise GpuError(f"CDI spec {where}: mount {host} -> {dest}: paths must be absolute")
-        if not os.path.exists(host):
+        try:
+            self.sources[host] = os.stat(host)
+        except OSError:
             raise GpuError(f"CDI spec {where}: mount source {host} does not exist on this host",
-                           hint="the spec is stale: regenerate it (nvidia-ctk cdi generate)")
+                           hint="the spec is stale: regenerate it (nvidia-ctk cdi generate)") from None
         self.mounts[os.path.normpath(dest)] = (host, "ro" in options)
 
     def _hook(self, hook: Mapping[str, object], where: str) -> None:
@@ -384,12 +388,12 @@ class _Edits:
                 raise GpuError(f"CDI spec {where}: create-symlinks --link {value!r} is not TARGET::/LINK")
             self.links[os.path.normpath(link)] = target
 
-    def contribution(self, *, read_soname: bool, devices: str) -> GpuContribution:
+    def contribution(self, *, cache: str | None, devices: str) -> GpuContribution:
         specs = [MountSpec(op=MountOp.BIND, source=host, dest=path, dev=True, stage=Stage.GPU)
                  for path, host in self.nodes.items()]
         specs += [MountSpec(op=MountOp.BIND, source=host, dest=dest, readonly=readonly, stage=Stage.GPU)
                   for dest, (host, readonly) in self.mounts.items()]
-        sonames = self._sonames(read_soname)
+        sonames = self._sonames(cache)
         for link, target in self.links.items():
             source = self._provider(link, target, sonames)
             if source is None:
@@ -406,15 +410,19 @@ class _Edits:
                                libs_dir_used=any(spec.dest.startswith(f"{LIBS_DIR}/") for spec in specs),
                                warnings=tuple(self.warnings), notes=(*notes, *self.notes))
 
-    def _sonames(self, read: bool) -> dict[str, str]:
+    def _sonames(self, cache: str | None) -> dict[str, str]:
         """update-ldcache's soname links: container path of the link -> container path of the library."""
+        from singpy.gpu.sonames import sonames
+
+        libraries = {dest: host for dest, (host, _) in self.mounts.items()
+                     if os.path.dirname(dest) in self.folders and ".so" in os.path.basename(dest)}
+        names = sonames({host: self.sources[host] for host in libraries.values()}, cache)
         found: dict[str, str] = {}
-        for dest, (host, _) in self.mounts.items():
+        for dest, host in libraries.items():
             folder, name = os.path.split(dest)
-            if folder in self.folders and ".so" in name:
-                soname = elf_soname(host) if read else None
-                if soname and soname != name and "/" not in soname:
-                    found.setdefault(os.path.join(folder, soname), dest)
+            soname = names[host]
+            if soname and soname != name and "/" not in soname:
+                found.setdefault(os.path.join(folder, soname), dest)
         return found
 
     def _provider(self, link: str, target: str, sonames: Mapping[str, str], depth: int = 0) -> str | None:
@@ -432,23 +440,23 @@ class _Edits:
         return None
 
     def _libs_dir(self, sonames: Mapping[str, str]) -> tuple[MountSpec, ...]:
-        """update-ldcache's effect: the folders' libraries and links, by name, in /.singularity.d/libs.
+        """update-ldcache's effect: the names ldconfig would enter in the cache, as links in /.singularity.d/libs.
 
-        Every entry is a link (`singpy.gpu.libsdir`): a library to where the spec
-        mounts it, its soname to that entry, a create-symlinks link to its target.
-        The libraries are bound once, at the spec's own paths.
+        ldconfig keys its cache by soname: a library under its soname (under its
+        own name when it has no other), and the links create-symlinks makes in
+        the folders (libcuda.so). Every entry is an absolute link to where the
+        spec mounts the library (`singpy.gpu.libsdir`): the libraries are bound
+        once, at the spec's own paths.
         """
-        links: list[tuple[str, str]] = []
-        for dest in self.mounts:
-            folder, name = os.path.split(dest)
-            if folder in self.folders and ".so" in name:
-                links.append((name, dest))
-        links += [(os.path.basename(link), os.path.basename(library)) for link, library in sonames.items()]
+        links = [(os.path.basename(link), library) for link, library in sonames.items()]
+        named = set(sonames.values())
+        links += [(os.path.basename(dest), dest) for dest in self.mounts
+                  if dest not in named and os.path.dirname(dest) in self.folders and ".so" in os.path.basename(dest)]
         for link, target in self.links.items():
             folder, name = os.path.split(link)
             if folder in self.folders:
                 resolved = os.path.normpath(os.path.join(folder, target))
-                links.append((name, os.path.basename(resolved) if os.path.dirname(resolved) == folder else resolved))
+                links.append((name, sonames.get(resolved, resolved)))  # a soname link exists only here
         return libs_dir_mounts((), links)
 
 

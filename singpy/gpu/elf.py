@@ -151,7 +151,7 @@ def soname(path: str | os.PathLike[str]) -> str | None:
     about ~70 libraries on every launch.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait for a writer
     except OSError:
         return None
     try:

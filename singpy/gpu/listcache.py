@@ -29,11 +29,11 @@ _FORMAT = "2"  # in the file name: a singpy reading another layout misses, it ne
 
 def entry(cli: str, host: GpuHost) -> str | None:
     """The cache file for this tool and driver; None when a part of the key can't be read (no driver: no cache)."""
+    from singpy import cachefiles
     from singpy.gpu.nvidia import driver_version_text
-    from singpy.image import cache
 
     version = driver_version_text(host.proc_driver_version)
-    directory = cache.cache_dir(host.env, host.env.get("HOME", ""))
+    directory = cachefiles.cache_dir(host.env, host.env.get("HOME", ""))
     if version is None or not os.path.isabs(directory):
         return None
     try:
@@ -46,7 +46,7 @@ def entry(cli: str, host: GpuHost) -> str | None:
 
 
 def load(path: str, cli: str) -> HostFiles | None:
-    from singpy.image.cache import read_fields
+    from singpy.cachefiles import read_fields
 
     fields = read_fields(path)
     if fields is None:
@@ -62,8 +62,8 @@ def load(path: str, cli: str) -> HostFiles | None:
 
 
 def save(path: str, files: HostFiles) -> None:
+    from singpy.cachefiles import write_fields
     from singpy.gpu.ldcache import glibc_needs
-    from singpy.image.cache import write_fields
 
     records = ((_LIBRARY, files.libraries), (_BINARY, files.binaries), (_GLIBC, files.glibc or glibc_needs(files)))
     write_fields(path, (field for kind, pairs in records for name, value in pairs for field in (kind, name, value)))

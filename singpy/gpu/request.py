@@ -135,25 +135,26 @@ def squashfs_hints(image: ImageSpec, host_env: Mapping[str, str]) -> ImageHints:
 def _saved_hints(image: ImageSpec, host_env: Mapping[str, str]) -> str | None:
     """Where the hints of this image file are kept: the user's cache, keyed by the file's identity (a rewrite of
     the image changes it), so that only the first --nv run of an image pays for `unsquashfs` (15-25 ms here)."""
+    from singpy import cachefiles
     from singpy.image import cache
 
     try:
         key = cache.index_key(image.path, image.offset, image.size)
     except OSError:
         return None
-    directory = cache.cache_dir(host_env, host_env.get("HOME", ""))
+    directory = cachefiles.cache_dir(host_env, host_env.get("HOME", ""))
     return f"{directory}/nv-hints/{key}" if os.path.isabs(directory) else None  # no HOME, no cache variable
 
 
 def _read_hints(path: str) -> dict[str, str]:
-    """NAME=VALUE pairs (singpy.image.cache.read_fields)."""
-    from singpy.image.cache import read_fields
+    """NAME=VALUE pairs (singpy.cachefiles.read_fields)."""
+    from singpy.cachefiles import read_fields
 
     return dict(field.split("=", 1) for field in read_fields(path) or () if "=" in field)
 
 
 def _save_hints(path: str, hints: dict[str, str]) -> None:
-    from singpy.image.cache import write_fields
+    from singpy.cachefiles import write_fields
 
     write_fields(path, (f"{name}={value}" for name, value in hints.items()))
 

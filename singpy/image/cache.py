@@ -27,11 +27,11 @@ digest (holding the lock, so none is live) removes it.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from singpy import console
+from singpy.cachefiles import make_private_dirs
 from singpy.errors import ImageError
 
 ROOTFS, INDEX = "rootfs", "index"
@@ -41,20 +41,6 @@ _HASH_CHUNK = 1 << 20
 CACHEDIR_HINT = "set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a directory on a filesystem with room"
 
 
-def cache_dir(env: Mapping[str, str], home: str) -> str:
-    """The invoking user's cache directory (not created here).
-
-    Apptainer keeps its own cache in `$APPTAINER_CACHEDIR/cache`; singpy's
-    goes beside it, in `singpy/`, so that the two never mix.
-    """
-    if env.get("SINGPY_CACHEDIR"):
-        return os.path.abspath(env["SINGPY_CACHEDIR"])
-    for name in ("APPTAINER_CACHEDIR", "SINGULARITY_CACHEDIR"):
-        if env.get(name):
-            return os.path.join(os.path.abspath(env[name]), "singpy")
-    if env.get("XDG_CACHE_HOME"):
-        return os.path.join(os.path.abspath(env["XDG_CACHE_HOME"]), "singpy")
-    return os.path.join(home, ".cache", "singpy")
 
 
 def index_key(path: str, offset: int, length: int) -> str:
@@ -220,15 +206,6 @@ def lock_file(path: str, *, wait: str | None, create: bool = True) -> int | None
         os.close(fd)
 
 
-def make_private_dirs(path: str) -> None:
-    """`path` and its missing parents, created private (0700); one ImageError if that fails."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as error:
-        from singpy.hostfiles import shown
-
-        raise ImageError(f"can't create the cache directory {shown(path)}: {error.strerror}",
-                         hint="set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a writable directory") from None
 
 
 def _digest(path: str, offset: int, length: int) -> str:
@@ -313,28 +290,8 @@ def write_record(path: str, record: Mapping[str, object]) -> None:
         raise
 
 
-def write_fields(path: str, fields: Iterable[str]) -> None:
-    """A small cache file of NUL-separated fields (`read_fields`), for what the start-up path keeps between runs
-    (--nv's listing, an image's NVIDIA_ variables) without importing json. Written atomically (a concurrent
-    run reads all of it or nothing), its directory made private; one that can't be written is no error."""
-    partial = f"{path}.{os.getpid()}.partial"
-    try:
-        make_private_dirs(os.path.dirname(path))
-        with open(partial, "wb") as out:
-            out.write("\0".join(fields).encode(errors="surrogateescape"))
-        os.replace(partial, path)
-    except (OSError, ImageError):
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
 
 
-def read_fields(path: str) -> list[str] | None:
-    """What `write_fields` wrote, or None when there is no such file (or it can't be read)."""
-    try:
-        with open(path, "rb") as saved:
-            return saved.read().decode(errors="surrogateescape").split("\0")
-    except OSError:
-        return None
 
 
 def read_record(path: str) -> dict[str, object]:

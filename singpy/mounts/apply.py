@@ -29,7 +29,7 @@ import os
 import stat
 
 from singpy import console
-from singpy.errors import BindSpecError, ImageError, PathError
+from singpy.errors import BindSpecError, ImageError, KernelError, PathError
 from singpy.kernel import syscalls as k
 from singpy.mounts.rootpath import Lookup, Resolver, Tree, is_under
 from singpy.plan import Missing, MountOp, MountSpec
@@ -43,25 +43,29 @@ IDENTITY_LIMIT = 16 << 20  # /etc/passwd and /etc/group of an image: LDAP-sized 
 
 
 def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bool, no_layer: str = "",
-                 mount_setattr: bool = True) -> None:
+                 mount_setattr: bool = True, host: Resolver | None = None) -> None:
     """Apply `specs` in order on NEWROOT; `image` is the image's own root, for what is read from it.
 
     `writable_root`: the root's upper layer is a tmpfs of this launch (--writable-tmpfs), where a
     missing mount point may be made. `no_layer`: why the image got no layer of mount points
     (--writable, `enable overlay = no`), for the message naming one it lacks. `mount_setattr`: False with
-    `avoid kernel features = mount_setattr`, a SEAL is then a remount per mount, as on Linux < 5.12.
+    `avoid kernel features = mount_setattr`, a SEAL is then a remount per mount, as on Linux < 5.12. `host`:
+    the survey's resolver of bind sources (`Survey.host`), with what it found.
     """
     with Tree(NEWROOT, proc=PROC) as container:
-        applier = _Applier(container, image, specs, writable_root=writable_root)
+        applier = _Applier(container, image, specs, writable_root=writable_root, host=host or Resolver(HOST))
         applier.no_layer = no_layer
         applier.mount_setattr = mount_setattr
-        for number, spec in enumerate(specs):
-            try:
-                applier.apply(number, spec)
-            except PathError as error:
-                if spec.missing is Missing.REQUIRED:
-                    raise PathError(f"can't {_doing(spec)}: {error.message}", hint=error.hint) from None
-                console.verbose(f"can't {_doing(spec)} (left out): {error.message}")
+        try:
+            for number, spec in enumerate(specs):
+                try:
+                    applier.apply(number, spec)
+                except PathError as error:
+                    if spec.missing is Missing.REQUIRED:
+                        raise PathError(f"can't {_doing(spec)}: {error.message}", hint=error.hint) from None
+                    console.verbose(f"can't {_doing(spec)} (left out): {error.message}")
+        finally:
+            applier.forget_link_dir()
 
 
 def assert_never(value: NoReturn) -> NoReturn:
@@ -72,10 +76,11 @@ def assert_never(value: NoReturn) -> NoReturn:
 class _Applier:
     """The container being assembled: what singpy mounted so far, and where it may create files."""
 
-    def __init__(self, container: Tree, image: Tree, specs: tuple[MountSpec, ...], *, writable_root: bool) -> None:
+    def __init__(self, container: Tree, image: Tree, specs: tuple[MountSpec, ...], *, writable_root: bool,
+                 host: Resolver) -> None:
         self.container = container
         self.image = image
-        self.host = Resolver(HOST)  # the host tree never changes under /oldroot
+        self.host = host  # the host tree never changes under /oldroot
         # Filesystems made for this container, where a missing mount point may be created.
         self.owned: set[int] = {os.fstat(container.fd).st_dev} if writable_root else set()
         self.host_binds: list[tuple[str, str]] = []  # (resolved destination, source) of host binds, for messages
@@ -84,8 +89,14 @@ class _Applier:
         self.deferred: list[tuple[str, int]] = []  # (resolved dest, flags) of read-only binds the seal covers
         self.no_layer = ""  # why no mount point the image lacks was added (--writable...), "" when they were
         self.mount_setattr = True  # SEAL with mount_setattr(2) where the kernel has it (not avoided)
+        # Read-only views of host directories that several read-only binds take files from (`_read_only_view`).
+        self.shared_sources = _shared_directories(specs)
+        self.views: dict[str, str | None] = {}  # resolved host directory -> its view (None: none could be made)
+        self.link_dir: tuple[str, int, str] | None = None  # the last link's directory: (as asked, fd, resolved)
 
     def apply(self, number: int, spec: MountSpec) -> None:
+        if spec.op is not MountOp.SYMLINK:
+            self.forget_link_dir()  # a mount may change what the directory's path leads to
         match spec.op:
             case MountOp.BIND:
                 self._bind(spec)
@@ -142,27 +153,63 @@ class _Applier:
 
     def _bind(self, spec: MountSpec) -> None:
         assert spec.source is not None
-        source = self.host(spec.source)
-        try:
-            is_dir = stat.S_ISDIR(os.stat(source).st_mode)
-        except OSError:
+        source, info = self.host.found(spec.source)
+        if info is None:
             if spec.missing is Missing.SKIP:
                 console.debug(f"skipping bind of {spec.source}: not on this host")
                 return
-            raise BindSpecError(f"bind source {spec.source} does not exist") from None
-        found, target, device = self._target(spec.dest, directory=is_dir)
+            raise BindSpecError(f"bind source {spec.source} does not exist")
+        found, target, device = self._target(spec.dest, directory=stat.S_ISDIR(info.st_mode))
         try:
             console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
-            k.mount(source, k.fd_path(target, PROC), None, k.MS_BIND | k.MS_REC, shown=spec.dest)
             flags = k.MS_NOSUID | (0 if spec.dev else k.MS_NODEV) | (k.MS_RDONLY if spec.readonly else 0)
-            if spec.readonly and device in self.sealing:
+            deferred = spec.readonly and device in self.sealing
+            view = None if deferred or spec.dev or not spec.readonly else self._read_only_view(spec.source, source)
+            k.mount(view or source, k.fd_path(target, PROC), None, k.MS_BIND | k.MS_REC, shown=spec.dest)
+            if deferred:
                 self.deferred.append((found.path, flags))  # the SEAL below makes it read-only, in one call
-            else:
+            elif view is None:
                 self._remount(found, flags, spec.dest)
         finally:
             os.close(target)
         self.host_binds.append((found.path, spec.source))
         self.container.forget(found.path)
+
+    def _read_only_view(self, asked: str, source: str) -> str | None:
+        """`source` seen through a read-only, nosuid, nodev bind of its directory, or None.
+
+        A bind copies the flags of the mount it is taken from, so a file bound from
+        the view needs no remount of its own: a CDI spec's ~64 libraries of one
+        directory are 64 mounts, not 128 plus a lookup and a statvfs each. Made
+        only for a directory that more than one read-only bind takes from, with
+        mount_setattr(2), which reaches the mounts below the view too (a host
+        library that is itself a bind mount, inside another container).
+        """
+        directory, name = source.rsplit("/", 1)
+        if (not self.mount_setattr or directory == HOST
+                or os.path.dirname(os.path.normpath(asked)) not in self.shared_sources):
+            return None
+        if directory not in self.views:
+            self.views[directory] = self._make_view(directory, f"{SCRATCH}/view{len(self.views)}")
+        view = self.views[directory]
+        return None if view is None else f"{view}/{name}"
+
+    def _make_view(self, directory: str, view: str) -> str | None:
+        os.mkdir(view, 0o700)
+        try:
+            k.mount(directory, view, None, k.MS_BIND | k.MS_REC)
+        except KernelError as error:
+            console.debug(f"no read-only view of {directory}: {error.message}")
+            return None
+        fd = os.open(view, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if k.seal_tree(fd, view):
+                return view
+        finally:
+            os.close(fd)
+        k.umount(view, k.MNT_DETACH)  # a kernel without mount_setattr(2): each bind is remounted instead
+        self.mount_setattr = False
+        return None
 
     def _fresh(self, spec: MountSpec, fstype: str, flags: int, data: str | None) -> None:
         found, target, _ = self._target(spec.dest, directory=True)
@@ -220,6 +267,15 @@ class _Applier:
 
     def _symlink(self, spec: MountSpec) -> None:
         assert spec.source is not None
+        directory, name = spec.dest.rsplit("/", 1)
+        if self.link_dir is not None and self.link_dir[0] == directory and name not in ("", ".", ".."):
+            # The links of /.singularity.d/libs come in a row: their directory is walked and checked once.
+            _, parent, resolved = self.link_dir
+            try:
+                os.symlink(spec.source, name, dir_fd=parent)
+            except FileExistsError:
+                raise PathError(f"{resolved.rstrip('/')}/{name} exists already") from None
+            return
         found = self.container.lookup(spec.dest, follow=False)
         if found.fd is not None:
             os.close(found.fd)
@@ -228,6 +284,13 @@ class _Applier:
             raise PathError(f"{found.path.rsplit('/', 1)[0]} does not exist")
         self._check_may_create(found, os.fstat(found.parent).st_dev)
         os.symlink(spec.source, found.name, dir_fd=found.parent)
+        self.forget_link_dir()
+        self.link_dir = (directory, os.dup(found.parent), found.path.rsplit("/", 1)[0] or "/")
+
+    def forget_link_dir(self) -> None:
+        if self.link_dir is not None:
+            os.close(self.link_dir[1])
+            self.link_dir = None
 
     def _seal(self, spec: MountSpec) -> None:
         """`dest` (a tmpfs) and every bind below it: read-only, nosuid, nodev."""
@@ -284,6 +347,7 @@ class Survey:
     def __init__(self) -> None:
         self.missing: list[tuple[str, bool]] = []  # mount points the image lacks: (path below the root, is_dir)
         self.covering: set[str] = set()  # resolved destinations: what the container will not take from the image
+        self.host = Resolver(HOST)  # bind sources, resolved once for the survey and apply_mounts
 
     def covers(self, path: str) -> bool:
         """Whether a mount of the plan hides resolved path `path` of the image."""
@@ -299,7 +363,6 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
     its policy.
     """
     found_all = Survey()
-    host = Resolver(HOST)  # bind sources share their directories (a CDI spec's ~64 libraries): resolved once
     for spec in specs:
         if spec.op in (MountOp.SYMLINK, MountOp.SEAL):
             continue
@@ -310,9 +373,24 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
         except PathError:
             continue
         if found.missing and not found_all.covers(found.path):
-            found_all.missing.append((found.path.lstrip("/"), _wants_directory(spec, host)))
+            found_all.missing.append((found.path.lstrip("/"), _wants_directory(spec, found_all.host)))
         found_all.covering.add(found.path)
     return found_all
+
+
+def _shared_directories(specs: tuple[MountSpec, ...]) -> set[str]:
+    """Host directories that more than one read-only bind takes a file or directory from.
+
+    Never the host's root: its view would copy every mount of the host.
+    """
+    seen: set[str] = set()
+    shared: set[str] = set()
+    for spec in specs:
+        if spec.op is MountOp.BIND and spec.readonly and not spec.dev and spec.source:
+            directory = os.path.dirname(os.path.normpath(spec.source))
+            if directory != "/":
+                (shared if directory in seen else seen).add(directory)
+    return shared
 
 
 def _is_covered(path: str, covering: set[str]) -> bool:
@@ -329,5 +407,6 @@ def _wants_directory(spec: MountSpec, host: Resolver) -> bool:
         return False
     if spec.op is MountOp.BIND:
         assert spec.source is not None
-        return os.path.isdir(host(spec.source))
+        info = host.found(spec.source)[1]
+        return info is not None and stat.S_ISDIR(info.st_mode)
     return True

@@ -383,12 +383,30 @@ def resolve(root: str, host: str) -> str:
 
 
 class Resolver:
-    """`resolve` below one root, remembering the last directory resolved (host bind sources)."""
+    """`resolve` below one root, remembering the last directory resolved (host bind sources).
+
+    `found` remembers what each source is: one launch asks about a CDI spec's
+    ~64 libraries twice (the survey, then the bind), and the host tree does not
+    change under it meanwhile.
+    """
 
     def __init__(self, root: str) -> None:
         self.root = root
         self._parent: str | None = None  # host directory last resolved
         self._resolved = ""  # its path below the root
+        self._found: dict[str, tuple[str, os.stat_result | None]] = {}
+
+    def found(self, path: str) -> tuple[str, os.stat_result | None]:
+        """`path` resolved, and what is there (None when nothing is)."""
+        known = self._found.get(path)
+        if known is None:
+            resolved = self(path)
+            try:
+                known = (resolved, os.stat(resolved))
+            except OSError:
+                known = (resolved, None)
+            self._found[path] = known
+        return known
 
     def __call__(self, path: str) -> str:
         parent, name = path.rstrip("/").rsplit("/", 1) if path.strip("/") else ("", "")

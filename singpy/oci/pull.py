@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
-from singpy import __version__, console
+from singpy import __version__, cachefiles, console
 from singpy.errors import ImageError
 from singpy.image import cache, tools
 from singpy.oci import store
@@ -75,7 +75,7 @@ def cached_image(text: str, options: PullOptions, env: Mapping[str, str], home: 
     be reached, the SIF it last resolved to runs, with a warning.
     """
     ref = parse(text)
-    location = cache.cache_dir(env, home)
+    location = cachefiles.cache_dir(env, home)
     want = _platform(options)
     if ref.transport == "docker":
         if ref.digest and os.path.isfile(store.sif_path(location, ref.digest)):
@@ -104,7 +104,7 @@ def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], h
     ref = parse(text)
     target = os.path.abspath(target or default_name(ref))
     _check_target(target, force=force)
-    location = cache.cache_dir(env, home)
+    location = cachefiles.cache_dir(env, home)
     source = _registry(ref, options, env, home) if ref.transport == "docker" else _local(ref)
     sif = ensure_sif(resolve(ref, source, _platform(options)), location, env)
     _copy(sif, target)
@@ -121,7 +121,7 @@ def build_from(text: str, target: str, options: PullOptions, env: Mapping[str, s
     _check_target(target, force=force)
     source = _registry(ref, options, env, home) if ref.transport == "docker" else _local(ref)
     resolved = resolve(ref, source, _platform(options))
-    location = cache.cache_dir(env, home)
+    location = cachefiles.cache_dir(env, home)
     from singpy.image.builder import publish_tree, scratch_dir
 
     scratch = scratch_dir(target, ".singpy-build-")

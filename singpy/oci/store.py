@@ -1,4 +1,4 @@
-"""Where pulled images live in the user's cache (singpy.image.cache.cache_dir).
+"""Where pulled images live in the user's cache (singpy.cachefiles.cache_dir).
 
     blobs/sha256/<hex>            a verified blob (layer, config), shared by every image that has it
     blobs/sha256/<hex>.partial    a download in progress or cut short: the next pull resumes it
@@ -22,7 +22,7 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 
-from singpy import console
+from singpy import cachefiles, console
 from singpy.errors import ImageError
 from singpy.image import cache
 from singpy.oci.ref import valid_digest
@@ -50,8 +50,8 @@ def is_hex(text: str) -> bool:
 def ensure(location: str, sub: str) -> str:
     """`location/sub`, created private (0700) with its parents if missing."""
     path = f"{location}/{sub}"
-    cache.make_private_dirs(location)  # the cache root first: 0700 decides who can see the rest
-    cache.make_private_dirs(path)
+    cachefiles.make_private_dirs(location)  # the cache root first: 0700 decides who can see the rest
+    cachefiles.make_private_dirs(path)
     return path
 
 

@@ -154,10 +154,11 @@ def plan(idmap: IdMap | None, env: Mapping[str, str], home: str) -> Layers | Non
         console.verbose("single id mapping: the base image is unpacked in the work directory (its other owners "
                         "can't be kept in the cache)")
         return None
+    from singpy import cachefiles
     from singpy.image import cache
     from singpy.image.tools import find_tool
 
-    location = cache.cache_dir(env, home)
+    location = cachefiles.cache_dir(env, home)
     kind = cache.filesystem_of(location)
     if kind in cache.NETWORK_FS_TYPES:
         console.verbose(f"the cache {location} is on {kind}: the base image is unpacked in the work directory")

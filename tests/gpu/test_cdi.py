@@ -153,7 +153,7 @@ def test_all_devices_libraries_links_and_env(sim: SimHostRun, cdi_image: Path, s
     devices, check, links, env = out.split("---")
     assert {"nvidia0", "nvidia1"} | NODES <= set(devices.split())
     assert check.strip() == "cuInit=0 driver=12040"
-    assert links.split() == [f"libcuda.so.{simhost.DRIVER}", "libcuda.so.1", "same", "Driver", "Version"]
+    assert links.split() == [f"{LIB_DIR}/libcuda.so.{simhost.DRIVER}"] * 2 + ["same", "Driver", "Version"]
     assert env.split() == ["void", LIB_DIR]
 
 
@@ -205,7 +205,7 @@ def test_dry_run_shows_what_cdi_adds(sim: SimHostRun, image: Path, spec_dirs: di
     assert gpu["cdi_devices"] == ["nvidia.com/gpu=1"]
     assert "/dev/nvidia1" in gpu["devices"] and "/dev/nvidia0" not in gpu["devices"]
     assert gpu["env"]["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert "/.singularity.d/libs/libcuda.so.1 -> libcuda.so.550.54.14" in gpu["links"]
+    assert f"/.singularity.d/libs/libcuda.so.1 -> {LIB_DIR}/libcuda.so.550.54.14" in gpu["links"]
     assert any(bind.endswith(f"-> {LIB_DIR}/libcuda.so") for bind in gpu["other_binds"])
     assert not never.exists()
 
@@ -257,14 +257,49 @@ def test_newer_version_and_unknown_hook(sim: SimHostRun, image: Path, cdi_host: 
 
 def test_update_ldcache_links_to_the_spec_mounts(sim: SimHostRun, cdi_image: Path, spec_dirs: dict[str, Path],
                                                  cdi_host: simhost.SimHost) -> None:
-    """Each library is bound once, where the spec mounts it; /.singularity.d/libs holds only links to it."""
+    """Each library is bound once, where the spec mounts it; /.singularity.d/libs holds only links to it, under
+    the names ldconfig would enter in its cache: sonames and the create-symlinks links, not the files' own names."""
     libs = "/.singularity.d/libs"
     real = f"libcuda.so.{simhost.DRIVER}"
     out = sim.ok("exec", "--contain", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(spec_dirs["json"]),
                  str(cdi_image), "sh", "-c",
-                 f"readlink {libs}/{real}; readlink -f {libs}/libcuda.so.1; cmp {libs}/libcuda.so.1 {LIB_DIR}/{real}"
-                 f" && echo same; grep -c ' {libs}/' /proc/self/mountinfo; grep -c ' {LIB_DIR}/' /proc/self/mountinfo")
-    target, resolved, same, in_libs, in_lib_dir = out.split()
+                 f"readlink {libs}/libcuda.so.1; readlink -f {libs}/libcuda.so;"
+                 f" cmp {libs}/libcuda.so.1 {LIB_DIR}/{real}"
+                 f" && echo same; grep -c ' {libs}/' /proc/self/mountinfo; grep -c ' {LIB_DIR}/' /proc/self/mountinfo;"
+                 f" echo ---; ls {libs}")
+    found, names = out.split("---")
+    target, resolved, same, in_libs, in_lib_dir = found.split()
     assert target == resolved == f"{LIB_DIR}/{real}" and same == "same"
+    # the simulated libraries by soname (libnvidia-glcore's is its own name, as NVIDIA's), and libcuda.so
+    assert sorted(names.split()) == sorted([*cdi_host.libs, "libcuda.so"])
     assert in_libs == "0"  # links only: no bind below /.singularity.d/libs
     assert int(in_lib_dir) == len(cdi_host.libs) + 1  # the spec's libraries, and create-symlinks' libcuda.so
+
+
+@pytest.mark.parametrize("conf", ["", "avoid kernel features = mount_setattr\n"], ids=["view", "remount-each"])
+def test_mounts_get_the_spec_read_only_flag(sim: SimHostRun, image: Path, conf: str) -> None:
+    """Files of one host directory, read-only (`ro`) and writable as the spec says, whichever way singpy makes
+    them read-only (through one read-only view of the directory, or a remount per file without mount_setattr)."""
+    host = sim.runner.workdir / f"cdi-flags-{sim.runner.profile}"
+    host.mkdir(exist_ok=True)
+    host.chmod(0o755)
+    for name in ("a.so", "b.so", "c.so"):
+        (host / name).write_text(name)
+        (host / name).chmod(0o666)
+    mounts = [{"hostPath": str(host / name), "containerPath": f"/opt/cdi-flags/{name}", "options": options}
+              for name, options in (("a.so", OPTIONS), ("b.so", ["ro", "bind"]), ("c.so", ["rw", "bind"]))]
+    spec = {"cdiVersion": "0.5.0", "kind": "example.com/flags",
+            "devices": [{"name": "x", "containerEdits": {"mounts": mounts}}]}
+    directory = _spec_dir(sim.runner, "flags", json.dumps(spec), "json")
+    out = sim.ok("exec", "--device", "example.com/flags=x", "--cdi-dirs", str(directory), str(image), "sh", "-c",
+                 "grep ' /opt/cdi-flags/' /proc/self/mountinfo; echo ---; cat /opt/cdi-flags/*; echo;"
+                 " echo more >> /opt/cdi-flags/c.so && echo c-written; echo more >> /opt/cdi-flags/a.so || true",
+                 conf=conf)
+    info, rest = out.split("---")
+    flags = {fields[4]: set(fields[5].split(",")) for fields in (line.split() for line in info.splitlines())}
+    assert set(flags) == {f"/opt/cdi-flags/{name}" for name in ("a.so", "b.so", "c.so")}
+    for name in ("a.so", "b.so"):
+        assert {"ro", "nosuid", "nodev"} <= flags[f"/opt/cdi-flags/{name}"]
+    assert "rw" in flags["/opt/cdi-flags/c.so"]
+    assert rest.split() == ["a.sob.soc.so", "c-written"]
+    assert (host / "a.so").read_text() == "a.so" and (host / "c.so").read_text() == "c.somore\n"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from singpy import cachefiles
 from singpy.errors import ImageError
 from singpy.image import cache
 
@@ -40,7 +41,7 @@ def squashfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 ], ids=["singpy-first", "xdg", "xdg-empty", "home", "apptainer-before-xdg", "singularity",
         "apptainer-before-singularity", "singpy-before-apptainer", "empty-apptainer-skipped"])
 def test_cache_dir(env: dict[str, str], expected: str) -> None:
-    assert cache.cache_dir(env, "/home/u") == expected
+    assert cachefiles.cache_dir(env, "/home/u") == expected
 
 
 def populate(root: Path, image: Path) -> str:

@@ -1,0 +1,70 @@
+"""Where the user's cache is, and the small files the start-up path keeps there.
+
+Kept apart from singpy.image.cache (the extraction cache, ~1.5 ms to import
+here with what it pulls in) because `--nv` and `--device` read and write
+their small cache files on every launch of a plain sandbox, which imports
+nothing else from the cache. Imports only `os`.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+
+def cache_dir(env: Mapping[str, str], home: str) -> str:
+    """The invoking user's cache directory (not created here).
+
+    Apptainer keeps its own cache in `$APPTAINER_CACHEDIR/cache`; singpy's
+    goes beside it, in `singpy/`, so that the two never mix.
+    """
+    if env.get("SINGPY_CACHEDIR"):
+        return os.path.abspath(env["SINGPY_CACHEDIR"])
+    for name in ("APPTAINER_CACHEDIR", "SINGULARITY_CACHEDIR"):
+        if env.get(name):
+            return os.path.join(os.path.abspath(env[name]), "singpy")
+    if env.get("XDG_CACHE_HOME"):
+        return os.path.join(os.path.abspath(env["XDG_CACHE_HOME"]), "singpy")
+    return os.path.join(home, ".cache", "singpy")
+
+
+def make_private_dirs(path: str) -> None:
+    """`path` and its missing parents, created private (0700); one ImageError if that fails."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as error:
+        from singpy.errors import ImageError
+        from singpy.hostfiles import shown
+
+        raise ImageError(f"can't create the cache directory {shown(path)}: {error.strerror}",
+                         hint="set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a writable directory") from None
+
+
+def write_fields(path: str, fields: Iterable[str]) -> None:
+    """A small cache file of NUL-separated fields (`read_fields`), for what the start-up path keeps between runs
+    (--nv's listing, an image's NVIDIA_ variables, a CDI spec's sonames) without importing json. Written
+    atomically (a concurrent run reads all of it or nothing), its directory made private; one that can't be
+    written is no error."""
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(partial, "wb") as out:
+            out.write("\0".join(fields).encode(errors="surrogateescape"))
+        os.replace(partial, path)
+    except OSError:
+        import contextlib  # only when the write failed: not imported on the start-up path
+
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+
+
+def read_fields(path: str) -> list[str] | None:
+    """What `write_fields` wrote, or None when there is no such file (or it can't be read)."""
+    try:
+        with open(path, "rb") as saved:
+            return saved.read().decode(errors="surrogateescape").split("\0")
+    except OSError:
+        return None
