@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"can't run: {why}", file=sys.stderr)
         return 1
-    subprocess.run([python, "-m", "compileall", "-q", str(REPO / "singpy")], check=False)
+    startup.fresh_bytecode(python)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds: the cluster stopped, the scratch removed
     with pull.scratch("hpc") as workdir:
         benchmark(options, workdir, singpy)

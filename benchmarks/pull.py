@@ -855,7 +855,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing := missing_tools():
         print(f"not installed: {', '.join(missing)} (`make setup` installs them)", file=sys.stderr)
         return 1
-    subprocess.run([python, "-m", "compileall", "-q", str(REPO / "singpy")], check=False)
+    startup.fresh_bytecode(python)
     # SIGTERM unwinds like Ctrl-C: the registry is stopped and the scratch directory removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with scratch() as workdir:

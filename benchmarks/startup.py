@@ -1030,14 +1030,27 @@ def venv_commands() -> tuple[str, str] | None:
     return singpy, python
 
 
+def fresh_bytecode(python: str) -> None:
+    """singpy's bytecode up to date and readable by the test user, as `make setup` leaves it.
+
+    A stale .pyc would be recompiled on every run (the test user cannot write
+    __pycache__), and so would one it cannot read: Python writes a .pyc with
+    the umask of the process that first imported the module (a test that runs
+    singpy as root under umask 077 leaves it 0600). That time is not singpy's.
+    """
+    subprocess.run([python, "-m", "compileall", "-q", str(REPO / "singpy")], check=False)
+    for compiled in (REPO / "singpy").rglob("*.pyc"):
+        mode = compiled.stat().st_mode
+        if mode & 0o044 != 0o044:
+            compiled.chmod(mode | 0o044)
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse_options(argv)
     if (commands := venv_commands()) is None:
         return 1
     singpy, python = commands
-    # Fresh bytecode, as `make setup` leaves it: a stale .pyc would be recompiled on every run (the test user
-    # cannot write __pycache__), and that compile time is not singpy's.
-    subprocess.run([python, "-m", "compileall", "-q", str(REPO / "singpy")], check=False)
+    fresh_bytecode(python)
     info = machine()
     workdir = Path(tempfile.mkdtemp(prefix="singpy-bench-", dir="/tmp"))
     workdir.chmod(0o755)

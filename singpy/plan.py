@@ -22,7 +22,9 @@ class MountOp(enum.Enum):
     MQUEUE = "mqueue"  # a POSIX message queue filesystem (new ipc namespace)
     FILE = "file"  # a file written by the launcher (passwd, group), bound read-only
     SYMLINK = "symlink"  # a symbolic link created in a tmpfs (minimal /dev)
-    SEAL = "seal"  # make `dest` and every mount below it read-only, nosuid, nodev (once they are all in place)
+    # make `dest`, a TMPFS, and every mount below it read-only, nosuid, nodev; it ends the tmpfs's block: the
+    # TMPFS, then only BINDs and SYMLINKs directly in it, then the SEAL (singpy.gpu.merge keeps them so)
+    SEAL = "seal"
 
 
 class Missing(enum.Enum):

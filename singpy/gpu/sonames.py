@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import stat
 
-from singpy.gpu.elf import soname
-
 _FORMAT = "1"  # in the file name: a singpy reading another layout misses, it never misreads
 _SEPARATOR = "\x01"  # between a library's path and its identity (no NUL in a path; the identity has none)
 
@@ -31,6 +29,8 @@ def sonames(files: dict[str, os.stat_result], cache: str | None) -> dict[str, st
         fields = read_fields(entry)
         if fields is not None and fields[0::2] == keys:
             return {path: name or None for path, name in zip(files, fields[1::2], strict=True)}
+    from singpy.gpu.elf import soname  # only on a miss
+
     found = {path: soname(path) if stat.S_ISREG(info.st_mode) else None for path, info in files.items()}
     if entry is not None:
         from singpy.cachefiles import write_fields

@@ -400,22 +400,32 @@ class Resolver:
         """`path` resolved, and what is there (None when nothing is)."""
         known = self._found.get(path)
         if known is None:
-            resolved = self(path)
-            try:
-                known = (resolved, os.stat(resolved))
-            except OSError:
-                known = (resolved, None)
-            self._found[path] = known
+            known = self._found[path] = self._look(path)
         return known
 
     def __call__(self, path: str) -> str:
+        return self._look(path, want_stat=False)[0]
+
+    def _look(self, path: str, *, want_stat: bool = True) -> tuple[str, os.stat_result | None]:
+        """One lstat of the path in its remembered directory: a file that is no link needs no second look."""
         parent, name = path.rstrip("/").rsplit("/", 1) if path.strip("/") else ("", "")
-        if not name or name in (".", ".."):
-            return resolve(self.root, path)
-        if parent != self._parent:
-            self._parent, self._resolved = parent, resolve(self.root, parent or "/")
-        candidate = os.path.join(self._resolved, name)
-        return resolve(self.root, path) if os.path.islink(candidate) else candidate
+        if name and name not in (".", ".."):
+            if parent != self._parent:
+                self._parent, self._resolved = parent, resolve(self.root, parent or "/")
+            candidate = os.path.join(self._resolved, name)
+            try:
+                info = os.lstat(candidate)
+            except OSError:
+                return candidate, None
+            if not stat.S_ISLNK(info.st_mode):
+                return candidate, info
+        resolved = resolve(self.root, path)
+        if not want_stat:
+            return resolved, None
+        try:
+            return resolved, os.stat(resolved)
+        except OSError:
+            return resolved, None
 
 
 def is_under(path: str, parent: str) -> bool:

@@ -599,7 +599,9 @@ def test_merge_nv_and_rocm(tmp_path: Path) -> None:
     assert len(tmpfs) == 1
     assert all(i > tmpfs[0] for i, m in enumerate(both.mounts) if m.dest.startswith(LIBS + "/"))
     assert [m.dest for m in both.mounts if m.op is MountOp.SEAL] == [LIBS]
-    assert both.mounts[-1].op is MountOp.SEAL  # after every vendor's libraries
+    seal = next(i for i, m in enumerate(both.mounts) if m.op is MountOp.SEAL)
+    inside = [i for i, m in enumerate(both.mounts) if m.dest == LIBS or m.dest.startswith(LIBS + "/")]
+    assert inside == list(range(seal + 1))  # the tmpfs, every vendor's libraries, the seal: one block
     dests = [m.dest for m in both.mounts if m.op is not MountOp.SEAL]
     assert len(dests) == len(set(dests))
     assert {"libcuda.so.1", "libamdocl64.so"} <= set(lib_binds(both))
