@@ -71,11 +71,16 @@ class Tree:
         except OSError as error:
             raise PathError(f"can't open the image root {root}: {error.strerror}") from None
         self._cached: tuple[str, int, str] | None = None  # (guest directory as asked, its fd, resolved path)
+        # For `locate` (surveys, which create nothing): a directory found missing, as asked, with where its
+        # walk stopped (a Lookup whose parent the Tree holds). A CDI spec puts ~64 libraries in
+        # /usr/lib/x86_64-linux-gnu, which an Alpine or busybox image lacks: one walk, not 64.
+        self._absent: tuple[str, Lookup] | None = None
         self._held: int | None = None  # parent descriptor of the last lookup, when not the cached one
 
     def close(self) -> None:
         self._release()
         self._drop_cache()
+        self._forget_absent()
         os.close(self.fd)
 
     def __enter__(self) -> Tree:
@@ -92,7 +97,7 @@ class Tree:
         if not parts or parts[-1] == ".." or ".." in parts:
             return self._without_fd(self.lookup(guest))
         self._release()
-        parent = self._directory(parts[:-1], guest)
+        parent = self._directory(parts[:-1], guest, remember_absent=True)
         if isinstance(parent, Lookup):
             return Lookup(parent.parent, parent.name, f"{parent.path.rstrip('/')}/{parts[-1]}", None,
                           (*parent.missing, parts[-1]))
@@ -235,17 +240,25 @@ class Tree:
         Any other mount may change what the directory's path, links included, leads to."""
         if self._cached is not None and not (is_under(mounted, self._cached[2]) and mounted != self._cached[2]):
             self._drop_cache()
+        self._forget_absent()
 
-    def _directory(self, dirs: list[str], guest: str) -> tuple[int, str] | Lookup:
-        """The directory `dirs` leads to, as (fd, resolved path), remembered; a Lookup if it is missing."""
+    def _directory(self, dirs: list[str], guest: str, *, remember_absent: bool = False) -> tuple[int, str] | Lookup:
+        """The directory `dirs` leads to, as (fd, resolved path), remembered; a Lookup if it is missing
+        (remembered too with `remember_absent`)."""
         key = "/".join(dirs)
         if self._cached is not None and self._cached[0] == key:
             return self._cached[1], self._cached[2]
+        if remember_absent and self._absent is not None and self._absent[0] == key:
+            return self._absent[1]
         if not dirs:
             return self.fd, "/"
         found = self._walk(dirs, True, guest)
         if found.fd is None:
-            return found
+            if not remember_absent:
+                return found
+            self._forget_absent()
+            self._absent = (key, Lookup(os.dup(found.parent), found.name, found.path, None, found.missing))
+            return self._absent[1]
         if not stat.S_ISDIR(os.fstat(found.fd).st_mode):
             os.close(found.fd)
             raise PathError(f"can't look up {guest}: {found.path} is not a directory")
@@ -321,6 +334,11 @@ class Tree:
         if self._held is not None:
             os.close(self._held)
             self._held = None
+
+    def _forget_absent(self) -> None:
+        if self._absent is not None:
+            os.close(self._absent[1].parent)
+            self._absent = None
 
     def _drop_cache(self) -> None:
         if self._cached is not None:

@@ -208,6 +208,25 @@ def test_no_descriptor_leaks(root: str) -> None:
     assert set(os.listdir("/proc/self/fd")) == before
 
 
+def test_locating_many_names_below_a_missing_directory(root: str) -> None:
+    """A survey asks about ~64 libraries in a directory the image lacks (remembered after the first walk):
+    every answer is the fresh walk's, names of a linked path included, and no descriptor is left open."""
+    before = set(os.listdir("/proc/self/fd"))
+    guests = [f"{directory}/lib{index}.so" for directory in ("/usr/lib/x86_64-linux-gnu", "/opt/dangling", "/lib/a")
+              for index in range(3)] + ["/etc/passwd", "/usr/lib/x86_64-linux-gnu/lib0.so"]
+    with Tree(root) as tree:
+        located = [tree.locate(guest) for guest in guests]
+        answers = [(found.path, found.missing, found.fd) for found in located]
+        for guest, answer in zip(guests, answers, strict=True):
+            with Tree(root) as fresh:
+                found = fresh.locate(guest)
+                assert answer == (found.path, found.missing, found.fd)
+    assert answers[0] == ("/usr/lib/x86_64-linux-gnu/lib0.so", ("x86_64-linux-gnu", "lib0.so"), None)
+    assert answers[3][0] == "/nonexistent/dir/lib0.so"
+    assert answers[-2] == ("/etc/passwd", (), None)
+    assert set(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_remembered_directory_is_forgotten_after_a_mount_on_it(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "data").mkdir(parents=True)
