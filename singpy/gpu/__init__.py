@@ -66,7 +66,7 @@ def merge(*contribs: GpuContribution) -> GpuContribution:
     listed by both vendors (libOpenCL.so, libdrm.so) is bound once. Each seal
     comes once every vendor's entries are in place below it, right after
     them, before the rest: a tmpfs filled and sealed in one block is made in
-    the staging root, a third of the cost (singpy.mounts.apply).
+    the staging root, for about half the cost per entry (singpy.mounts.apply).
     """
     mounts: dict[str, MountSpec] = {}
     seals: dict[str, MountSpec] = {}

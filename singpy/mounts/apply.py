@@ -243,7 +243,7 @@ class _Applier:
     def _stage(self, spec: MountSpec, number: int) -> None:
         """A sealed tmpfs (/.singularity.d/libs: ~61 library binds and as many links, then its SEAL), made in
         the staging root, where the directory is singpy's own and plain paths are safe (no walk, no descriptor
-        per entry: a third of the cost), then moved into the container sealed (`_apply_staged`). Nothing
+        per entry: about half the cost of each), then moved into the container sealed (`_apply_staged`). Nothing
         else is mounted meanwhile (`_check_block`), so the container sees the same as if it were made there.
         Its mount point is found (or made) first, as for any tmpfs."""
         self._check_block(number)
