@@ -135,10 +135,10 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Imag
                                    rootfs=image.rootfs, nvccli=request.nvccli, image_spec=image))
     if request.devices:
         from singpy.cachefiles import cache_dir
-        from singpy.gpu import cdi
+        from singpy.gpu import cdicache
 
-        parts.append(cdi.discover(request.devices, request.cdi_dirs or cdi.DEFAULT_DIRS,
-                                  cache=cache_dir(host.env, host.home)))
+        parts.append(cdicache.discover(tuple(request.devices), tuple(request.cdi_dirs or cdicache.DEFAULT_DIRS),
+                                       cache=cache_dir(host.env, host.home)))
     return merge(*parts)
 
 

@@ -38,14 +38,13 @@ from collections.abc import Iterable, Mapping
 from singpy.constants import LIBS_DIR
 from singpy.errors import GpuError
 from singpy.gpu import GpuContribution
+from singpy.gpu.cdicache import DEFAULT_DIRS, SPEC_SUFFIXES
 from singpy.gpu.libsdir import libs_dir_mounts, link_notes
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
 
-DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
 NEWEST_VERSION = (0, 8, 0)
 SPEC_LIMIT = 16 << 20  # a generated spec for 8 GPUs with MIG is ~100 KB
-_SUFFIXES = (".json", ".yaml", ".yml")
 # Characters after the first (an ASCII letter or digit) of a CDI vendor, class and device name (the CDI
 # library's parser rules); checked by hand: `import re` alone costs ~10 ms of start-up here.
 _VENDOR_CHARS = frozenset(".-")
@@ -155,7 +154,7 @@ def load_specs(dirs: Iterable[str]) -> list[_Spec]:
             continue
         except OSError as error:
             raise GpuError(f"can't read the CDI directory {directory}: {error.strerror}") from None
-        specs += [read_spec(os.path.join(directory, name)) for name in names if name.endswith(_SUFFIXES)]
+        specs += [read_spec(os.path.join(directory, name)) for name in names if name.endswith(SPEC_SUFFIXES)]
     return specs
 
 

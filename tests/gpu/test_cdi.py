@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -303,3 +304,46 @@ def test_mounts_get_the_spec_read_only_flag(sim: SimHostRun, image: Path, conf: 
     assert "rw" in flags["/opt/cdi-flags/c.so"]
     assert rest.split() == ["a.sob.soc.so", "c-written"]
     assert (host / "a.so").read_text() == "a.so" and (host / "c.so").read_text() == "c.somore\n"
+
+
+def test_kept_edits_follow_the_specs_and_the_host(sim: SimHostRun, image: Path) -> None:
+    """The second launch of a request reads its edits from the cache; an edited spec, a library replaced by
+    another, a device node made anew with other numbers and a missing source are seen as they are."""
+    host = sim.runner.workdir / f"cdi-kept-{sim.runner.profile}"
+    host.mkdir()
+    host.chmod(0o755)
+    library = simhost.build_elf_library(host, "libkept.so.1")
+    library.chmod(0o644)
+    node = host / "node"
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    spec = {"cdiVersion": "0.6.0", "kind": "example.com/kept", "devices": [{"name": "x", "containerEdits": {
+        "env": ["KEPT=one"],
+        "deviceNodes": [{"path": "/dev/kept", "hostPath": str(node), "type": "c", "major": 1, "minor": 3}],
+        "mounts": [{"hostPath": str(library), "containerPath": "/opt/kept/libkept.so.7.1", "options": OPTIONS}],
+        "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
+                   "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/opt/kept"]}]}}]}
+    directory = _spec_dir(sim.runner, "kept", json.dumps(spec), "json")
+    args = ("-v", "exec", "--contain", "--device", "example.com/kept=x", "--cdi-dirs", str(directory), str(image),
+            "sh", "-c", "echo $KEPT; ls /.singularity.d/libs; ls /dev/kept")
+
+    def launch() -> tuple[list[str], bool]:
+        result = sim.run(*args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.split(), "CDI edits read from the cache" in result.stderr
+
+    assert launch() == (["one", "libkept.so.1", "/dev/kept"], False)
+    assert launch() == (["one", "libkept.so.1", "/dev/kept"], True)
+    spec["devices"][0]["containerEdits"]["env"] = ["KEPT=two"]  # type: ignore[index]
+    (directory / "spec.json").write_text(json.dumps(spec))
+    assert launch() == (["two", "libkept.so.1", "/dev/kept"], False)
+    os.replace(simhost.build_elf_library(sim.runner.workdir / f"cdi-new-{sim.runner.profile}", "libkept.so.2"), library)
+    assert launch() == (["two", "libkept.so.2", "/dev/kept"], False)
+    assert launch()[1]
+    node.unlink()
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's numbers: the spec is stale now
+    assert "the spec says minor 3" in _fatal(sim.run(*args))
+    node.unlink()
+    os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    assert launch()[0][0] == "two"
+    library.unlink()
+    assert f"mount source {library} does not exist" in _fatal(sim.run(*args))
