@@ -91,8 +91,9 @@ class _Applier:
         self.to_seal = {spec.dest for spec in specs if spec.op is MountOp.SEAL}
         self.no_layer = ""  # why no mount point the image lacks was added (--writable...), "" when they were
         self.mount_setattr = True  # SEAL with mount_setattr(2) where the kernel has it (not avoided)
-        # Read-only views of host directories that several read-only binds take files from (`_read_only_view`).
-        self.shared_sources = _shared_directories(specs)
+        # Read-only views of host directories that several read-only binds take files from (`_read_only_view`):
+        # the source directory of each read-only bind as asked, and those shared.
+        self.source_dirs, self.shared_sources = _source_directories(specs)
         self.views: dict[str, str | None] = {}  # resolved host directory -> its view (None: none could be made)
         self.link_dir: tuple[str, int, str] | None = None  # the last link's directory: (as asked, fd, resolved)
         self.specs = specs
@@ -182,7 +183,7 @@ class _Applier:
         source, info = host
         found, target = self._target(spec.dest, directory=stat.S_ISDIR(info.st_mode))
         try:
-            console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
+            _say_binding(spec)
             flags = k.MS_NOSUID | (0 if spec.dev else k.MS_NODEV) | (k.MS_RDONLY if spec.readonly else 0)
             view = self._read_only_view(spec.source, source) if spec.readonly and not spec.dev else None
             k.mount(view or source, k.fd_path(target, PROC), None, k.MS_BIND | k.MS_REC, shown=spec.dest)
@@ -204,8 +205,7 @@ class _Applier:
         library that is itself a bind mount, inside another container).
         """
         directory, name = source.rsplit("/", 1)
-        if (not self.mount_setattr or directory == HOST
-                or os.path.dirname(os.path.normpath(asked)) not in self.shared_sources):
+        if not self.mount_setattr or directory == HOST or self.source_dirs.get(asked) not in self.shared_sources:
             return None
         if directory not in self.views:
             self.views[directory] = self._make_view(directory, f"{SCRATCH}/view{len(self.views)}")
@@ -268,7 +268,7 @@ class _Applier:
                     return
                 source, info = host
                 _make_entry(entry, spec.dest, directory=stat.S_ISDIR(info.st_mode))
-                console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
+                _say_binding(spec)
                 k.mount(source, entry, None, k.MS_BIND | k.MS_REC, shown=spec.dest)
                 staged.binds.append(entry)
                 self.host_binds.append((f"{staged.resolved}/{os.path.basename(entry)}", spec.source))
@@ -385,6 +385,11 @@ class _Applier:
             os.close(mounted)
 
 
+def _say_binding(spec: MountSpec) -> None:
+    if console.level() >= console.VERBOSE:  # the line is not even formatted otherwise: ~130 binds with --nv
+        console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
+
+
 def _doing(spec: MountSpec) -> str:
     """What a spec does, for "can't ..." messages."""
     match spec.op:
@@ -419,7 +424,7 @@ def _make_entry(path: str, dest: str, *, directory: bool) -> None:
         if directory:
             os.mkdir(path, 0o755)
         else:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+            os.mknod(path, stat.S_IFREG | 0o644)  # one call, where open and close are two
     except FileExistsError:
         raise PathError(f"{dest} exists already") from None
 
@@ -461,19 +466,19 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
     return found_all
 
 
-def _shared_directories(specs: tuple[MountSpec, ...]) -> set[str]:
-    """Host directories that more than one read-only bind takes a file or directory from.
+def _source_directories(specs: tuple[MountSpec, ...]) -> tuple[dict[str, str], set[str]]:
+    """The host directory of each read-only bind's source, and those more than one of them takes from.
 
     Never the host's root: its view would copy every mount of the host.
     """
+    directories = {spec.source: os.path.dirname(os.path.normpath(spec.source)) for spec in specs
+                   if spec.op is MountOp.BIND and spec.readonly and not spec.dev and spec.source}
     seen: set[str] = set()
     shared: set[str] = set()
-    for spec in specs:
-        if spec.op is MountOp.BIND and spec.readonly and not spec.dev and spec.source:
-            directory = os.path.dirname(os.path.normpath(spec.source))
-            if directory != "/":
-                (shared if directory in seen else seen).add(directory)
-    return shared
+    for directory in directories.values():
+        if directory != "/":
+            (shared if directory in seen else seen).add(directory)
+    return directories, shared
 
 
 def _is_covered(path: str, covering: set[str]) -> bool:
