@@ -334,7 +334,7 @@ class PreparedRoot(Record):
 
     image: Tree  # the image's own root, open: what is read from it is its own
     scripts: ImageScripts  # its scripts the payload may use
-    host: Resolver  # the bind sources the survey resolved (apply_mounts asks again)
+    host: Resolver  # the bind sources the survey resolved, with what it found there (for apply_mounts)
 
 
 def _layered(plan: LaunchPlan) -> bool:
