@@ -31,6 +31,12 @@ def cache_dir(env: Mapping[str, str], home: str) -> str:
     return os.path.join(home, ".cache", "singpy")
 
 
+def identity(info: os.stat_result) -> str:
+    """A file as the cache names it: device, inode, size and mtime in ns (in hex). Any rewrite of the file
+    changes one of them, whatever its path."""
+    return f"{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}"
+
+
 def make_private_dirs(path: str) -> None:
     """`path` and its missing parents, created private (0700); one ImageError if that fails."""
     try:

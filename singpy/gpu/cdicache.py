@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import stat
 
+from singpy.cachefiles import identity, read_fields, write_fields
 from singpy.gpu import GpuContribution
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 
@@ -53,7 +54,7 @@ def _request_key(values: Sequence[str], dirs: Sequence[str]) -> str | None:
     for directory in dirs:
         try:
             names = sorted(name for name in os.listdir(directory) if name.endswith(SPEC_SUFFIXES))
-            listings.append((directory, tuple((name, _identity(os.stat(os.path.join(directory, name))))
+            listings.append((directory, tuple((name, identity(os.stat(os.path.join(directory, name))))
                                               for name in names)))
         except FileNotFoundError:
             listings.append((directory, ()))
@@ -70,18 +71,12 @@ def _entry(cache: str | None, key: str) -> str | None:
     return f"{cache}/cdi-edits/{_FORMAT}-{zlib.crc32(key.encode(errors='surrogateescape')):08x}"
 
 
-def _identity(info: os.stat_result) -> str:
-    return f"{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}"
-
-
 def _what(info: os.stat_result, device: bool) -> str:
     """A device node by type and number (udev may make it anew), anything else as a file."""
-    return f"{stat.S_IFMT(info.st_mode):o}:{info.st_rdev:x}" if device else _identity(info)
+    return f"{stat.S_IFMT(info.st_mode):o}:{info.st_rdev:x}" if device else identity(info)
 
 
 def _save(entry: str, key: str, found: GpuContribution) -> None:
-    from singpy.cachefiles import write_fields
-
     fields = [key]
     for spec in found.mounts:
         what = ""
@@ -104,8 +99,6 @@ def _save(entry: str, key: str, found: GpuContribution) -> None:
 
 def _load(entry: str, key: str) -> GpuContribution | None:
     """What was kept for this request, if every source it binds is still what it was; None otherwise."""
-    from singpy.cachefiles import read_fields
-
     fields = read_fields(entry)
     if not fields or fields[0] != key:
         return None

@@ -41,7 +41,7 @@ def entry(cli: str, host: GpuHost) -> str | None:
         ld_cache = os.stat(host.ld_cache_file or "/etc/ld.so.cache").st_mtime_ns
     except OSError:
         return None
-    name = f"{_FORMAT}-{version}-{tool.st_dev:x}-{tool.st_ino:x}-{tool.st_size:x}-{tool.st_mtime_ns:x}-{ld_cache:x}"
+    name = f"{_FORMAT}-{version}-{cachefiles.identity(tool)}-{ld_cache:x}"
     return f"{directory}/nv-list/{name}"
 
 

@@ -14,18 +14,17 @@ from __future__ import annotations
 import os
 import stat
 
+from singpy.cachefiles import identity, read_fields, write_fields
+
 _FORMAT = "1"  # in the file name: a singpy reading another layout misses, it never misreads
 _SEPARATOR = "\x01"  # between a library's path and its identity (no NUL in a path; the identity has none)
 
 
 def sonames(files: dict[str, os.stat_result], cache: str | None) -> dict[str, str | None]:
     """The soname of each of `files` (host path -> its stat), None for one without (or not a regular file)."""
-    keys = [f"{path}{_SEPARATOR}{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}"
-            for path, info in files.items()]
+    keys = [f"{path}{_SEPARATOR}{identity(info)}" for path, info in files.items()]
     entry = _entry(cache, keys)
     if entry is not None:
-        from singpy.cachefiles import read_fields
-
         fields = read_fields(entry)
         if fields is not None and fields[0::2] == keys:
             return {path: name or None for path, name in zip(files, fields[1::2], strict=True)}
@@ -33,8 +32,6 @@ def sonames(files: dict[str, os.stat_result], cache: str | None) -> dict[str, st
 
     found = {path: soname(path) if stat.S_ISREG(info.st_mode) else None for path, info in files.items()}
     if entry is not None:
-        from singpy.cachefiles import write_fields
-
         pairs = zip(keys, found.values(), strict=True)
         write_fields(entry, (field for key, name in pairs for field in (key, name or "")))
     return found

@@ -31,7 +31,7 @@ import os
 from collections.abc import Iterator, Mapping
 
 from singpy import console
-from singpy.cachefiles import make_private_dirs
+from singpy.cachefiles import identity, make_private_dirs
 from singpy.errors import ImageError
 
 ROOTFS, INDEX = "rootfs", "index"
@@ -46,7 +46,7 @@ CACHEDIR_HINT = "set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a directory on a
 def index_key(path: str, offset: int, length: int) -> str:
     """The identity of a partition of a file: any rewrite of the file changes it (see the module's docstring)."""
     info = os.stat(path)
-    return f"{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}-{offset:x}-{length:x}"
+    return f"{identity(info)}-{offset:x}-{length:x}"
 
 
 def lookup(cache: str, path: str, offset: int, length: int, *, kind: str = ROOTFS, suffix: str = "") -> str | None:
