@@ -108,8 +108,10 @@ def plan_launch(request: LaunchRequest, config: SysConfig, host: HostInfo, *,
 
 def _gpu_notes(gpu: GpuContribution, plan: LaunchPlan) -> tuple[str, ...]:
     """GPU discovery's notes, less the "binding" lines of binds the plan left out (singpy.planner)."""
+    from singpy.gpu import binding_note  # loaded already: there is a GPU contribution
+
     planned = set(plan.mounts)
-    left_out = {f"binding {spec.source} -> {spec.dest}" for spec in gpu.mounts if spec not in planned}
+    left_out = {binding_note(spec) for spec in gpu.mounts if spec not in planned}
     return tuple(note for note in gpu.notes if note not in left_out)
 
 

@@ -58,6 +58,11 @@ class GpuContribution(Record):
     notes: tuple[str, ...] = ()  # shown with -v ("binding SRC -> DEST", per-library misses)
 
 
+def binding_note(spec: MountSpec) -> str:
+    """The -v line of one GPU bind ("binding SRC -> DEST"): made by discovery, matched to leave out a bind's."""
+    return f"binding {spec.source} -> {spec.dest}"
+
+
 def merge(*contribs: GpuContribution) -> GpuContribution:
     """Combine --nv and --rocm contributions (Apptainer >= 1.2.3 allows both).
 

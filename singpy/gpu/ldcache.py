@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 
 from singpy.constants import SYSTEM_PATH
 from singpy.errors import GpuError
-from singpy.gpu import GpuHost
+from singpy.gpu import GpuHost, binding_note
 from singpy.gpu.libsdir import libs_dir_mounts, link_notes, link_target
 from singpy.gpu.versions import major_minor
 from singpy.hostfiles import which
@@ -193,7 +193,7 @@ class HostFiles(Record):
     def bind_notes(self, mounts: tuple[MountSpec, ...] | None = None) -> tuple[str, ...]:
         """One "binding SRC -> DEST" line per bind and "linking DEST -> TARGET" per link, for -v."""
         specs = self.mounts() if mounts is None else mounts
-        binds = tuple(f"binding {spec.source} -> {spec.dest}" for spec in specs if spec.op is MountOp.BIND)
+        binds = tuple(binding_note(spec) for spec in specs if spec.op is MountOp.BIND)
         return binds + link_notes(specs)
 
 

@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 
 from singpy.errors import ConfigError, GpuError
-from singpy.gpu import GpuContribution, GpuHost, ImageHints
+from singpy.gpu import GpuContribution, GpuHost, ImageHints, binding_note
 from singpy.gpu.capabilities import driver_capabilities, is_set, nvidia_env, select, select_nodes, wants_node
 from singpy.gpu.ldcache import (
     HostFiles,
@@ -143,7 +143,7 @@ def device_mounts(*, dev_dir: str, contain: bool, host_env: Mapping[str, str], p
                   missing=Missing.REQUIRED, stage=Stage.GPU)
         for name in kept
     )
-    notes += [f"binding {spec.source} -> {spec.dest}" for spec in mounts]
+    notes += [binding_note(spec) for spec in mounts]
     return _Devices(mounts, tuple(warnings), tuple(notes))
 
 
@@ -151,7 +151,7 @@ def _nodes_for(devices: _Devices, wanted: frozenset[str], dev_dir: str) -> _Devi
     """The device binds the capabilities ask for (`singpy.gpu.capabilities.select_nodes`); the "binding" note
     of a node left out goes, and so does the missing-UVM warning when UVM is not wanted."""
     nodes, node_notes = select_nodes(devices.mounts, wanted)
-    left = {f"binding {spec.source} -> {spec.dest}" for spec in devices.mounts if spec not in nodes}
+    left = {binding_note(spec) for spec in devices.mounts if spec not in nodes}
     unwanted = () if wants_node("/dev/nvidia-uvm", wanted) else (UVM_MISSING.format(dev_dir=dev_dir),)
     return devices.replace(mounts=nodes, notes=tuple(n for n in devices.notes if n not in left) + node_notes,
                            warnings=tuple(w for w in devices.warnings if w not in unwanted))

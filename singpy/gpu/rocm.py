@@ -17,7 +17,7 @@ import os
 
 from singpy.config.liblist import load_liblist
 from singpy.errors import ConfigError
-from singpy.gpu import GpuContribution, GpuHost, ImageHints
+from singpy.gpu import GpuContribution, GpuHost, ImageHints, binding_note
 from singpy.gpu.ldcache import HostFiles, find_host_files
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 
@@ -63,7 +63,7 @@ def device_mounts(dev_dir: str) -> tuple[tuple[MountSpec, ...], tuple[str, ...],
             "another GPU): ROCm programs will find no GPU; check that the amdgpu kernel module is loaded"
         )
         warnings = (message,)
-    notes = tuple(f"binding {spec.source} -> {spec.dest}" for spec in mounts)
+    notes = tuple(binding_note(spec) for spec in mounts)
     return mounts, warnings, notes
 
 
