@@ -302,6 +302,23 @@ def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool,
 
 
 _STOP_GRACE = 10.0  # seconds a helper gets to exit after SIGTERM (fuse2fs flushing a large image)
+_held_mounts: dict[int, int] = {}  # helper pid -> a descriptor keeping the mount it serves alive (`hold_mount`)
+
+
+def hold_mount(pid: int, path: str) -> None:
+    """Keep the FUSE mount at `path`, served by helper `pid`, alive until `stop_helper(pid)` has signalled it.
+
+    Once the staging root is detached, a layer's mount lives only as long as
+    something refers to it: the layer above (fuse-overlayfs's descriptors).
+    When that helper is stopped, the kernel would end the connection of the
+    one below, and fuse2fs would begin to exit on its own: it gives SIGTERM
+    back its default action, runs fusermount, then writes the image's
+    bitmaps and superblock. Our SIGTERM, sent in that time, killed it half
+    way and lost all the container wrote (CI saw it; 1 launch in 35 to 150
+    here). Held, the mount ends only after the signal (`stop_helper`), which
+    fuse2fs then handles.
+    """
+    _held_mounts[pid] = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def helper_failure(pid: int, errors: int) -> str:
@@ -319,11 +336,20 @@ def stop_helper(pid: int) -> None:
     SIGTERM first: fuse2fs, serving a writable overlay image, writes its
     bitmaps and superblock only when it exits (libfuse ends its loop on
     SIGTERM and unmounts); killed, it would leave the image inconsistent.
+    A mount held for it (`hold_mount`) is let go once the signal is pending:
+    with nothing above it any more, its connection then ends too, which
+    wakes a libfuse 2 loop that took the signal between its check of the
+    exit flag and its next read.
     """
     import time
 
     try:
-        os.kill(pid, signal.SIGTERM)
+        try:
+            os.kill(pid, signal.SIGTERM)
+        finally:
+            held = _held_mounts.pop(pid, None)
+            if held is not None:
+                os.close(held)
         deadline = time.monotonic() + _STOP_GRACE
         while os.waitpid(pid, os.WNOHANG) == (0, 0):
             if time.monotonic() > deadline:

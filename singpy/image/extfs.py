@@ -19,7 +19,8 @@ staging root, singpy.rootfs) mounts it at /scratch/overlayN:
    it runs chrooted in the host tree, its mount then moved to ours.
    It is a helper supervised until the container ends, then stopped with
    SIGTERM (also if the launcher dies): it writes the image's bitmaps and
-   superblock only when it exits.
+   superblock only when it exits. The launcher holds its mount until then
+   (`process.hold_mount`), so that it never begins that exit on its own.
 
 A writable image is locked (an open file description lock on its bytes,
 `F_OFD_SETLK`) while a container uses it, so that a second container can't
@@ -199,6 +200,7 @@ def _mount_fuse(spec: OverlaySpec, target: str, index: int, uid: int) -> int:
             pid, errors = _start_fuse2fs(spec, image, inside, uid)
             _wait_mounted(spec, rootfs.HOST + inside, pid, errors)
             k.mount(rootfs.HOST + inside, target, None, k.MS_MOVE)
+            process.hold_mount(pid, target)
         finally:
             k.umount(shadowed, k.MNT_DETACH)
     finally:

@@ -133,6 +133,17 @@ def test_writable_sif_partition(singpy: Singpy, workdir: Path, place: Path, fuse
     assert singpy.ok("exec", str(image), "cat", "/in-sif") == "in-sif\n"
 
 
+def test_every_launch_of_a_job_array_keeps_its_write(singpy: Singpy, workdir: Path, place: Path,
+                                                     fuse_open: str) -> None:
+    """Launch after launch (a job array's tasks, one at a time) appends to the SIF's overlay: every line is
+    there at the end."""
+    image = _sif_copy(singpy, workdir, place)
+    singpy.ok("overlay", "create", str(image))
+    for number in range(8):
+        singpy.ok("exec", "--writable", str(image), "/bin/sh", "-c", f"echo {number} >> /lines")
+    assert singpy.ok("exec", str(image), "cat", "/lines").split() == [str(number) for number in range(8)]
+
+
 def test_user_without_fuse_gets_one_fatal(as_user: Singpy, workdir: Path, fuse_closed: str) -> None:
     place = workdir / "overlay-images" / "user-fuse-closed"
     place.mkdir(parents=True)
