@@ -413,8 +413,7 @@ class _Edits:
         """update-ldcache's soname links: container path of the link -> container path of the library."""
         from singpy.gpu.sonames import sonames
 
-        libraries = {dest: host for dest, (host, _) in self.mounts.items()
-                     if os.path.dirname(dest) in self.folders and ".so" in os.path.basename(dest)}
+        libraries = self._folder_libraries()
         names = sonames({host: self.sources[host] for host in libraries.values()}, cache)
         found: dict[str, str] = {}
         for dest, host in libraries.items():
@@ -423,6 +422,11 @@ class _Edits:
             if soname and soname != name and "/" not in soname:
                 found.setdefault(os.path.join(folder, soname), dest)
         return found
+
+    def _folder_libraries(self) -> dict[str, str]:
+        """The libraries the spec mounts in an update-ldcache folder: container path -> host path."""
+        return {dest: host for dest, (host, _) in self.mounts.items()
+                if os.path.dirname(dest) in self.folders and ".so" in os.path.basename(dest)}
 
     def _provider(self, link: str, target: str, sonames: Mapping[str, str], depth: int = 0) -> str | None:
         """The host file a link leads to, through the spec's mounts, soname links and other links."""
@@ -449,8 +453,7 @@ class _Edits:
         """
         links = [(os.path.basename(link), library) for link, library in sonames.items()]
         named = set(sonames.values())
-        links += [(os.path.basename(dest), dest) for dest in self.mounts
-                  if dest not in named and os.path.dirname(dest) in self.folders and ".so" in os.path.basename(dest)]
+        links += [(os.path.basename(dest), dest) for dest in self._folder_libraries() if dest not in named]
         for link, target in self.links.items():
             folder, name = os.path.split(link)
             if folder in self.folders:

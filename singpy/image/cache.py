@@ -41,8 +41,6 @@ _HASH_CHUNK = 1 << 20
 CACHEDIR_HINT = "set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a directory on a filesystem with room"
 
 
-
-
 def index_key(path: str, offset: int, length: int) -> str:
     """The identity of a partition of a file: any rewrite of the file changes it (see the module's docstring)."""
     info = os.stat(path)
@@ -206,8 +204,6 @@ def lock_file(path: str, *, wait: str | None, create: bool = True) -> int | None
         os.close(fd)
 
 
-
-
 def _digest(path: str, offset: int, length: int) -> str:
     import hashlib
 
@@ -288,10 +284,6 @@ def write_record(path: str, record: Mapping[str, object]) -> None:
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
-
-
-
-
 
 
 def read_record(path: str) -> dict[str, object]:

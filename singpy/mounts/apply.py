@@ -47,7 +47,7 @@ IDENTITY_LIMIT = 16 << 20  # /etc/passwd and /etc/group of an image: LDAP-sized 
 
 
 def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bool, no_layer: str = "",
-                 mount_setattr: bool = True, host: Resolver | None = None) -> None:
+                 host: Resolver, mount_setattr: bool = True) -> None:
     """Apply `specs` in order on NEWROOT; `image` is the image's own root, for what is read from it.
 
     `writable_root`: the root's upper layer is a tmpfs of this launch (--writable-tmpfs), where a
@@ -57,7 +57,7 @@ def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bo
     the survey's resolver of bind sources (`Survey.host`), with what it found.
     """
     with Tree(NEWROOT, proc=PROC) as container:
-        applier = _Applier(container, image, specs, writable_root=writable_root, host=host or Resolver(HOST))
+        applier = _Applier(container, image, specs, writable_root=writable_root, host=host)
         applier.no_layer = no_layer
         applier.mount_setattr = mount_setattr
         try:
@@ -91,9 +91,8 @@ class _Applier:
         self.to_seal = {spec.dest for spec in specs if spec.op is MountOp.SEAL}
         self.no_layer = ""  # why no mount point the image lacks was added (--writable...), "" when they were
         self.mount_setattr = True  # SEAL with mount_setattr(2) where the kernel has it (not avoided)
-        # Read-only views of host directories that several read-only binds take files from (`_read_only_view`):
-        # the source directory of each read-only bind as asked, and those shared.
-        self.source_dirs, self.shared_sources = _source_directories(specs)
+        # Read-only views of host directories that several read-only binds take files from (`_read_only_view`).
+        self.sharing = _sharing_a_directory(specs)
         self.views: dict[str, str | None] = {}  # resolved host directory -> its view (None: none could be made)
         self.link_dir: tuple[str, int, str] | None = None  # the last link's directory: (as asked, fd, resolved)
         self.specs = specs
@@ -205,7 +204,7 @@ class _Applier:
         library that is itself a bind mount, inside another container).
         """
         directory, name = source.rsplit("/", 1)
-        if not self.mount_setattr or directory == HOST or self.source_dirs.get(asked) not in self.shared_sources:
+        if not self.mount_setattr or directory == HOST or asked not in self.sharing:
             return None
         if directory not in self.views:
             self.views[directory] = self._make_view(directory, f"{SCRATCH}/view{len(self.views)}")
@@ -466,19 +465,17 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
     return found_all
 
 
-def _source_directories(specs: tuple[MountSpec, ...]) -> tuple[dict[str, str], set[str]]:
-    """The host directory of each read-only bind's source, and those more than one of them takes from.
+def _sharing_a_directory(specs: tuple[MountSpec, ...]) -> set[str]:
+    """The sources (as asked) of the read-only binds that take from a host directory another one takes from too.
 
     Never the host's root: its view would copy every mount of the host.
     """
     directories = {spec.source: os.path.dirname(os.path.normpath(spec.source)) for spec in specs
                    if spec.op is MountOp.BIND and spec.readonly and not spec.dev and spec.source}
-    seen: set[str] = set()
-    shared: set[str] = set()
+    counts: dict[str, int] = {}
     for directory in directories.values():
-        if directory != "/":
-            (shared if directory in seen else seen).add(directory)
-    return directories, shared
+        counts[directory] = counts.get(directory, 0) + 1
+    return {source for source, directory in directories.items() if directory != "/" and counts[directory] > 1}
 
 
 def _is_covered(path: str, covering: set[str]) -> bool:

@@ -421,10 +421,7 @@ class Resolver:
             known = self._found[path] = self._look(path)
         return known
 
-    def __call__(self, path: str) -> str:
-        return self._look(path, want_stat=False)[0]
-
-    def _look(self, path: str, *, want_stat: bool = True) -> tuple[str, os.stat_result | None]:
+    def _look(self, path: str) -> tuple[str, os.stat_result | None]:
         """One lstat of the path in its remembered directory: a file that is no link needs no second look."""
         parent, name = path.rstrip("/").rsplit("/", 1) if path.strip("/") else ("", "")
         if name and name not in (".", ".."):
@@ -438,8 +435,6 @@ class Resolver:
             if not stat.S_ISLNK(info.st_mode):
                 return candidate, info
         resolved = resolve(self.root, path)
-        if not want_stat:
-            return resolved, None
         try:
             return resolved, os.stat(resolved)
         except OSError:
