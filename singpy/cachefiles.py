@@ -74,3 +74,50 @@ def read_fields(path: str) -> list[str] | None:
             return saved.read().decode(errors="surrogateescape").split("\0")
     except OSError:
         return None
+
+
+def check_owned(path: str, *, what: str = "cache directory", uid: int | None = None) -> None:
+    """Refuse a directory that someone else could have filled: the rule ssh applies to `~/.ssh`.
+
+    From `/` down to `path`, every existing component (links included) is owned by the user or by root;
+    `path` itself is not writable by group or others, and a directory above it that is must be sticky
+    (like /tmp: others can add entries there, but not rename or remove ours). What does not exist yet is
+    no error: callers check again once they have made it (private), so a directory someone else made
+    first in the meantime is refused too. One ImageError names the first entry that fails and why.
+
+    One lstat per component (a few microseconds each): checked every time a cache is used.
+    """
+    import stat
+
+    me = os.geteuid() if uid is None else uid
+    full = os.path.abspath(path)
+    current = ""
+    for name in full.split("/")[1:] if full != "/" else [""]:
+        current = f"{current}/{name}" if name else "/"
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            _refuse(current, what, f"can't look at it: {error.strerror}")
+        if info.st_uid not in (me, 0):
+            _refuse(current, what, f"it belongs to uid {info.st_uid}, not to you or root")
+        if stat.S_ISLNK(info.st_mode):
+            target = os.path.realpath(current)
+            check_owned(target, what=what, uid=me)  # the link is ours or root's; where it leads must pass too
+            info = os.stat(target)
+        elif not stat.S_ISDIR(info.st_mode):
+            _refuse(current, what, "it is not a directory")
+        last = current == full
+        if info.st_mode & 0o022 and (last or not info.st_mode & stat.S_ISVTX):
+            who = "others" if info.st_mode & 0o002 else "its group"
+            _refuse(current, what, f"it is writable by {who} (mode {stat.S_IMODE(info.st_mode):04o})")
+
+
+def _refuse(path: str, what: str, reason: str) -> None:
+    from singpy.errors import ImageError
+    from singpy.hostfiles import shown
+
+    raise ImageError(f"refusing the {what} {shown(path)}: {reason}",
+                     hint="use a directory that only you (or root) can write, e.g. chmod go-w, or point "
+                          "SINGPY_CACHEDIR elsewhere")

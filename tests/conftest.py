@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -33,7 +34,7 @@ import pytest
 from tests.support import hostsim, reaper, sifs
 from tests.support.images import build_busybox_rootfs
 from tests.support.leftovers import descendants, watch_tmpdir
-from tests.support.users import can_reach, ensure_test_user, is_root
+from tests.support.users import can_reach, ensure_other_user, ensure_test_user, is_root
 
 # The registry_* fixtures (tests.support.registry), each registry started once per session for all modules.
 pytest_plugins = ["tests.support.registry", "tests.support.slurm", "tests.support.mpi"]
@@ -262,3 +263,12 @@ def fuse_open() -> Iterator[str]:
 @pytest.fixture
 def fuse_closed() -> Iterator[str]:
     yield from sifs.fuse_mode("closed")
+
+
+@pytest.fixture(scope="session")
+def other_user() -> pwd.struct_passwd:
+    """A second unprivileged user (`singpy-test2`), acting against the profile's user in cross-user tests."""
+    entry = ensure_other_user()
+    if entry is None:
+        pytest.skip("a second user needs root to create")
+    return entry
