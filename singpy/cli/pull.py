@@ -16,6 +16,12 @@ AUTHFILE = typer.Option("", "--authfile", help="registry credentials in docker's
 WORDS = typer.Argument(..., metavar="[OUT.sif] REF", show_default=False,
                        help="the file to write (default: NAME_TAG.sif), then the image")
 NO_HTTPS = typer.Option(False, "--no-https", help="talk to the registry over plain HTTP (a local registry)")
+NAME = typer.Option("", "--name", help="the file to write (as Apptainer's --name; the same as giving OUT.sif)",
+                    metavar="FILE", envvar=["SINGPY_PULL_NAME", "APPTAINER_PULL_NAME", "SINGULARITY_PULL_NAME"],
+                    show_envvar=False)
+DIR = typer.Option("", "--dir", help="write the file into this directory", metavar="DIR",
+                   envvar=["SINGPY_PULLDIR", "APPTAINER_PULLDIR", "SINGULARITY_PULLDIR", "SINGPY_PULLFOLDER",
+                           "APPTAINER_PULLFOLDER", "SINGULARITY_PULLFOLDER"], show_envvar=False)
 
 
 def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool) -> PullOptions:
@@ -37,18 +43,38 @@ def pull_command(
     docker_login: bool = DOCKER_LOGIN,
     authfile: str = AUTHFILE,
     no_https: bool = NO_HTTPS,
+    name: str = NAME,
+    directory: str = DIR,
 ) -> None:
     """Pull an image from a registry (docker://) or an OCI layout/archive and write it as a SIF file."""
     import os
 
     from singpy import console, host
-    from singpy.errors import UsageError
     from singpy.oci.pull import pull
+
+    target, reference = pull_target(words, name, directory)
+    info = host.capture()
+    options = pull_options(arch, docker_login, authfile, no_https)
+    console.info(pull(reference, target, options, os.environ, info.home, force=force))
+
+
+def pull_target(words: list[str], name: str, directory: str) -> tuple[str, str]:
+    """The file to write ("" for the default name in the working directory) and the reference, as Apptainer
+    reads them: `--name` wins over OUT.sif, and `--dir` is the directory of either (or of the default name)."""
+    import os
+
+    from singpy.errors import UsageError
 
     if len(words) > 2:
         raise UsageError(f"singpy pull takes [OUT.sif] REF, not {len(words)} arguments",
                          hint="Run 'singpy pull --help' for usage.")
-    target, reference = (words[0], words[1]) if len(words) == 2 else ("", words[0])
-    info = host.capture()
-    options = pull_options(arch, docker_login, authfile, no_https)
-    console.info(pull(reference, target, options, os.environ, info.home, force=force))
+    reference = words[-1]
+    target = name or (words[0] if len(words) == 2 else "")
+    if directory:
+        if not target:
+            from singpy.oci.pull import default_name
+            from singpy.oci.ref import parse
+
+            target = default_name(parse(reference))
+        target = os.path.join(directory, target)
+    return target, reference

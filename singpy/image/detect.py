@@ -26,6 +26,11 @@ from singpy.plan import ImageSpec
 SQUASHFS_MAGIC = b"hsqs"
 _SUPERBLOCK_SIZE = 96  # a squashfs is at least its superblock
 SIF_MAGIC = b"SIF_MAGIC"
+# Singularity 2.x images (.simg, which cwltool still ships): a launch line `#!/usr/bin/env run-singularity`,
+# then the filesystem. Found as Apptainer finds it (pkg/image): the marker within the first 2048 bytes, the
+# filesystem right after the newline that ends it.
+_LAUNCH_MARKER = b" run-singularity"
+_LAUNCH_SEARCH = 2048
 _SIF_MAGIC_AT = 32  # after the 32-byte launch script
 _HEADER = struct.Struct("<32s10s3s3s16s8q")  # as singpy.image.sif.HEADER
 _DESCRIPTOR = struct.Struct("<i?III7q128s384s")  # as singpy.image.sif.DESCRIPTOR
@@ -66,7 +71,20 @@ def classify(reference: str) -> ImageSpec:
         return ImageSpec(kind="sif", path=path)
     if head[:4] == SQUASHFS_MAGIC:
         return ImageSpec(kind="squashfs", path=path, size=info.st_size)
+    offset = _after_launch_line(path, reference)
+    if offset:
+        return ImageSpec(kind="squashfs", path=path, offset=offset, size=info.st_size - offset)
     raise ImageError(f"{shown} is not a container image (not a directory, SIF or squashfs file)")
+
+
+def _after_launch_line(path: str, reference: str) -> int:
+    """Where a Singularity 2.x image's squashfs starts after its launch line; 0 when this is no such image."""
+    head = _read_at(path, 0, _LAUNCH_SEARCH, reference)
+    found = head.find(_LAUNCH_MARKER)
+    if found <= 0:
+        return 0
+    offset = found + len(_LAUNCH_MARKER) + 1  # and the newline
+    return offset if head[offset:offset + 4] == SQUASHFS_MAGIC else 0
 
 
 def is_definition_file(reference: str) -> bool:
@@ -81,7 +99,8 @@ def is_definition_file(reference: str) -> bool:
         head = _read_at(os.path.abspath(reference), 0, 64, reference)
     except (OSError, ValueError, ImageError):
         return False
-    return head[_SIF_MAGIC_AT:_SIF_MAGIC_AT + len(SIF_MAGIC)] != SIF_MAGIC and head[:4] != SQUASHFS_MAGIC
+    return (head[_SIF_MAGIC_AT:_SIF_MAGIC_AT + len(SIF_MAGIC)] != SIF_MAGIC and head[:4] != SQUASHFS_MAGIC
+            and not _after_launch_line(os.path.abspath(reference), reference))
 
 
 def _sandbox(path: str, reference: str) -> ImageSpec:

@@ -52,7 +52,7 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
     """
     from singpy.image.tools import find_tool
 
-    where = f"partition at offset {image.offset}, {image.size} bytes" if image.kind == "sif" else "whole file"
+    where = f"partition at offset {image.offset}, {image.size} bytes" if image.offset else "whole file"
     console.verbose(f"image {image.path}: {image.kind} ({where}{', ' + image.arch if image.arch else ''})")
     if unsquash:
         console.verbose("extracting the image, as asked (--unsquash or `unsquash = yes`)")

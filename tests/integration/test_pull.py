@@ -142,6 +142,22 @@ def test_pull_default_name_and_force(singpy: Singpy, plain: RegistryServer, work
     assert sorted(os.listdir(tmp_path)) == ["main_latest.sif"]
 
 
+def test_pull_name_and_dir_as_apptainer_reads_them(singpy: Singpy, plain: RegistryServer, workdir: Path) -> None:
+    """spython, cwltool and Snakemake pull with --name and --dir (Apptainer's hidden --name still works)."""
+    out = user_dir(singpy, workdir, "name-dir")
+    env = cache_env(singpy, workdir, "pull-name-dir")
+    for sub in ("sub", "env"):
+        (out / sub).mkdir()
+        os.chown(out / sub, singpy.uid, singpy.gid)
+    singpy.ok("pull", "--no-https", "--name", "named.sif", plain.ref("pull/main"), env=env, cwd=out)
+    singpy.ok("pull", "--no-https", "--dir", str(out / "sub"), "--name", "both.sif", plain.ref("pull/main"), env=env)
+    singpy.ok("pull", "--no-https", "--dir", str(out / "sub"), plain.ref("pull/main"), env=env)
+    singpy.ok("pull", "--no-https", plain.ref("pull/main"), env={**env, "APPTAINER_PULLDIR": str(out / "env")})
+    assert sorted(str(path.relative_to(out)) for path in out.rglob("*.sif")) == [
+        "env/main_latest.sif", "named.sif", "sub/both.sif", "sub/main_latest.sif"]
+    assert singpy.ok("exec", str(out / "sub" / "both.sif"), "cat", "/etc/image-marker", env=env) == "main image\n"
+
+
 def test_quiet_pull_prints_nothing(singpy: Singpy, plain: RegistryServer, workdir: Path) -> None:
     out = user_dir(singpy, workdir, "quiet") / "q.sif"
     result = singpy.run("-q", "pull", "--no-https", str(out), plain.ref("pull/main"),

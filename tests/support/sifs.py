@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 SINGPY = str(Path(sys.executable).parent / "singpy")
 MARKER = "made-for-singpy-sif-tests"  # /etc/marker in every image
-MAKERS = ("siftool", "singpy", "squashfs")
+MAKERS = ("siftool", "singpy", "squashfs", "simg")
 STRATEGIES = ("loop", "fuse", "extract")
 
 
@@ -46,6 +46,18 @@ def bare_squashfs(workdir: Path) -> Path:
         tmp = out.with_suffix(".tmp")
         subprocess.run(["mksquashfs", str(busybox_tree(workdir)), str(tmp), "-noappend", "-comp", "gzip",
                         "-all-root", "-quiet", "-no-progress"], check=True, stdout=subprocess.DEVNULL)
+        tmp.rename(out)
+    return out
+
+
+def singularity2_simg(workdir: Path) -> Path:
+    """A Singularity 2.x image as `singularity build` 2.4+ wrote it (and cwltool still ships one): a launch line,
+    then the squashfs."""
+    out = workdir / "busybox.simg"
+    if not out.exists():
+        tmp = out.with_suffix(".tmp")
+        tmp.write_bytes(b"#!/usr/bin/env run-singularity\n" + bare_squashfs(workdir).read_bytes())
+        tmp.chmod(0o755)
         tmp.rename(out)
     return out
 
@@ -106,7 +118,7 @@ def primary_offset(sif: Path) -> int:
 
 def all_images(workdir: Path) -> dict[str, Path]:
     """The same busybox image from each maker, by maker name (see MAKERS)."""
-    makers = {"siftool": siftool_sif, "singpy": singpy_sif, "squashfs": bare_squashfs}
+    makers = {"siftool": siftool_sif, "singpy": singpy_sif, "squashfs": bare_squashfs, "simg": singularity2_simg}
     return {name: make(workdir) for name, make in makers.items()}
 
 

@@ -75,6 +75,18 @@ def test_kind_comes_from_content(tmp_path: Path) -> None:
         detect.classify(str(text))
 
 
+def test_singularity2_image_is_the_squashfs_after_its_launch_line(tmp_path: Path) -> None:
+    simg = tmp_path / "hello.simg"
+    simg.write_bytes(b"#!/usr/bin/env run-singularity\n" + b"hsqs" + bytes(100))
+    spec = detect.classify(str(simg))
+    assert (spec.kind, spec.offset, spec.size) == ("squashfs", 31, 104)
+    assert not detect.is_definition_file(str(simg))
+    script = tmp_path / "script.simg"  # the launch line with anything but a squashfs after it is no image
+    script.write_bytes(b"#!/usr/bin/env run-singularity\necho hello\n" + bytes(100))
+    with pytest.raises(ImageError, match="is not a container image"):
+        detect.classify(str(script))
+
+
 @pytest.mark.parametrize(("code", "name"), [(b"02\0", "amd64"), (b"04\0", "arm64"), (b"06\0", "ppc64le"),
                                           (b"13\0", "loong64"), (b"00\0", "unknown"), (b"99\0", "unknown"),
                                           (b"ab\0", "unknown"), (b"02", "unknown"), (b"021", "unknown")])
