@@ -84,10 +84,19 @@ bench: bench-packages setup
 	$(BIN)/python benchmarks/hpc.py
 
 # A link to the venv's command: it keeps working as long as this clone and its .venv stay where they are.
+# DROP_IN=yes also installs it as `apptainer` and `singularity` (what workflow engines call), never over a
+# command of those names that is not already such a link.
+DROP_IN ?= no
 install: setup
 	mkdir -p $(PREFIX)/bin
 	ln -sfn $(CURDIR)/$(BIN)/singpy $(PREFIX)/bin/singpy
 	@echo "installed $(PREFIX)/bin/singpy -> $(CURDIR)/$(BIN)/singpy"
+	@if [ "$(DROP_IN)" = yes ]; then for name in apptainer singularity; do \
+		link=$(PREFIX)/bin/$$name; \
+		if [ -e "$$link" ] && [ "$$(readlink "$$link")" != "$(CURDIR)/$(BIN)/singpy" ]; then \
+			echo "$$link exists and is not singpy: left as it is" >&2; exit 1; fi; \
+		ln -sfn $(CURDIR)/$(BIN)/singpy "$$link" && echo "installed $$link -> $(CURDIR)/$(BIN)/singpy"; \
+	done; fi
 	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) echo "add $(PREFIX)/bin to your PATH";; esac
 
 clean:

@@ -15,7 +15,6 @@ import typer
 # typer 0.28 (pinned in pyproject.toml) carries click inside it; its exceptions are caught by type here.
 from typer._click import exceptions as click_errors
 
-from singpy import __version__
 from singpy.cli.options import ACTIONS, GLOBAL_OPTIONS, Option
 
 _HELP = next(option for option in GLOBAL_OPTIONS if option.dest == "help")
@@ -128,8 +127,10 @@ def completion_command(shell: str = typer.Argument(..., metavar="SHELL", help="b
 
 @app.command()
 def version() -> None:
-    """Print the version."""
-    print(f"singpy version {__version__}")
+    """Print the version (as `apptainer version` does: the number alone, under Apptainer's names)."""
+    from singpy.cli.version import version_number
+
+    print(version_number())
 
 
 def run_app(args: list[str]) -> int:

@@ -4,7 +4,8 @@
 (see singpy.cli.parse); every other command goes to the typer app. A
 `SingpyError` from anywhere becomes one `FATAL:` line on stderr (plus a hint
 at -v, the traceback at -d) and its exit code; nothing below this module
-prints errors or exits.
+prints errors or exits. The line is escaped (singpy.console.escape): a
+message quoting an image's text never forges a second line.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def _dispatch(args: list[str]) -> int:
 
     global_values, rest = split_global(args)
     if global_values.get("version"):
-        from singpy import __version__
+        from singpy.cli.version import version_line
 
-        print(f"singpy version {__version__}")
+        print(version_line())
         return 0
     if rest and rest[0] in FAST_COMMANDS:
         from singpy.cli.actions import run_action
@@ -76,9 +77,12 @@ def _print_traceback(error: BaseException) -> None:
     first arguments (main); otherwise (`-d` given later on the command line)
     the frames are written here, without source lines.
     """
+    from singpy.console import escape  # imported already (main): no file is opened
+
     traceback = sys.modules.get("traceback")
     if traceback is not None:
-        traceback.print_exception(error)
+        # The message may quote an image's or a registry's text: escaped as the FATAL line is.
+        sys.stderr.write(escape("".join(traceback.format_exception(error)), keep="\n"))
         return
     lines = ["Traceback (most recent call last):\n"]
     frame = error.__traceback__
@@ -86,7 +90,7 @@ def _print_traceback(error: BaseException) -> None:
         code = frame.tb_frame.f_code
         lines.append(f'  File "{code.co_filename}", line {frame.tb_lineno}, in {code.co_name}\n')
         frame = frame.tb_next
-    lines.append(f"{type(error).__module__}.{type(error).__qualname__}: {error}\n")
+    lines.append(f"{type(error).__module__}.{type(error).__qualname__}: {escape(str(error))}\n")
     sys.stderr.write("".join(lines))
 
 

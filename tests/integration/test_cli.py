@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from tests.conftest import Singpy, assert_one_fatal
@@ -9,6 +10,29 @@ from tests.conftest import Singpy, assert_one_fatal
 
 def test_version(as_root: Singpy) -> None:
     assert as_root.ok("--version").startswith("singpy version ")
+
+
+def test_version_under_apptainers_names(singpy: Singpy, workdir: Path) -> None:
+    """cwltool, Snakemake and spython parse `apptainer version X.Y.Z`; `version` alone prints the number."""
+    from singpy import APPTAINER_VERSION, __version__
+    from tests.conftest import SINGPY
+
+    links = workdir / "drop-in-names"
+    if not links.exists():
+        links.mkdir()
+        for name in ("apptainer", "singularity"):
+            (links / name).symlink_to(SINGPY)
+    env = singpy.env(PATH=f"{links}:/usr/bin:/bin")
+    for name in ("apptainer", "singularity"):
+        ids = singpy.switch()
+        shown = subprocess.run([str(links / name), "--version"], env=env, capture_output=True, text=True,
+                               timeout=60, check=False, **ids)  # type: ignore[call-overload]
+        assert shown.stdout == f"apptainer version {APPTAINER_VERSION}\n", shown.stderr
+        number = subprocess.run([str(links / name), "-v", "version"], env=env, capture_output=True, text=True,
+                                timeout=60, check=False, **ids)  # type: ignore[call-overload]
+        assert number.stdout == f"{APPTAINER_VERSION}\n", number.stderr
+        assert f"singpy {__version__}, answering as Apptainer {APPTAINER_VERSION}" in number.stderr
+    assert singpy.ok("version") == f"singpy version {__version__}\n"
 
 
 def test_top_level_help_lists_commands(as_root: Singpy) -> None:

@@ -28,6 +28,26 @@ def test_make_install_links_a_working_singpy(tmp_path: Path) -> None:
     assert f"add {tmp_path}/bin to your PATH" in done.stdout
     shown = subprocess.run([str(command), "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0 and shown.stdout.startswith("singpy version "), shown.stderr
+    assert not (tmp_path / "bin" / "apptainer").exists()
+
+
+@pytest.mark.skipif(not (REPO / ".venv" / "bin" / "singpy").exists(), reason="needs the clone's .venv (make setup)")
+def test_make_install_drop_in_answers_as_apptainer(tmp_path: Path) -> None:
+    """DROP_IN=yes: `apptainer` and `singularity` on PATH, answering as Apptainer; never over another command."""
+    if Path(sys.executable).parent != REPO / ".venv" / "bin":
+        pytest.skip("the suite runs outside the clone's .venv: `make install` would link another one")
+    install = ["make", "-s", "-C", str(REPO), "install", f"PREFIX={tmp_path}", "DROP_IN=yes"]
+    done = subprocess.run(install, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for name in ("apptainer", "singularity"):
+        shown = subprocess.run([str(tmp_path / "bin" / name), "--version"], capture_output=True, text=True,
+                               timeout=60, check=False)
+        assert shown.stdout == "apptainer version 1.5.3\n", shown.stderr
+    (tmp_path / "bin" / "singularity").unlink()
+    (tmp_path / "bin" / "singularity").write_text("#!/bin/sh\necho the real one\n")
+    again = subprocess.run(install, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode != 0 and "singularity exists and is not singpy" in again.stderr
+    assert (tmp_path / "bin" / "singularity").read_text() == "#!/bin/sh\necho the real one\n"
 
 
 # --- pipx install . ------------------------------------------------------------------------------------------------
