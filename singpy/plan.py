@@ -64,6 +64,8 @@ class MountSpec(Record):
     stage: Stage = Stage.USER  # ordering key; see Stage
     dev: bool = False  # keep device nodes usable (nodev is set otherwise on binds from /dev)
     merge: bool = True  # FILE: keep the image's lines not keyed like ours (passwd); False: replace (--dns)
+    asked: bool = False  # BIND: named by the user (--bind, --mount, --home SRC:DST); another asked bind below
+    #                      it may get its mount point made in this one's host directory (singpy.mounts.apply)
 
 
 class Namespaces(Record):

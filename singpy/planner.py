@@ -349,7 +349,7 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
         mounts += system.hostfs_mounts(_read("/proc/self/mountinfo"))
     mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp") and "tmp" not in skipped)
     home = system.home_mounts(source=_home_source(request, home_source), dest=home_dest,
-                              enabled=_home_enabled(request, config, home_dest))
+                              enabled=_home_enabled(request, config, home_dest), asked=request.home is not None)
     mounts += home
     if not request.contain and "cwd" not in skipped:
         mounts += system.cwd_mount(host.cwd, home + mounts)
@@ -402,7 +402,7 @@ def _user_binds(request: LaunchRequest, config: SysConfig) -> list[MountSpec]:
         if not os.path.exists(bind.source):
             raise BindSpecError(f"bind source {bind.source} does not exist")
         specs.append(MountSpec(op=MountOp.BIND, source=bind.source, dest=bind.dest, readonly=bind.readonly,
-                               missing=Missing.REQUIRED, stage=Stage.USER))
+                               missing=Missing.REQUIRED, stage=Stage.USER, asked=True))
     return specs
 
 

@@ -18,6 +18,11 @@ The image is untrusted, and so is every path in it (singpy.mounts.rootpath):
   the host, even when an image link leads there (`/dev -> /etc`): the mount is
   then refused (`Missing.REQUIRED`: one FATAL line) or left out
   (`Missing.SKIP`: a --verbose note, where Apptainer would skip it too).
+  One exception, as in Apptainer, runc and crun: a bind the user asked for
+  (`MountSpec.asked`) inside another the user asked for gets its mount point
+  made in that bind's host directory (cwltool's `--home DIR:/W` with
+  `--mount ...,target=/W/input`), through the descriptor the walk returned,
+  with the launcher's own (the user's) rights, and left there afterwards.
 * A sealed tmpfs (/.singularity.d/libs) is filled in the staging root, a
   directory of singpy's own, and moved into place sealed (`_Applier._stage`);
   read-only binds of files from one host directory are taken from a
@@ -88,6 +93,7 @@ class _Applier:
         # Filesystems made for this container, where a missing mount point may be created.
         self.owned: set[int] = {os.fstat(container.fd).st_dev} if writable_root else set()
         self.host_binds: list[tuple[str, str]] = []  # (resolved destination, source) of host binds, for messages
+        self.asked_binds: set[str] = set()  # resolved destinations of the host binds the user asked for
         self.to_seal = {spec.dest for spec in specs if spec.op is MountOp.SEAL}
         self.no_layer = ""  # why no mount point the image lacks was added (--writable...), "" when they were
         self.mount_setattr = True  # SEAL with mount_setattr(2) where the kernel has it (not avoided)
@@ -132,27 +138,34 @@ class _Applier:
             case _:
                 assert_never(spec.op)
 
-    def _target(self, dest: str, *, directory: bool) -> tuple[Lookup, int]:
+    def _target(self, dest: str, *, directory: bool, asked: bool = False) -> tuple[Lookup, int]:
         """Where to mount `dest`: an existing file or directory, or one created where that is safe.
 
-        Returns the lookup and a descriptor of the target (the caller closes it).
+        `asked`: the mount is a bind the user asked for, which may get its mount point in another (see the
+        module's docstring). Returns the lookup and a descriptor of the target (the caller closes it).
         """
         found = self.container.lookup(dest)
         if found.fd is None:
-            self._check_may_create(found, os.fstat(found.parent).st_dev)
+            self._check_may_create(found, os.fstat(found.parent).st_dev, asked=dest if asked else None)
             found.fd = self.container.make(found, directory=directory)
         if not found.name:
             os.close(found.fd)
             raise PathError("it is the container's root directory")
         return found, found.fd
 
-    def _check_may_create(self, found: Lookup, device: int) -> None:
+    def _check_may_create(self, found: Lookup, device: int, *, asked: str | None = None) -> None:
+        """Refuse to create `found` outside the container's own filesystems, unless it is the mount point of
+        an asked bind (`asked`: its destination) inside another asked bind, reached without following a link
+        (the walk's path is the destination as written: no image link chose where it leads)."""
         if device in self.owned:
             return
         where = found.path[:-len("/".join(found.missing)) - 1] or "/"
         binds = [(path, source) for path, source in self.host_binds if is_under(where, path)]
         if binds:
             path, source = max(binds, key=lambda bind: len(bind[0]))
+            if asked and path in self.asked_binds and found.path == os.path.normpath(asked):
+                console.verbose(f"making {found.path} in {source} (bound on {path}), for a bind inside it")
+                return
             reason = f"the host's {source} is bound on {path}"
         elif self.no_layer and device == os.fstat(self.container.fd).st_dev:
             raise PathError(f"{found.path} does not exist in the image ({self.no_layer})",
@@ -180,7 +193,7 @@ class _Applier:
         if (host := self._source(spec)) is None:
             return
         source, info = host
-        found, target = self._target(spec.dest, directory=stat.S_ISDIR(info.st_mode))
+        found, target = self._target(spec.dest, directory=stat.S_ISDIR(info.st_mode), asked=spec.asked)
         try:
             _say_binding(spec)
             flags = k.MS_NOSUID | (0 if spec.dev else k.MS_NODEV) | (k.MS_RDONLY if spec.readonly else 0)
@@ -191,6 +204,8 @@ class _Applier:
         finally:
             os.close(target)
         self.host_binds.append((found.path, spec.source))
+        if spec.asked:
+            self.asked_binds.add(found.path)
         self.container.forget(found.path)
 
     def _read_only_view(self, asked: str, source: str) -> str | None:

@@ -129,17 +129,19 @@ def _bind_path_dest(entry: str) -> str:
     return "/" + os.path.normpath(dest).lstrip("/")
 
 
-def home_mounts(*, source: str | None, dest: str, enabled: bool) -> list[MountSpec]:
+def home_mounts(*, source: str | None, dest: str, enabled: bool, asked: bool = False) -> list[MountSpec]:
     """The home directory: the host's `source`, or an empty tmpfs when there is none to bind.
 
     None is --contain's empty home, and a home whose host directory does not
     exist (Apptainer stages an empty session directory there, its issue #4208).
+    `asked`: the user named it (--home SRC:DST), as a bind of their own.
     """
     if not enabled:
         return []
     if source is None:
         return [MountSpec(op=MountOp.TMPFS, dest=dest, stage=Stage.HOME_TMP)]
-    return [MountSpec(op=MountOp.BIND, source=source, dest=dest, missing=Missing.REQUIRED, stage=Stage.HOME_TMP)]
+    return [MountSpec(op=MountOp.BIND, source=source, dest=dest, missing=Missing.REQUIRED, stage=Stage.HOME_TMP,
+                      asked=asked)]
 
 
 def tmp_mounts(*, contain: bool, enabled: bool) -> list[MountSpec]:

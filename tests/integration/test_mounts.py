@@ -158,3 +158,54 @@ def test_fresh_proc_with_pid_namespace(singpy: Singpy, image: Path) -> None:
     out = singpy.ok("exec", "--pid", str(image), "ls", "/proc")
     pids = [name for name in out.split() if name.isdigit()]
     assert len(pids) <= 4
+
+
+def _owned_dir(singpy: Singpy, path: Path) -> Path:
+    path.mkdir(parents=True)
+    os.chown(path, singpy.uid, singpy.gid)
+    return path
+
+
+def test_bind_inside_a_bind_gets_its_mount_point_as_cwltool_expects(singpy: Singpy, image: Path,
+                                                                    workdir: Path) -> None:
+    """cwltool: `--home OUT:/W --mount type=bind,source=IN,target=/W/IN,readonly`. The mount points are made in
+    OUT (as the user, a file for a file, a directory for a directory) and stay there, as with Apptainer."""
+    base = workdir / f"nested-binds-{singpy.profile}"
+    out, inputs = _owned_dir(singpy, base / "out"), _owned_dir(singpy, base / "inputs")
+    (inputs / "ref.fasta").write_text(">seq\nACGT\n")
+    (inputs / "dir").mkdir()
+    (inputs / "dir" / "inner").write_text("inner\n")
+    shown = singpy.ok("exec", "--home", f"{out}:/W", "--mount",
+                      f"type=bind,source={inputs / 'ref.fasta'},target=/W/ref.fasta,readonly",
+                      "-B", f"{inputs / 'dir'}:/W/staged/dir:ro", "--pwd", "/W", str(image), "sh", "-c",
+                      "cat ref.fasta staged/dir/inner; echo made > result; echo x >> ref.fasta || echo read-only")
+    assert shown == ">seq\nACGT\ninner\nread-only\n"
+    assert (out / "result").read_text() == "made\n"
+    assert (out / "ref.fasta").is_file() and (out / "ref.fasta").stat().st_size == 0  # the mount point, left
+    assert (out / "staged" / "dir").is_dir() and not any((out / "staged" / "dir").iterdir())
+    assert (out / "ref.fasta").stat().st_uid == singpy.uid
+    assert (inputs / "ref.fasta").read_text() == ">seq\nACGT\n"
+
+
+def test_bind_inside_a_default_bind_is_still_refused(singpy: Singpy, image: Path, workdir: Path) -> None:
+    """Only binds the user named make mount points in each other: a host directory singpy binds by default (the
+    working directory here) gets nothing made in it, and the error names the destination."""
+    base = workdir / f"nested-default-{singpy.profile}"
+    cwd, source = _owned_dir(singpy, base / "cwd"), _owned_dir(singpy, base / "source")
+    result = singpy.run("exec", "-B", f"{source}:{cwd}/new", str(image), "true", cwd=cwd)
+    assert result.returncode == 255 and f"can't bind {source} on {cwd}/new" in result.stderr
+    assert not (cwd / "new").exists()
+
+
+def test_bind_inside_a_bind_never_follows_an_image_link(singpy: Singpy, workdir: Path) -> None:
+    """The image's /data -> /scratch link does not choose where a mount point is made in the user's bind."""
+    from tests.support.images import build_busybox_rootfs
+
+    root = workdir / f"nested-linked-{singpy.profile}"
+    build_busybox_rootfs(root)
+    (root / "data").symlink_to("/scratch")
+    base = workdir / f"nested-link-binds-{singpy.profile}"
+    scratch, source = _owned_dir(singpy, base / "scratch"), _owned_dir(singpy, base / "source")
+    result = singpy.run("exec", "-B", f"{scratch}:/scratch", "-B", f"{source}:/data/new", str(root), "true")
+    assert result.returncode == 255 and "can't bind" in result.stderr and "/data/new" in result.stderr
+    assert not (scratch / "new").exists()

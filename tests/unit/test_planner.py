@@ -305,13 +305,14 @@ def test_user_binds_last_in_order(host: HostInfo, image: ImageSpec, tmp_path: Pa
     users = mounts[-3:]
     assert users == (
         MountSpec(op=MountOp.BIND, source=f"{tmp_path}/data", dest="/data", readonly=True, missing=Missing.REQUIRED,
-                  stage=Stage.USER),
+                  stage=Stage.USER, asked=True),
         MountSpec(op=MountOp.BIND, source=f"{tmp_path}/file.txt", dest=f"{tmp_path}/file.txt", readonly=False,
-                  missing=Missing.REQUIRED, stage=Stage.USER),
+                  missing=Missing.REQUIRED, stage=Stage.USER, asked=True),
         MountSpec(op=MountOp.BIND, source=f"{tmp_path}/data", dest="/home", readonly=False, missing=Missing.REQUIRED,
-                  stage=Stage.USER),
+                  stage=Stage.USER, asked=True),
     )
     assert all(spec.stage < Stage.USER for spec in mounts[:-3])
+    assert not any(spec.asked for spec in mounts[:-3])  # no default mount counts as one the user named
 
 
 def test_missing_bind_source(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
