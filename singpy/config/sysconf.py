@@ -5,9 +5,10 @@ values, one line of documentation); the parser, the defaults and
 docs/configuration.md all come from that table. Nothing is evaluated: values
 are matched against their kind, and a bad line is reported as `file:line`.
 
-Every directive of Apptainer 1.4's apptainer.conf is accepted, so an admin's
-file carries over: those singpy acts on, or checks for later use, are in
-`DIRECTIVES`; those it has no use for (`allow setuid`, ...) are in
+Every directive of every Apptainer 1.x and Singularity/SingularityCE 3.x and 4.x
+release is accepted, so an admin's file carries over unchanged
+(tests/data/conf/directives.json lists them): those singpy acts on, or checks for
+later use, are in `DIRECTIVES`; those it has no use for (`allow setuid`, ...) are in
 `APPTAINER_IGNORED` and give one --verbose note each. Any other name is an error.
 
 Where singpy looks (first found wins; `default_path`):
@@ -118,10 +119,11 @@ DIRECTIVES: tuple[Directive, ...] = (
               "allow sandbox directories and overlay directories (for users other than root)"),
 )
 
-# Apptainer 1.4 directives that have no meaning for singpy (never setuid, no CNI, no build or
-# download settings): accepted with one --verbose note each, so a stock apptainer.conf loads.
-# "apptheus socket path" is the name Apptainer's own template writes (its parser knows
-# "apptheus communication socket path"); both occur in real files.
+# Directives of Apptainer 1.x and Singularity/SingularityCE 3.x-4.x that have no meaning for singpy (never
+# setuid, no CNI, no build or download settings, no OCI mode): accepted with one --verbose note each, so a
+# stock apptainer.conf or singularity.conf of any release loads. "apptheus socket path" is the name
+# Apptainer's own template writes (its parser knows "apptheus communication socket path"); both occur in
+# real files. "allow kernel overlay" is not a directive of any release's code, but SingularityCE documents it.
 APPTAINER_IGNORED: frozenset[str] = frozenset({
     "allow setuid", "allow user ns", "enable fusemount", "mount slave",
     "allow setuid-mount encrypted", "allow setuid-mount squashfs", "allow setuid-mount extfs",
@@ -129,6 +131,10 @@ APPTAINER_IGNORED: frozenset[str] = frozenset({
     "binary path", "suidbinary path", "mksquashfs procs", "mksquashfs mem", "image driver",
     "download concurrency", "download part size", "download buffer size", "systemd cgroups",
     "apptheus communication socket path", "apptheus socket path", "allow monitoring",
+    # Apptainer 1.0 (from Singularity) and Singularity/SingularityCE only:
+    "mksquashfs path", "unsquashfs path", "cryptsetup path", "go path", "autofs bug path",
+    "allow root capabilities", "allow user capabilities", "root search path", "user search path",
+    "oci mode", "sif fuse", "tmp sandbox", "allow kernel extfs", "allow kernel overlay",
 })
 
 _BY_NAME = {directive.name: directive for directive in DIRECTIVES}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -420,6 +422,38 @@ def test_every_apptainer_directive_is_accepted() -> None:
              .splitlines() if "=" in line}
     known = {d.name for d in DIRECTIVES} | sysconf.APPTAINER_IGNORED
     assert names - {"bind path = /etc/apptainer/default-nsswitch.conf:/etc/nsswitch.conf"} <= known
+
+
+def _release_sets() -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = json.loads((Path(__file__).parents[1] / "data" / "conf" / "directives.json")
+                                            .read_text())
+    return data
+
+
+@pytest.mark.parametrize("release_set", _release_sets(), ids=lambda entry: entry["releases"][-1])
+def test_every_releases_configuration_loads(release_set: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Apptainer 1.0-1.5 and Singularity/SingularityCE 3.0-4.5: each release's directives at their defaults load,
+    those that map to singpy take effect, and each of the others gives one --verbose note, never an error."""
+    from singpy import console
+
+    # Directives declared without a default (lists, paths) are written only when a site sets them.
+    text = "".join(f"{name} = {default}\n" for name, default in release_set["directives"] if default is not None)
+    before = console.level()
+    console.set_level(console.VERBOSE)
+    try:
+        config = sysconf.parse(text, "release.conf")
+    finally:
+        console.set_level(before)
+    notes = capsys.readouterr().err
+    known = {d.name for d in DIRECTIVES}
+    for name, default in release_set["directives"]:
+        if default is None:
+            continue
+        if name in known:
+            assert name not in notes, name
+        else:
+            assert f"Apptainer directive {name!r} has no meaning for singpy: ignored" in notes
+    assert config.flag("mount home") and config.flag("allow pid ns")
 
 
 @pytest.mark.parametrize(("text", "name", "value"), [
