@@ -186,13 +186,12 @@ def _parse(path: str, text: str) -> object:
             return json.loads(text)
         except json.JSONDecodeError as error:
             raise GpuError(f"malformed CDI spec {path}:{error.lineno}: {error.msg}") from None
-    from singpy.gpu import cdiyaml
+    from singpy.gpu import cdiload
 
     try:
-        return cdiyaml.loads(text)
-    except cdiyaml.YamlError as error:
-        raise GpuError(f"malformed CDI spec {path}:{error.line}: {error.message}",
-                       hint="singpy reads the YAML subset nvidia-ctk writes; JSON is read in full") from None
+        return cdiload.loads(text)
+    except cdiload.SpecError as error:
+        raise GpuError(f"malformed CDI spec {path}:{error.line}: {error.message}") from None
 
 
 _NOT_PARSED = object()

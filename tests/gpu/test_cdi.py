@@ -232,6 +232,21 @@ def test_malformed_yaml_names_file_and_line(sim: SimHostRun, image: Path) -> Non
     assert f"{directory}/spec.yaml:3" in line
 
 
+def test_spec_in_flow_style_yaml(sim: SimHostRun, image: Path) -> None:
+    """The CDI project's examples write options as flow sequences (`[ro, nosuid, nodev, bind]`): read as YAML is."""
+    host = sim.runner.workdir / f"cdi-flow-{sim.runner.profile}"
+    host.mkdir(exist_ok=True)
+    host.chmod(0o755)
+    (host / "tool.txt").write_text("from a flow-style spec\n")
+    text = ('cdiVersion: "0.6.0"\nkind: example.com/flow\ndevices:\n'
+            f'  - {{name: x, containerEdits: {{mounts: [{{hostPath: {host}/tool.txt, containerPath: /opt/tool.txt,'
+            ' options: [ro, nosuid, nodev, bind]}], env: [FLOW=yes]}}\n')
+    directory = _spec_dir(sim.runner, "flow", text)
+    out = sim.ok("exec", "--device", "example.com/flow=x", "--cdi-dirs", str(directory), str(image), "sh", "-c",
+                 "cat /opt/tool.txt; echo $FLOW; echo x >> /opt/tool.txt || echo read-only")
+    assert out.split("\n")[:3] == ["from a flow-style spec", "yes", "read-only"]
+
+
 def test_missing_or_mismatched_node(sim: SimHostRun, image: Path, cdi_host: simhost.SimHost) -> None:
     spec = nvidia_spec(cdi_host)
     spec["devices"] = [{"name": "7", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia7"}]}},
