@@ -2,6 +2,11 @@
 
 Plain writes, no rich: this module is on the start-up path of every
 `singpy exec`. The payload's own stdout and stderr are never touched.
+
+Every line goes through `escape`: a message may quote what an image, a
+registry, a definition file or a user's argument holds, and a newline, an
+escape sequence or a bidi override there must not forge a second line or
+repaint the terminal.
 """
 
 from __future__ import annotations
@@ -24,8 +29,27 @@ def level() -> int:
     return _level
 
 
+def escape(text: str, keep: str = "") -> str:
+    """`text` with every character that is not printable written as Python's repr writes it.
+
+    Not printable (str.isprintable): C0 and C1 controls (newline, ESC, CR, DEL,
+    CSI...), Unicode format characters (the bidi overrides U+202A-U+202E and
+    isolates U+2066-U+2069, zero-width ones), the line and paragraph separators
+    U+2028/U+2029, spaces other than " ", surrogates (undecodable bytes of a
+    file name) and unassigned code points: \\n, \\x1b, \\u202e, \\udcff.
+    Characters in `keep` (newline and tab, for a multi-line text such as a
+    runscript) pass as they are. A backslash is not doubled: the result is for
+    eyes, not for parsing back, and paths keep their look.
+
+    A plain text costs one isprintable() call.
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() or char in keep else repr(char)[1:-1] for char in text)
+
+
 def _write(tag: str, message: str) -> None:
-    sys.stderr.write(f"{tag} {message}\n")
+    sys.stderr.write(f"{tag} {escape(message)}\n")
     sys.stderr.flush()
 
 

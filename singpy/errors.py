@@ -2,7 +2,9 @@
 
 Library code raises a `SingpyError` subclass and never prints or exits;
 `singpy.cli.main` is the one place where an error becomes a line on stderr
-and an exit status.
+and an exit status. A message may quote anything (an image's label, a
+registry's answer, a file name): it is escaped there (singpy.console.escape),
+so raising code need not.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ def start_instance(plan: LaunchPlan, instance: Instance) -> int:
     """Start an instance's holder (detached: it outlives us) and wait until it is ready; return its pid."""
     assert plan.share is not None
     listener = bind(plan.share.socket)
-    if listener is None:
-        raise SingpyError(f"{plan.share.origin} already exists")
+    if listener is None:  # its name is random (singpy.instance.new_socket_name): not another instance's
+        raise SingpyError(f"{plan.share.origin}: can't bind its socket @{plan.share.socket}")
     start(plan, listener, instance)
     connection = connect(plan.share.socket)
     if connection is None:

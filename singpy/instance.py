@@ -8,21 +8,37 @@ Apptainer's (~/.apptainer/instances/{app,logs}/HOST/USER/): here under
 ~/.singpy/instances. Whether an instance runs is asked of its holder process,
 not of the record: a holder killed with SIGKILL leaves a record that `list`
 removes.
+
+Instances belong to their owner alone. The holder's abstract socket has an
+unpredictable name (`singpy-instance/UID/` and 128 random bits), chosen at
+start and kept in the record: anyone can bind any abstract name, so a name
+derived from the instance's would let another user take it first. The
+directories must pass the cache's ownership rule (singpy.cachefiles.
+check_owned: nobody else can have planted anything in them), checked again
+once made; a record is read only from a regular file of the user, without
+following a link, and written under a random name (O_EXCL | O_NOFOLLOW), then
+renamed; a log is opened O_NOFOLLOW and must be a regular file of the user.
+Whether a name is taken is decided by its record (a running holder), and two
+starts of one name at once by a lock on its log (`claim`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
+import stat
 import time
 
 from singpy.errors import SingpyError, UsageError
+from singpy.hostfiles import kind_name, shown
 from singpy.record import Record
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 PREFIX = "instance://"
+_MAX_RECORD = 1 << 16  # bytes: a record is a few hundred
 
 
 class InstanceRecord(Record):
@@ -43,27 +59,129 @@ def check_name(name: str) -> str:
     return name
 
 
+def new_socket_name(uid: int) -> str:
+    """The abstract socket name of an instance being started: nobody can guess it to bind it first."""
+    return f"singpy-instance/{uid}/{os.urandom(16).hex()}"
+
+
 def socket_name(uid: int, name: str) -> str:
-    return f"singpy-instance/{uid}/{name}"
+    """The socket of the running instance NAME of `uid`, to join it: its record's (chosen at start).
+
+    The records are found in the passwd home of `uid`, as singpy.host.capture finds the home.
+    """
+    import pwd
+
+    try:
+        entry = pwd.getpwuid(uid)
+        home, user = entry.pw_dir, entry.pw_name
+    except KeyError:
+        home, user = os.environ.get("HOME") or "/", str(uid)
+    records, _ = state_dirs(home, user)
+    return find(records, name, uid).socket
 
 
 def state_dirs(home: str, user: str) -> tuple[str, str]:
-    """(records, logs) directories of this user on this host, made private if missing."""
+    """(records, logs) directories of this user on this host, made private if missing.
+
+    Refused (one error naming the directory) when someone else owns or can
+    write it or a directory above it: they could have planted a record or a
+    link there. Checked before and again after making them (a directory someone
+    else made first in between is refused too).
+    """
+    from singpy.cachefiles import check_owned
+
     host = os.uname().nodename
     base = os.path.join(home, ".singpy", "instances")
     dirs = (os.path.join(base, "app", host, user), os.path.join(base, "logs", host, user))
     for path in dirs:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        check_owned(path, what="instance directory")
+        _make_private(home, path)
+        check_owned(path, what="instance directory")
     return dirs
 
 
+def _make_private(home: str, path: str) -> None:
+    """`path` and its missing parents below `home`, each made 0700 (os.makedirs makes the parents by the umask)."""
+    missing = []
+    while path != home and not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:  # made meanwhile by another start: check_owned judges it
+            pass
+        except OSError as error:
+            raise SingpyError(f"can't create the instance directory {shown(directory)}: {error.strerror}") from None
+
+
+def claim(logs: str, name: str) -> tuple[int, int, int]:
+    """The instance's logs (stdout, stderr), opened to append, and a lock that no other start of NAME holds.
+
+    The lock (flock on a descriptor of its own on the stdout log) is held by
+    this start alone, until it closes it: the holder closes its copy, so a
+    running instance is known by its record, not by the lock. Refused: a log
+    that is a link (never followed: its target stays as it was), not a regular
+    file, or not the user's.
+    """
+    import fcntl
+
+    out = open_log(os.path.join(logs, f"{name}.out"), name)
+    opened = [out]
+    try:
+        opened.append(open_log(os.path.join(logs, f"{name}.err"), name))
+        lock = os.open(f"/proc/self/fd/{out}", os.O_RDONLY | os.O_CLOEXEC)  # the same file, a description of its own
+        opened.append(lock)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SingpyError(f"instance {name} already exists (it is being started)") from None
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
+        raise
+    return out, opened[1], lock
+
+
+def open_log(path: str, name: str) -> int:
+    """A log of instance `name`, opened to append (made 0600 if missing); one SingpyError if it can't be used."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    problem = f"instance {name}: can't use its log"
+    try:
+        fd = os.open(path, flags, 0o600)  # O_NONBLOCK: a FIFO never blocks the open
+    except OSError as error:
+        why = {errno.ELOOP: "it is a symbolic link", errno.EISDIR: "it is a directory",
+               errno.ENXIO: "it is not a regular file"}.get(error.errno or 0, error.strerror)
+        raise SingpyError(f"{problem} {shown(path)}: {why}") from None
+    info = os.fstat(fd)
+    why = "" if stat.S_ISREG(info.st_mode) else f"it is {kind_name(info.st_mode)}, not a regular file"
+    if not why and info.st_uid != os.geteuid():
+        why = f"it belongs to uid {info.st_uid}, not to you"
+    if why:
+        os.close(fd)
+        raise SingpyError(f"{problem} {shown(path)}: {why}")
+    os.set_blocking(fd, True)  # the startscript's stdout and stderr, as a plain open gives them
+    return fd
+
+
 def write_record(records: str, record: InstanceRecord) -> None:
-    """Atomically: a `list` running meanwhile sees the whole record or none."""
+    """Atomically: a `list` running meanwhile sees the whole record or none.
+
+    The partial file has an unpredictable name and is made with O_EXCL |
+    O_NOFOLLOW: nothing already there is ever written through.
+    """
     path = os.path.join(records, f"{record.name}.json")
-    partial = f"{path}.{os.getpid()}.partial"
-    with open(partial, "w") as out:
-        json.dump(record.as_dict(), out, indent=2)
-    os.replace(partial, path)
+    partial = os.path.join(records, f".{record.name}.{os.urandom(8).hex()}.partial")
+    try:
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump(record.as_dict(), out, indent=2)
+        os.replace(partial, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise SingpyError(f"can't write the record of instance {record.name} in {shown(records)}: "
+                          f"{error.strerror}") from None
 
 
 def running(records: str, uid: int) -> list[InstanceRecord]:
@@ -88,13 +206,50 @@ def find(records: str, name: str, uid: int) -> InstanceRecord:
     return record
 
 
-def _read(path: str) -> InstanceRecord | None:
+def refuse_running(records: str, name: str, uid: int) -> None:
+    """A name is taken while its record names a running holder (the user's own: the records are private)."""
     try:
-        with open(path) as source:
-            data = json.load(source)
-        return InstanceRecord(**data)
-    except (OSError, ValueError, TypeError):
+        find(records, name, uid)
+    except SingpyError:
+        return
+    raise SingpyError(f"instance {name} already exists")
+
+
+def _read(path: str) -> InstanceRecord | None:
+    """The record at `path`; None when there is none, or what is there is not a record the user wrote.
+
+    Not through a link, from a regular file of the user only, of a bounded size.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size > _MAX_RECORD:
+            return None
+        data = json.loads(os.read(fd, _MAX_RECORD + 1))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return _record(data)
+
+
+_FIELDS = (("name", str), ("pid", int), ("image", str), ("socket", str), ("log_out", str), ("log_err", str),
+           ("started", (int, float)))
+
+
+def _record(data: object) -> InstanceRecord | None:
+    """A record's JSON as InstanceRecord, each field of its type; None for anything else."""
+    if not isinstance(data, dict) or set(data) != {name for name, _ in _FIELDS}:
+        return None
+    for name, kind in _FIELDS:
+        if not isinstance(data[name], kind) or isinstance(data[name], bool):
+            return None
+    if data["pid"] <= 0:
+        return None
+    return InstanceRecord(**data)
 
 
 def is_alive(record: InstanceRecord, uid: int) -> bool:

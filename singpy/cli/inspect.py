@@ -4,6 +4,14 @@ Without a selection flag the labels are shown, as in Apptainer. `--list`
 adds the SIF's data objects (a table like `siftool list`); `--json` prints
 Apptainer's document (`{"data": {"attributes": ...}, "type": "container"}`)
 with, for a SIF, the header and descriptors under "sif".
+
+Everything shown comes from the image (or its build's definition file), so
+it is escaped for the terminal (singpy.console.escape): a label, a path, a
+table cell on one line; the scripts, the definition file and the help text
+keep their newlines and tabs (they are texts meant to be read as such), any
+other control character (ESC, CR, a bidi override) is shown as \\x1b, \\r,
+\\u202e. `--json` needs nothing: json.dumps writes every control and
+non-ASCII character as \\uXXXX.
 """
 
 from __future__ import annotations
@@ -14,7 +22,10 @@ from typing import Any
 import typer
 
 from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options
+from singpy.console import escape
 from singpy.image import metadata
+
+_TEXT = "\n\t"  # what a multi-line section (a script, the definition file) keeps as it is
 
 # Apptainer's order when several sections are asked for.
 SECTIONS = ("labels", "deffile", "runscript", "startscript", "test", "helpfile", "environment")
@@ -63,8 +74,8 @@ def inspect_command(
         print(json.dumps(document, indent=2, sort_keys=True))
         return
     if list_:
-        print(descriptor_table(spec.path) if spec.kind == "sif" else f"{spec.path} is a {spec.kind} image: "
-              "it has no SIF data objects")
+        print(descriptor_table(spec.path) if spec.kind == "sif" else f"{escape(spec.path)} is a {spec.kind} "
+              "image: it has no SIF data objects")
     for name in wanted:
         if name in selected:
             print(render(name, selected[name]), end="")
@@ -72,11 +83,12 @@ def inspect_command(
 
 def render(name: str, value: Any) -> str:
     """One section as Apptainer's inspect prints it."""
-    if name == "labels":
-        return "".join(f"{key}: {value[key]}\n" for key in sorted(value))
+    if name == "labels":  # a label is one line: a newline in one is shown as \n, never as a forged label
+        return "".join(f"{escape(str(key))}: {escape(str(value[key]))}\n" for key in sorted(value))
     if name == "environment":
-        return "".join(f"=== {path} ===\n{text.rstrip()}\n\n" for path, text in value.items())
-    text = str(value)
+        return "".join(f"=== {escape(str(path))} ===\n{escape(str(text).rstrip(), _TEXT)}\n\n"
+                       for path, text in value.items())
+    text = escape(str(value), _TEXT)
     return text if text.endswith("\n") else text + "\n"
 
 
@@ -110,6 +122,7 @@ def descriptor_table(path: str) -> str:
             kind += f" ({part['fs']}/{part['type']}/{part['arch']})"
         rows.append((str(entry["id"]), str(entry["group"] or "NONE"), link, str(entry["offset"]),
                      str(entry["size"]), kind, entry["name"]))
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    cells = [[escape(str(cell)) for cell in row] for row in rows]  # a name or an arch is the file's own text
+    widths = [max(len(row[column]) for row in cells) for column in range(len(cells[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-                     for row in rows)
+                     for row in cells)

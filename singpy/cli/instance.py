@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import typer
@@ -51,24 +52,29 @@ def _start(argv: list[str]) -> int:
     host = host_module.capture(env)
     config = sysconf.load(sysconf.default_path(env))
     records, logs = instance.state_dirs(host.home, host.user)
-    socket = instance.socket_name(host.uid, name)
+    instance.refuse_running(records, name, host.uid)
     if image.startswith(IMAGE_URI_PREFIXES):
         image = _pulled(image, values, env, host.home)
     request = build_request("run", values, [image, *args], host.cwd)
     planned, _ = launch.plan_launch(request, config, host)
+    socket = instance.new_socket_name(host.uid)
     plan = planned.plan.replace(share=ShareSpec(socket=socket, origin=f"instance {name}"))
-    log_out, log_err = (os.path.join(logs, f"{name}.{kind}") for kind in ("out", "err"))
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
-    out, err = os.open(log_out, flags, 0o600), os.open(log_err, flags, 0o600)
+    out, err, lock = instance.claim(logs, name)
     directory = os.open(records, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
+        instance.refuse_running(records, name, host.uid)  # a start of the same name that ended meanwhile
         pid = holder.start_instance(plan, holder.Instance(log_out=out, log_err=err, records=directory,
                                                           record=f"{name}.json"))
-        instance.write_record(records, instance.InstanceRecord(
-            name=name, pid=pid, image=plan.image.path, socket=socket, log_out=log_out, log_err=log_err,
-            started=time.time()))
+        try:
+            instance.write_record(records, instance.InstanceRecord(
+                name=name, pid=pid, image=plan.image.path, socket=socket,
+                log_out=os.path.join(logs, f"{name}.out"), log_err=os.path.join(logs, f"{name}.err"),
+                started=time.time()))
+        except SingpyError:  # an instance nobody could find: not left running
+            os.kill(pid, signal.SIGKILL)
+            raise
     finally:
-        for fd in (out, err, directory):
+        for fd in (out, err, lock, directory):
             os.close(fd)
     console.info("instance started successfully")
     return 0
@@ -85,6 +91,7 @@ def list_command(
 
     from singpy import host as host_module
     from singpy import instance
+    from singpy.console import escape  # a path may hold anything; a name is checked (check_name)
 
     host = host_module.capture(os.environ)
     records, _ = instance.state_dirs(host.home, host.user)
@@ -98,11 +105,11 @@ def list_command(
     if logs:
         print(f"{'INSTANCE NAME':<16} {'PID':<8} LOGS")
         for record in found:
-            print(f"{record.name:<16} {record.pid:<8} {record.log_err}\n{'':<25} {record.log_out}")
+            print(f"{record.name:<16} {record.pid:<8} {escape(record.log_err)}\n{'':<25} {escape(record.log_out)}")
         return
     print(f"{'INSTANCE NAME':<16} {'PID':<8} {'IP':<15} IMAGE")
     for record in found:
-        print(f"{record.name:<16} {record.pid:<8} {'':<15} {record.image}")
+        print(f"{record.name:<16} {record.pid:<8} {'':<15} {escape(record.image)}")
 
 
 @instance_app.command(name="stop", help="Stop running instances.")

@@ -75,21 +75,21 @@ def _print_traceback(error: BaseException) -> None:
     library are out of reach: an import there fails, or finds the image's own
     Python. `traceback` is imported before the launch when -d is among the
     first arguments (main); otherwise (`-d` given later on the command line)
-    the frames are written here, without source lines.
+    the frames are written here, without source lines. The message is the
+    FATAL line's, escaped as it is: one line whatever an image put in it.
     """
     from singpy.console import escape  # imported already (main): no file is opened
 
+    lines = ["Traceback (most recent call last):\n"]
     traceback = sys.modules.get("traceback")
     if traceback is not None:
-        # The message may quote an image's or a registry's text: escaped as the FATAL line is.
-        sys.stderr.write(escape("".join(traceback.format_exception(error)), keep="\n"))
-        return
-    lines = ["Traceback (most recent call last):\n"]
-    frame = error.__traceback__
-    while frame is not None:
-        code = frame.tb_frame.f_code
-        lines.append(f'  File "{code.co_filename}", line {frame.tb_lineno}, in {code.co_name}\n')
-        frame = frame.tb_next
+        lines.extend(escape(frame, "\n") for frame in traceback.format_tb(error.__traceback__))
+    else:
+        frame = error.__traceback__
+        while frame is not None:
+            code = frame.tb_frame.f_code
+            lines.append(f'  File "{escape(code.co_filename)}", line {frame.tb_lineno}, in {code.co_name}\n')
+            frame = frame.tb_next
     lines.append(f"{type(error).__module__}.{type(error).__qualname__}: {escape(str(error))}\n")
     sys.stderr.write("".join(lines))
 

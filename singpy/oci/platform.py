@@ -148,11 +148,23 @@ def choose(index: dict[str, Any], want: Platform, *, source: str) -> dict[str, A
     for entry in candidates:  # containers/image: an entry that declares no platform is the fallback
         if "platform" not in entry and entry.get("mediaType", _MANIFEST_TYPES[0]) in _MANIFEST_TYPES:
             return entry
-    available = list(dict.fromkeys(str(found) for _, found in declared))
+    available = list(dict.fromkeys(_listed(str(found)) for _, found in declared))
     if not available:
         raise ImageError(f"no {want} image in {source}: its index lists no platform")
-    raise ImageError(f"no {want} image in {source}: it has {', '.join(available)}",
+    more = f" and {len(available) - _LISTED} more" if len(available) > _LISTED else ""
+    raise ImageError(f"no {want} image in {source}: it has {', '.join(available[:_LISTED])}{more}",
                      hint="choose one of them with --arch")
+
+
+_LISTED = 12  # platforms named in that message: an index may list thousands
+
+
+def _listed(platform: str) -> str:
+    """A platform of an index as the message names it: the index is the registry's text, not ours. A plain
+    one as it is; one with anything else (a newline, an escape sequence) quoted, cut, and escaped by repr."""
+    if platform.isprintable() and len(platform) <= 40 and "," not in platform:
+        return platform
+    return repr(platform if len(platform) <= 40 else platform[:37] + "...")
 
 
 def _acceptable(want: Platform) -> list[Platform]:

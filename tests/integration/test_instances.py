@@ -364,6 +364,39 @@ def test_a_name_is_started_once(singpy: Singpy, images: dict[str, Path], names: 
     assert singpy.ok("exec", f"instance://{instance.name}", "echo", "still") == "still\n"
 
 
+def test_a_name_being_started_is_taken(singpy: Singpy, images: dict[str, Path],
+                                       names: Callable[[str], Instance]) -> None:
+    """Two starts of one name at once: the second finds the first's lock on the log, and starts nothing."""
+    import fcntl
+
+    instance = names("racing")
+    singpy.ok("instance", "list")  # the directories
+    with open(instance.out, "a") as log:
+        os.chown(instance.out, singpy.uid, singpy.gid)
+        fcntl.flock(log, fcntl.LOCK_EX)  # as the first start holds it
+        result = singpy.run("instance", "start", str(images["sandbox"]), instance.name)
+    assert_one_fatal(result, f"instance {instance.name} already exists (it is being started)")
+    assert not instance.record.exists()
+    instance.start(images["sandbox"])  # once the lock is gone
+
+
+def test_the_socket_name_is_not_the_instance_name(singpy: Singpy, images: dict[str, Path],
+                                                  names: Callable[[str], Instance]) -> None:
+    """Anyone can bind an abstract name: one derived from the instance's could be taken first (see
+    test_instance_owner.py); it is random, and kept in the record, which only its user can write."""
+    first, second = names("sock"), names("sock")
+    first.start(images["sandbox"])
+    second.start(images["sandbox"])
+    sockets = [json.loads(instance.record.read_text())["socket"] for instance in (first, second)]
+    for socket_name, instance in zip(sockets, (first, second), strict=True):
+        assert re.fullmatch(rf"singpy-instance/{singpy.uid}/[0-9a-f]{{32}}", socket_name), socket_name
+        assert instance.name not in socket_name
+    assert sockets[0] != sockets[1]
+    assert instance.record.stat().st_mode & 0o777 == 0o600 and instance.record.parent.stat().st_mode & 0o777 == 0o700
+    assert not [entry for entry in os.listdir(first.records) if entry.endswith(".partial")
+                and entry.startswith((f".{first.name}.", f".{second.name}."))]
+
+
 @pytest.mark.parametrize("action", ["exec", "run", "shell"])
 def test_joining_an_unknown_instance_fails(singpy: Singpy, action: str) -> None:
     name = f"{SESSION}-unknown"
