@@ -64,18 +64,9 @@ def new_socket_name(uid: int) -> str:
     return f"singpy-instance/{uid}/{os.urandom(16).hex()}"
 
 
-def socket_name(uid: int, name: str) -> str:
-    """The socket of the running instance NAME of `uid`, to join it: its record's (chosen at start).
-
-    The records are found in the passwd home of `uid`, as singpy.host.capture finds the home.
-    """
-    import pwd
-
-    try:
-        entry = pwd.getpwuid(uid)
-        home, user = entry.pw_dir, entry.pw_name
-    except KeyError:
-        home, user = os.environ.get("HOME") or "/", str(uid)
+def socket_name(home: str, user: str, uid: int, name: str) -> str:
+    """The socket of the running instance NAME of the user (`home`, `user`, `uid` as singpy.host.capture found
+    them), to join it: its record's, chosen at start."""
     records, _ = state_dirs(home, user)
     return find(records, name, uid).socket
 

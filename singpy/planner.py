@@ -153,7 +153,7 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     if request.instance:
         from singpy.instance import socket_name
 
-        plan = plan.replace(share=ShareSpec(socket=socket_name(host.uid, request.instance),
+        plan = plan.replace(share=ShareSpec(socket=socket_name(host.home, host.user, host.uid, request.instance),
                                             origin=f"instance {request.instance}", create=False))
     elif share_key is not None:
         plan = plan.replace(share=jobs.share_spec(plan, share_key))
