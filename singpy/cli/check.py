@@ -286,20 +286,24 @@ def _print_table(results: list[Result]) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from singpy.console import escape
+
     colours = {OK: "green", WARN: "yellow", FAIL: "bold red", INFO: "blue"}
     table = Table("check", "status", "detail", "fix")
-    for row in results:  # Text: a detail holding "[...]" is not rich markup
-        table.add_row(Text(row["check"]), Text(row["status"], style=colours[row["status"]]), Text(row["detail"]),
-                      Text(row["fix"]))
+    for row in results:  # Text: a detail holding "[...]" is not rich markup; escaped: it may quote host files
+        table.add_row(Text(row["check"]), Text(row["status"], style=colours[row["status"]]),
+                      Text(escape(row["detail"])), Text(escape(row["fix"])))
     Console(highlight=False).print(table)
 
 
 def _print_plain(results: list[Result]) -> None:
+    from singpy.console import escape
+
     width = max(len(row["check"]) for row in results)
     for row in results:
-        print(f"{row['status']:<4}  {row['check']:<{width}}  {row['detail']}")
+        print(f"{row['status']:<4}  {row['check']:<{width}}  {escape(row['detail'])}")
         if row["fix"]:
-            print(f"{'':<4}  {'':<{width}}  fix: {row['fix']}")
+            print(f"{'':<4}  {'':<{width}}  fix: {escape(row['fix'])}")
 
 
 def check_command(as_json: bool = typer.Option(False, "--json", help="print a JSON list of "
