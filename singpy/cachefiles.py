@@ -13,6 +13,7 @@ import os
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
+    from typing import NoReturn
 
 
 def cache_dir(env: Mapping[str, str], home: str) -> str:
@@ -37,46 +38,139 @@ def identity(info: os.stat_result) -> str:
     return f"{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}"
 
 
-def make_private_dirs(path: str) -> None:
-    """`path` and its missing parents, created private (0700); one ImageError if that fails."""
+def make_private_dirs(path: str, *, what: str = "cache directory") -> None:
+    """`path` and its missing parents, created private (0700), held to `check_owned` before (nothing is made in
+    someone else's directory) and after: one that someone else made first (makedirs accepts any existing
+    directory) is refused. One ImageError if either fails."""
+    check_owned(path, what=what)  # first: root must not even make a directory in someone else's
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        _make_dirs(path)
     except OSError as error:
         from singpy.errors import ImageError
         from singpy.hostfiles import shown
 
-        raise ImageError(f"can't create the cache directory {shown(path)}: {error.strerror}",
+        raise ImageError(f"can't create the {what} {shown(path)}: {error.strerror}",
                          hint="set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a writable directory") from None
+    check_owned(path, what=what)
+
+
+def _make_dirs(path: str) -> None:
+    """mkdir -p with every directory it makes 0700 (os.makedirs gives that mode to the last one only)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if parent == path:
+            raise
+        _make_dirs(parent)
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
+
+
+def create_new(path: str) -> tuple[int, str]:
+    """A new empty file (0600) to be renamed to `path` later: (descriptor open for writing, its name).
+
+    Beside `path` under a hidden name no one can guess (random), made with O_EXCL | O_NOFOLLOW: a link or file
+    planted at a name we were going to use can't make us write through it. OSError if it can't be made.
+    """
+    directory, name = os.path.split(path)
+    while True:
+        temporary = f"{directory}/.{name[:200]}.{os.urandom(8).hex()}.tmp"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            return os.open(temporary, flags, 0o600), temporary
+        except FileExistsError:  # 64 random bits taken already: only by chance, or someone guessing
+            continue
+
+
+def publish(path: str, data: bytes) -> None:
+    """Write `path` whole or not at all: a new file (`create_new`) renamed over it, so a concurrent reader sees
+    the old content or the new, and a link at `path` is replaced, never followed. OSError, leaving nothing."""
+    fd, temporary = create_new(path)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except BaseException:
+        try:  # noqa: SIM105 - contextlib is not imported on the start-up path
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def read_private(path: str, limit: int = 1 << 16) -> bytes | None:
+    """The bytes of the regular file `path` of the user (or root), at most `limit`; None for anything else.
+
+    No link is followed and no FIFO opened for good (O_NONBLOCK): a cache file is read only in a directory
+    that passed `check_owned`, and only if it is one singpy could have written.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if (info.st_mode & 0o170000) != 0o100000 or info.st_uid not in (os.geteuid(), 0):  # S_ISREG
+            return None
+        chunks = []
+        while limit > 0:
+            chunk = os.read(fd, limit)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            limit -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def write_fields(path: str, fields: Iterable[str]) -> None:
     """A small cache file of NUL-separated fields (`read_fields`), for what the start-up path keeps between runs
-    (--nv's listing, an image's NVIDIA_ variables, a CDI spec's sonames) without importing json. Written
-    atomically (a concurrent run reads all of it or nothing), its directory made private; one that can't be
-    written is no error."""
-    partial = f"{path}.{os.getpid()}.partial"
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(partial, "wb") as out:
-            out.write("\0".join(fields).encode(errors="surrogateescape"))
-        os.replace(partial, path)
-    except OSError:
-        import contextlib  # only when the write failed: not imported on the start-up path
+    (--nv's listing, an image's NVIDIA_ variables, a CDI spec's sonames) without importing json.
 
-        with contextlib.suppress(OSError):
-            os.unlink(partial)
+    Its directory is made private and must pass `check_owned` (an ImageError if not: these files decide what
+    is mounted in a container); written atomically (`publish`: a concurrent run reads all of it or nothing).
+    A file that can't be written is no error: the next run computes it again.
+    """
+    directory = os.path.dirname(path)
+    existing = directory
+    while not os.path.lexists(existing) and existing != "/":
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return  # a file where the cache should be: can't be written
+    check_owned(directory)  # first: root must not even make a directory in someone else's
+    try:
+        _make_dirs(directory)
+    except OSError:
+        return
+    check_owned(directory)
+    try:  # noqa: SIM105 - contextlib is not imported on the start-up path
+        publish(path, "\0".join(fields).encode(errors="surrogateescape"))
+    except OSError:
+        pass
 
 
 def read_fields(path: str) -> list[str] | None:
-    """What `write_fields` wrote, or None when there is no such file (or it can't be read)."""
-    try:
-        with open(path, "rb") as saved:
-            return saved.read().decode(errors="surrogateescape").split("\0")
-    except OSError:
-        return None
+    """What `write_fields` wrote, or None when there is no such file (or it can't be read, or isn't one singpy
+    could have written). An ImageError if its directory fails `check_owned`: someone else may have put it there."""
+    data = read_private(path, 1 << 24)
+    if data is None:
+        return None  # nothing read, nothing to trust: a miss costs no check
+    check_owned(os.path.dirname(path))
+    return data.decode(errors="surrogateescape").split("\0")
 
 
-def check_owned(path: str, *, what: str = "cache directory", uid: int | None = None) -> None:
+def check_owned(path: str, *, what: str = "cache directory", uid: int | None = None, sticky_ok: bool = False,
+                below: Iterable[str] = ()) -> None:
     """Refuse a directory that someone else could have filled: the rule ssh applies to `~/.ssh`.
 
     From `/` down to `path`, every existing component (links included) is owned by the user or by root;
@@ -85,36 +179,56 @@ def check_owned(path: str, *, what: str = "cache directory", uid: int | None = N
     no error: callers check again once they have made it (private), so a directory someone else made
     first in the meantime is refused too. One ImageError names the first entry that fails and why.
 
+    With `sticky_ok`, `path` may be writable by others if sticky too: the parent of a directory singpy makes
+    with a random name (a work directory in $SINGPY_TMPDIR=/tmp), which is checked itself once made.
+    `below`: relative paths of directories in `path` held to the same rule as `path`, one lstat per component.
+
     One lstat per component (a few microseconds each): checked every time a cache is used.
     """
-    import stat
-
     me = os.geteuid() if uid is None else uid
     full = os.path.abspath(path)
     current = ""
     for name in full.split("/")[1:] if full != "/" else [""]:
         current = f"{current}/{name}" if name else "/"
-        try:
-            info = os.lstat(current)
-        except FileNotFoundError:
+        if not _check_one(current, me, what, strict=current == full and not sticky_ok, sticky_ok=sticky_ok):
             return
-        except OSError as error:
-            _refuse(current, what, f"can't look at it: {error.strerror}")
-        if info.st_uid not in (me, 0):
-            _refuse(current, what, f"it belongs to uid {info.st_uid}, not to you or root")
-        if stat.S_ISLNK(info.st_mode):
-            target = os.path.realpath(current)
-            check_owned(target, what=what, uid=me)  # the link is ours or root's; where it leads must pass too
+    for sub in below:
+        current = full
+        for name in sub.split("/"):
+            current = f"{current}/{name}"
+            if not _check_one(current, me, what, strict=True, sticky_ok=False):
+                break
+
+
+def _check_one(current: str, me: int, what: str, *, strict: bool, sticky_ok: bool) -> bool:
+    """One component of `check_owned`: False if it does not exist (nothing there to distrust yet)."""
+    import stat
+
+    try:
+        info = os.lstat(current)
+    except FileNotFoundError:
+        return False
+    except OSError as error:
+        _refuse(current, what, f"can't look at it: {error.strerror}")
+    if info.st_uid not in (me, 0):
+        _refuse(current, what, f"it belongs to uid {info.st_uid}, not to you or root")
+    if stat.S_ISLNK(info.st_mode):
+        target = os.path.realpath(current)
+        # the link is ours or root's; where it leads must pass too (as a parent, unless it is the last)
+        check_owned(target, what=what, uid=me, sticky_ok=sticky_ok or not strict)
+        try:
             info = os.stat(target)
-        elif not stat.S_ISDIR(info.st_mode):
-            _refuse(current, what, "it is not a directory")
-        last = current == full
-        if info.st_mode & 0o022 and (last or not info.st_mode & stat.S_ISVTX):
-            who = "others" if info.st_mode & 0o002 else "its group"
-            _refuse(current, what, f"it is writable by {who} (mode {stat.S_IMODE(info.st_mode):04o})")
+        except OSError:
+            return False  # a dangling link: nothing there yet, as for a missing component
+    elif not stat.S_ISDIR(info.st_mode):
+        _refuse(current, what, "it is not a directory")
+    if info.st_mode & 0o022 and (strict or not info.st_mode & stat.S_ISVTX):
+        who = "others" if info.st_mode & 0o002 else "its group"
+        _refuse(current, what, f"it is writable by {who} (mode {stat.S_IMODE(info.st_mode):04o})")
+    return True
 
 
-def _refuse(path: str, what: str, reason: str) -> None:
+def _refuse(path: str, what: str, reason: str) -> NoReturn:
     from singpy.errors import ImageError
     from singpy.hostfiles import shown
 

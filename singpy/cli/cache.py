@@ -17,10 +17,17 @@ cache_app = typer.Typer(name="cache", help="Manage the cache of unpacked and pul
 
 
 def _location() -> str:
+    """The user's cache, refused (one FATAL line) if it, a directory above it or one of its own directories
+    fails cachefiles.check_owned: listing or cleaning what someone else could have put there is not done."""
     from singpy import host
+    from singpy.oci import store
+    from singpy.recipe.layered import BUILD_TREES
 
     info = host.capture()
-    return cachefiles.cache_dir(info.env, info.home)
+    location = cachefiles.cache_dir(info.env, info.home)
+    cachefiles.check_owned(location, below=(cache.ROOTFS, cache.INDEX, BUILD_TREES, store.SIFS, store.BLOBS,
+                                            store.REFS, store.WORK))
+    return location
 
 
 @cache_app.command("list")

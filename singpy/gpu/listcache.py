@@ -9,7 +9,9 @@ made of what a driver update changes: the driver's version
 mtime) and the ld cache's mtime (ldconfig runs when driver libraries are
 installed). Any of them changing is a miss; a miss runs the tool and saves.
 Saved atomically (a temporary file renamed), NUL-separated: reading it
-imports nothing. A cache that can't be read or written is no error.
+imports nothing. A cache that can't be read or written is no error; one that
+someone else could have written is refused (cachefiles.write_fields: the
+listing decides what is mounted into the container).
 
 The newest GLIBC_2.x each listed file needs is kept too (read once, when the
 listing is saved): an image whose glibc is known is then checked against it

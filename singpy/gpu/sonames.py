@@ -6,7 +6,8 @@ here, for answers that change only when the files do. They are kept in one
 small file per set of libraries (singpy.cachefiles), each entry with the
 library's identity (device, inode, size, mtime: a driver update replaces the
 files), and used only when every identity still matches. A miss reads the
-files and saves; a cache that can't be read or written is no error.
+files and saves; a cache that can't be read or written is no error, one
+that someone else could have written is refused (cachefiles.read_fields).
 """
 
 from __future__ import annotations

@@ -23,6 +23,12 @@ concurrent first runs of one image extract once: the others wait, then find
 the entry. A killed extraction leaves only a hidden temporary directory and
 releases its lock with its file descriptor; the next extraction of that
 digest (holding the lock, so none is live) removes it.
+
+The cache is trusted only as far as cachefiles.check_owned goes (issue 24): the
+cache, `rootfs/` and `index/` must be the user's (or root's) and writable by no
+one else, checked on every use (a few lstat calls), or the run stops. An index
+link is followed only if it has the one form singpy writes; files are written
+under random O_EXCL | O_NOFOLLOW names and renamed.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import os
 from collections.abc import Iterator, Mapping
 
 from singpy import console
-from singpy.cachefiles import identity, make_private_dirs
+from singpy.cachefiles import check_owned, identity, make_private_dirs, publish, read_private
 from singpy.errors import ImageError
 
 ROOTFS, INDEX = "rootfs", "index"
@@ -47,32 +53,52 @@ def index_key(path: str, offset: int, length: int) -> str:
     return f"{identity(info)}-{offset:x}-{length:x}"
 
 
-def lookup(cache: str, path: str, offset: int, length: int, *, kind: str = ROOTFS, suffix: str = "") -> str | None:
+def check(cache: str, kind: str = ROOTFS) -> None:
+    """Refuse a cache (and its `kind` and index directories) that someone else could have filled."""
+    check_owned(cache, below=(kind, INDEX))
+
+
+def lookup(cache: str, path: str, offset: int, length: int, *, kind: str = ROOTFS, suffix: str = "",
+           checked: bool = False) -> str | None:
     """The unpacked tree of this partition if this very file was unpacked before; no hashing.
 
     `kind` and `suffix`: the subdirectory and name of another kind of tree of
     the same partition (singpy.recipe.basetree); the index names the digest.
+    `checked`: the caller ran `check` already (singpy.recipe.layered, before
+    entering a user namespace where the host's owners can't be seen).
     """
+    import stat
+
+    if not checked:
+        check(cache, kind)
     try:
         target = os.readlink(f"{cache}/{INDEX}/{index_key(path, offset, length)}")
     except OSError:
         return None
-    entry = f"{cache}/{kind}/{os.path.basename(target)}{suffix}"
-    return entry if os.path.isdir(entry) else None
+    digest = target.removeprefix(f"../{ROOTFS}/")
+    if len(digest) != 64 or not all(char in "0123456789abcdef" for char in digest):
+        return None  # not a link singpy wrote: never followed
+    entry = f"{cache}/{kind}/{digest}{suffix}"
+    try:
+        info = os.lstat(entry)
+    except OSError:
+        return None
+    return entry if stat.S_ISDIR(info.st_mode) and info.st_uid in (os.geteuid(), 0) else None
 
 
 def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str, root: bool, kind: str = ROOTFS,
-             suffix: str = "") -> str:
+             suffix: str = "", checked: bool = False) -> str:
     """Unpack the partition into the cache unless an identical one is there; return the tree.
 
-    The tree is `kind/DIGEST` + `suffix` (see `lookup`).
+    The tree is `kind/DIGEST` + `suffix` (see `lookup`); `checked`: the
+    caller made those directories and checked them (see `lookup`).
 
     Every failure is one `ImageError`; a full filesystem says so, naming the
     cache directory and how to choose another. SIGTERM, SIGHUP and SIGINT
     during the extraction stop unsquashfs and remove the temporary tree.
     """
-    for sub in ("", kind, INDEX):
-        make_private_dirs(f"{cache}/{sub}")
+    for sub in ("", kind, INDEX) if not checked else ():
+        make_private_dirs(f"{cache}/{sub}")  # checked once made: someone else's directory is refused
     console.verbose(f"computing the digest of {path} (offset {offset}, {length} bytes)")
     digest = _digest(path, offset, length)
     entry = f"{cache}/{kind}/{digest}{suffix}"
@@ -183,11 +209,19 @@ def lock_file(path: str, *, wait: str | None, create: bool = True) -> int | None
 
     while True:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0), 0o600)
+            flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+            fd = os.open(path, flags, 0o600)  # a link planted at a lock's name is never followed (nor created)
         except FileNotFoundError:
             if create:
                 raise
             return None
+        except OSError as error:
+            import errno
+
+            if error.errno != errno.ELOOP:
+                raise
+            os.unlink(path)  # a link at a lock's name: never one of ours, so no lock is lost; try again
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -275,34 +309,24 @@ def write_record(path: str, record: Mapping[str, object]) -> None:
     """A small JSON file of the cache, written whole or not at all (an OSError leaves nothing behind)."""
     import json
 
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w") as handle:
-            json.dump(record, handle)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+    publish(path, json.dumps(record).encode())
 
 
 def read_record(path: str) -> dict[str, object]:
     """What `write_record` wrote, or {}: the cache is the user's, anything may be there instead."""
     import json
 
-    from singpy.errors import SingpyError
-    from singpy.hostfiles import read_text
-
+    text = read_private(path, 1 << 16)  # the user's regular file, no link followed
     try:
-        data = json.loads(read_text(path, what="cache record", error=SingpyError, limit=1 << 16))
-    except (SingpyError, ValueError, RecursionError):
+        data = json.loads(text) if text is not None else {}
+    except (ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
 
 def _write_index(cache: str, key: str, digest: str) -> None:
     link = f"{cache}/{INDEX}/{key}"
-    tmp = f"{link}.tmp{os.getpid()}"
+    tmp = f"{cache}/{INDEX}/.{key}.{os.urandom(8).hex()}.tmp"  # symlink() never follows nor replaces: O_EXCL
     try:
         os.symlink(f"../{ROOTFS}/{digest}", tmp)
         os.replace(tmp, link)
@@ -311,21 +335,11 @@ def _write_index(cache: str, key: str, digest: str) -> None:
 
 
 def remove_tree(path: str) -> None:
-    """rm -rf that also gets through the read-only directories an image may carry."""
-    import shutil
+    """rm -rf that also gets through the read-only directories an image may carry, and through trees
+    of any depth (singpy.image.trees: no recursion, no path longer than one name)."""
+    from singpy.image import trees
 
-    if not os.path.lexists(path):
-        return
-    if os.path.isdir(path) and not os.path.islink(path):
-        os.chmod(path, 0o700)
-        for parent, dirs, _ in os.walk(path):  # top-down: each directory is opened after its chmod
-            for name in dirs:
-                child = os.path.join(parent, name)
-                if not os.path.islink(child):
-                    os.chmod(child, 0o700)
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
+    trees.remove(path)
 
 
 def entries(cache: str) -> Iterator[str]:

@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
-from singpy import __version__, cachefiles, console
+from singpy import __version__, console
 from singpy.errors import ImageError
 from singpy.image import cache, tools
 from singpy.oci import store
@@ -75,24 +75,24 @@ def cached_image(text: str, options: PullOptions, env: Mapping[str, str], home: 
     be reached, the SIF it last resolved to runs, with a warning.
     """
     ref = parse(text)
-    location = cachefiles.cache_dir(env, home)
+    location = store.location(env, home)
     want = _platform(options)
     if ref.transport == "docker":
-        if ref.digest and os.path.isfile(store.sif_path(location, ref.digest)):
+        if ref.digest and store.usable_sif(location, ref.digest):
             return store.sif_path(location, ref.digest)  # the digest of an image's manifest: nothing to ask
         known = store.recall(location, str(ref), str(want))
-        known_sif = store.sif_path(location, known["digest"]) if known else ""
-        if ref.digest and known_sif and os.path.isfile(known_sif):
+        known_sif = store.usable_sif(location, known["digest"]) if known else ""
+        if ref.digest and known_sif:
             return known_sif  # an index's digest, resolved for this platform before
         source = _registry(ref, options, env, home)
         try:
             top = source.head_digest(ref.digest or ref.tag or "latest")
         except ImageError as error:
-            if not (_unreachable(error) and known_sif and os.path.isfile(known_sif)):
+            if not (_unreachable(error) and known_sif):
                 raise
             console.warning(f"{error.message}: running the cached image {ref} ({known['digest'][:19]})")
             return known_sif
-        if known and top == known["top"] and os.path.isfile(known_sif):
+        if known and top == known["top"] and known_sif:
             return known_sif
         return ensure_sif(resolve(ref, source, want), location, env)
     return ensure_sif(resolve(ref, _local(ref), want), location, env)
@@ -104,7 +104,7 @@ def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], h
     ref = parse(text)
     target = os.path.abspath(target or default_name(ref))
     _check_target(target, force=force)
-    location = cachefiles.cache_dir(env, home)
+    location = store.location(env, home)
     source = _registry(ref, options, env, home) if ref.transport == "docker" else _local(ref)
     sif = ensure_sif(resolve(ref, source, _platform(options)), location, env)
     _copy(sif, target)
@@ -121,7 +121,7 @@ def build_from(text: str, target: str, options: PullOptions, env: Mapping[str, s
     _check_target(target, force=force)
     source = _registry(ref, options, env, home) if ref.transport == "docker" else _local(ref)
     resolved = resolve(ref, source, _platform(options))
-    location = cachefiles.cache_dir(env, home)
+    location = store.location(env, home)
     from singpy.image.builder import publish_tree, scratch_dir
 
     scratch = scratch_dir(target, ".singpy-build-")
@@ -212,11 +212,11 @@ def resolve(ref: Reference, source: Source, want: Any) -> Resolved:
 def ensure_sif(resolved: Resolved, location: str, env: Mapping[str, str]) -> str:
     """The SIF of `resolved` in the cache, made once however many singpy runs ask at the same time."""
     sif = store.sif_path(location, resolved.manifest.digest)
-    if not os.path.isfile(sif):
+    if not store.usable_sif(location, resolved.manifest.digest):  # missing, or not the one singpy made there
         store.ensure(location, store.SIFS)
         lock = f"{location}/{store.SIFS}/.{store.hex_of(resolved.manifest.digest)}.lock"
         with store.locked(lock, waiting_for=f"another singpy to finish converting {resolved.reference}"):
-            if not os.path.isfile(sif):  # the run we waited for may have made it
+            if not store.usable_sif(location, resolved.manifest.digest):  # the run we waited for may have made it
                 _convert(resolved, sif, location, env)
     if resolved.reference.transport == "docker":
         store.remember(location, str(resolved.reference), resolved.platform, top=resolved.top,
@@ -241,11 +241,8 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
                                                    f"{error.strerror}"), os.path.dirname(work), env) from None
             except ImageError as error:
                 raise store.space_error(error, os.path.dirname(work), env) from None
-        try:  # for `singpy cache list`: the image is usable without it
-            cache.write_record(sif.removesuffix(".sif") + ".json", {
-                "source": str(resolved.reference), "platform": resolved.platform, "created": int(time.time())})
-        except OSError as error:
-            console.debug(f"can't record where {sif} came from: {error.strerror}")
+        store.seal_sif(sif, resolved.manifest.digest, {
+            "source": str(resolved.reference), "platform": resolved.platform, "created": int(time.time())})
     finally:
         cache.remove_tree(work)
         os.close(held)
@@ -396,6 +393,7 @@ class _Blobs:
         self.remote = hasattr(source, "fetch_blob")
         self.done: dict[str, threading.Event] = {}
         self.errors: dict[str, BaseException] = {}
+        self.verified: dict[str, BinaryIO] = {}  # cached blobs, opened as their bytes were checked
         if self.remote:
             store.ensure(location, store.BLOBS)
             pending = list({d["digest"]: d for d in descriptors}.values())
@@ -420,12 +418,14 @@ class _Blobs:
 
     def _fetch(self, digest: str, size: object) -> None:
         path = store.blob_path(self.location, digest)
-        if os.path.isfile(path):
+        if (handle := store.cached_blob(path, digest)) is not None:
+            self.verified[digest] = handle
             self.steps.step(f"Using cached layer {digest[:19]}")
             return
         lock = f"{os.path.dirname(path)}/.{store.hex_of(digest)}.lock"
         with store.locked(lock, waiting_for=f"another singpy to finish downloading {digest[:19]}"):
-            if os.path.isfile(path):
+            if (handle := store.cached_blob(path, digest)) is not None:
+                self.verified[digest] = handle
                 return
             total = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
             advance = self.steps.transfer(f"Downloading {digest[:19]}", total)
@@ -440,10 +440,7 @@ class _Blobs:
             pass
         if digest in self.errors:
             raise self.errors[digest]
-        try:
-            return open(store.blob_path(self.location, digest), "rb")
-        except OSError as error:
-            raise ImageError(f"can't read the cached layer {digest}: {error.strerror}") from None
+        return self.verified.pop(digest, None) or store.open_blob(self.location, digest)
 
 
 class Steps:

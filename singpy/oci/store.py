@@ -4,6 +4,8 @@
     blobs/sha256/<hex>.partial    a download in progress or cut short: the next pull resumes it
     blobs/sha256/.<hex>.lock      flock()ed while that blob downloads
     sif/<hex>.sif                 the SIF made from the platform manifest with that digest
+    sif/<hex>.id                  "sha256:<hex> <identity>": that digest and the SIF's identity
+                                  (cachefiles.identity), written after it: a SIF is used only if both match
     sif/<hex>.json                where it came from (for `singpy cache list`)
     sif/.<hex>.lock               flock()ed while that SIF is made
     refs/<key>.json               what a reference (and platform) last resolved to: lets a cached image
@@ -14,6 +16,13 @@
 Everything is published by rename, so no run ever uses half of anything; a
 killed pull leaves a `.partial` blob (resumed later) and a work directory
 that the next conversion of the same image removes, or `cache clean` does.
+
+Nothing in the cache is trusted for what its name claims (issue 24). The cache
+and each directory down to it must pass cachefiles.check_owned (someone else's
+directory is refused, not used); a blob is hashed again whenever a pull reuses
+it (a file swapped there is downloaded again); a SIF runs only while its `.id`
+record matches it, a few system calls and no hashing on the start-up path.
+Small files are written under random O_EXCL | O_NOFOLLOW names and renamed.
 """
 
 from __future__ import annotations
@@ -47,8 +56,16 @@ def is_hex(text: str) -> bool:
     return valid_digest(f"sha256:{text}")
 
 
+def location(env: Mapping[str, str], home: str) -> str:
+    """The user's cache directory (cachefiles.cache_dir), refused if it, a directory above it or the
+    directories of pulled images and references fail cachefiles.check_owned: a dozen lstat calls."""
+    where = cachefiles.cache_dir(env, home)
+    cachefiles.check_owned(where, below=(SIFS, REFS))
+    return where
+
+
 def ensure(location: str, sub: str) -> str:
-    """`location/sub`, created private (0700) with its parents if missing."""
+    """`location/sub`, created private (0700) with its parents if missing; both must pass check_owned."""
     path = f"{location}/{sub}"
     cachefiles.make_private_dirs(location)  # the cache root first: 0700 decides who can see the rest
     cachefiles.make_private_dirs(path)
@@ -61,6 +78,80 @@ def blob_path(location: str, digest: str) -> str:
 
 def sif_path(location: str, digest: str) -> str:
     return f"{location}/{SIFS}/{hex_of(digest)}.sif"
+
+
+def usable_sif(location: str, digest: str) -> str:
+    """The cached SIF made from the manifest `digest`, or "" if there is none that singpy made and sealed.
+
+    The SIF must be a regular file of the user's whose identity (device, inode, size, mtime) is the one
+    `seal_sif` recorded with that digest: a file copied, moved or rewritten there afterwards is not used
+    (a SIF is never hashed on the start-up path: gigabytes). The caller checked the directory (`location`).
+    """
+    sif = sif_path(location, digest)
+    try:
+        info = os.lstat(sif)
+    except OSError:
+        return ""
+    seal = cachefiles.read_private(sif.removesuffix(".sif") + ".id", 256)
+    if (info.st_mode & 0o170000) != 0o100000 or info.st_uid not in (os.geteuid(), 0) or seal is None:
+        return ""
+    return sif if seal.decode("ascii", "replace").split() == [digest, cachefiles.identity(info)] else ""
+
+
+def seal_sif(sif: str, digest: str, record: Mapping[str, object]) -> None:
+    """Tie the SIF just made to `digest` (`usable_sif`), and record where it came from for `cache list`."""
+    base = sif.removesuffix(".sif")
+    try:
+        cachefiles.publish(f"{base}.id", f"{digest} {cachefiles.identity(os.lstat(sif))}\n".encode())
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(sif)  # unsealed, it would never be used: not left behind
+        raise ImageError(f"can't record the digest of {sif}: {error.strerror}") from None
+    try:  # for `singpy cache list`: the image is usable without it
+        cache.write_record(f"{base}.json", record)
+    except OSError as error:
+        console.debug(f"can't record where {sif} came from: {error.strerror}")
+
+
+def cached_blob(path: str, digest: str) -> Any:
+    """The blob `digest` at `path`, opened (binary, at its start) once its bytes are checked against the digest
+    now; None if there is none. A file there with other bytes (a copy gone wrong, a disk error), a link or
+    anything else is removed with a warning, so that the caller downloads it again."""
+    import hashlib
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        fd, problem = -1, error.strerror
+    else:
+        handle = os.fdopen(fd, "rb")
+        problem = "it is not a regular file" if not stat.S_ISREG(os.fstat(fd).st_mode) else ""
+        hasher = hashlib.sha256()
+        while not problem and (chunk := handle.read(1 << 20)):
+            hasher.update(chunk)
+        if not problem and f"sha256:{hasher.hexdigest()}" == digest:
+            handle.seek(0)
+            return handle
+        handle.close()
+    console.warning(f"the cached layer {digest[:19]} does not match its digest ({problem or 'other bytes'}): "
+                    "downloading it again")
+    try:
+        cache.remove_tree(path)
+    except OSError as error:
+        raise ImageError(f"can't remove the bad cached layer {path}: {error.strerror}") from None
+    return None
+
+
+def open_blob(location: str, digest: str) -> Any:
+    """The blob just downloaded (and verified) into the cache, opened without following a link."""
+    path = blob_path(location, digest)
+    try:
+        return os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+    except OSError as error:
+        raise ImageError(f"can't read the cached layer {digest}: {error.strerror}") from None
 
 
 @contextlib.contextmanager
@@ -91,32 +182,17 @@ def remember(location: str, reference: str, platform: str, *, top: str, digest: 
     """
     ensure(location, REFS)
     path = _ref_path(location, reference, platform)
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w") as handle:
-            handle.write(f"{top} {digest}\n")
-        os.replace(tmp, path)
+        cachefiles.publish(path, f"{top} {digest}\n".encode())
     except OSError as error:  # the image runs anyway; the next run asks the registry again
         console.debug(f"can't write {path}: {error.strerror}")
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
 
 
 def recall(location: str, reference: str, platform: str) -> dict[str, str]:
-    """What `remember` recorded for this reference and platform ({} if nothing usable)."""
-    import stat
-
-    try:  # non-blocking, no link followed, regular files only: a FIFO put there must not hang a run
-        fd = os.open(_ref_path(location, reference, platform),
-                     os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    try:
-        words = os.read(fd, 200).decode("ascii", "replace").split() if stat.S_ISREG(os.fstat(fd).st_mode) else []
-    except OSError:
-        return {}
-    finally:
-        os.close(fd)
+    """What `remember` recorded for this reference and platform ({} if nothing usable). Regular files of the
+    user's only, no link followed, in a directory the caller checked (`location`); never a FIFO that would hang."""
+    data = cachefiles.read_private(_ref_path(location, reference, platform), 200)
+    words = data.decode("ascii", "replace").split() if data is not None else []
     if len(words) != 2 or not all(word.startswith("sha256:") and valid_digest(word) for word in words):
         return {}
     return {"top": words[0], "digest": words[1]}
@@ -126,16 +202,23 @@ def work_dir(location: str, env: Mapping[str, str], *, purpose: str) -> str:
     """A new private directory for a conversion: in $SINGPY_TMPDIR (or APPTAINER_TMPDIR), else the cache."""
     import tempfile
 
-    chosen = next((env[name] for name in TMPDIR_VARIABLES if env.get(name)), "")
-    parent = os.path.abspath(chosen) if chosen else ensure(location, WORK)
-    if not chosen:
+    variable = next((name for name in TMPDIR_VARIABLES if env.get(name)), "")
+    parent = os.path.abspath(env[variable]) if variable else ensure(location, WORK)
+    if variable:  # someone else's directory could swap what we unpack there: refused, as a cache would be
+        cachefiles.check_owned(parent, what=f"work directory's parent ({variable})", sticky_ok=True)
+    else:
         _sweep_work(parent)
     try:
-        return tempfile.mkdtemp(prefix=f"{purpose}-", dir=parent)
+        made = tempfile.mkdtemp(prefix=f"{purpose}-", dir=parent)
     except OSError as error:
-        variable = next((name for name in TMPDIR_VARIABLES if env.get(name)), "SINGPY_TMPDIR")
         raise ImageError(f"can't create a work directory in {parent}: {error.strerror}",
-                         hint=f"set {variable} to a writable directory with room") from None
+                         hint=f"set {variable or 'SINGPY_TMPDIR'} to a writable directory with room") from None
+    try:
+        cachefiles.check_owned(made, what="work directory")
+    except ImageError:
+        os.rmdir(made)  # empty: made just now
+        raise
+    return made
 
 
 def _sweep_work(parent: str) -> None:
@@ -221,7 +304,7 @@ def remove_pulled(location: str, hex_digest: str) -> bool:
     if fd is None:
         return False
     try:
-        for name in (f"{hex_digest}.sif", f"{hex_digest}.json"):
+        for name in (f"{hex_digest}.sif", f"{hex_digest}.id", f"{hex_digest}.json"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{location}/{SIFS}/{name}")
         os.unlink(lock)  # while locked, as cache.lock_file requires

@@ -112,13 +112,15 @@ class Layers:
         from singpy.image import cache
 
         suffix = f"-{self.map_key}"
-        tree = cache.lookup(self.cache, path, offset, size, kind=BUILD_TREES, suffix=suffix)
+        # checked=True: `plan` made and checked the directories on the host; in this namespace its owners
+        # (root among them) can't be seen
+        tree = cache.lookup(self.cache, path, offset, size, kind=BUILD_TREES, suffix=suffix, checked=True)
         if tree is not None:
             console.verbose(f"using the base unpacked in the cache: {tree}")
             return tree
         # root=False: unsquashfs's options for a user (no xattrs, no /dev), which the namespace's root is
         return cache.populate(self.cache, path, offset, size, unsquashfs=self.unsquashfs, root=False,
-                              kind=BUILD_TREES, suffix=suffix)
+                              kind=BUILD_TREES, suffix=suffix, checked=True)
 
     def release(self) -> None:
         """Unmount everything, newest first; safe to call twice."""
@@ -166,6 +168,8 @@ def plan(idmap: IdMap | None, env: Mapping[str, str], home: str) -> Layers | Non
     unsquashfs = find_tool("unsquashfs", env)
     if unsquashfs is None:
         return None
+    for sub in ("", BUILD_TREES, cache.INDEX):  # made and checked here, on the host (see Layers._tree)
+        cachefiles.make_private_dirs(f"{location}/{sub}")
     return Layers(strategy="tree", cache=location, unsquashfs=unsquashfs, map_key=map_key(idmap))
 
 

@@ -6,6 +6,10 @@ set, else the directory of the output, never /tmp by default (a small tmpfs
 on many login nodes). A private (0700) `.singpy-build-XXXXXXXX` directory there
 holds everything; the output is written there too and renamed into place,
 so the output appears complete or not at all.
+
+A directory named by one of those variables must pass
+singpy.cachefiles.check_owned (sticky, like /tmp, allowed): in someone else's
+directory the build's trees could be swapped under it (issue 24).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ def parent_dir(target: str, env: Mapping[str, str]) -> str:
     path = os.path.abspath(env[chosen])
     if not os.path.isdir(path):
         raise ImageError(f"{chosen}={env[chosen]} is not a directory: the build has nowhere to work")
+    from singpy.cachefiles import check_owned
+
+    check_owned(path, what=f"work directory's parent ({chosen})", sticky_ok=True)
     return path
 
 
@@ -40,6 +47,14 @@ def make(target: str, env: Mapping[str, str]) -> str:
         path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
     except OSError as error:
         raise ImageError(f"can't create a work directory in {parent}: {error.strerror}") from None
+    if any(env.get(name) for name in TMPDIR_VARIABLES):  # the output's own directory is the user's choice
+        from singpy.cachefiles import check_owned
+
+        try:
+            check_owned(path, what="work directory")
+        except ImageError:
+            os.rmdir(path)  # empty: made just now
+            raise
     console.verbose(f"work directory: {path}")
     return path
 

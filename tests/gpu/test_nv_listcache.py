@@ -28,7 +28,7 @@ def base(workdir: Path) -> Path:
     """A directory of this test's own that the test user can write in (pytest's tmp_path is private)."""
     path = workdir / f"listcache-{uuid.uuid4().hex[:8]}"
     path.mkdir()
-    path.chmod(0o777)
+    path.chmod(0o1777)  # sticky, like /tmp: a cache below a directory others can write is refused (issue 24)
     return path
 
 
