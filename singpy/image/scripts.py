@@ -10,7 +10,10 @@ and the container is handed the paths they lead to there:
 
 * a path that a mount of the plan covers (the host's /tmp, home, /dev...) is
   not the image's: an env script there is skipped with a warning, a
-  runscript there is refused;
+  runscript there is refused; except where the user bound a file of their own
+  on the script's own path (`run --bind rs.sh:/.singularity.d/runscript`),
+  which is the user's choice: that file is run or sourced. An image's link
+  that leads to a bound path still is refused: the image chose it, not the user;
 * an env script that is not a regular file is skipped with a warning, as
   Apptainer's `[ -f "$script" ]` skips it; one over SCRIPT_LIMIT is refused;
 * a path the shell could not take as one word (spaces, glob characters) is
@@ -41,11 +44,30 @@ class ImageScripts(Record):
     runscript: str | None = None  # the runscript (`run`), None when the image has none
 
 
-def find_scripts(image: Tree, *, covered: Callable[[str], bool], runscript: str | None) -> ImageScripts:
+def find_scripts(image: Tree, *, covered: Callable[[str], bool], runscript: str | None,
+                 asked: Callable[[str], bool] = lambda path: False) -> ImageScripts:
     """The image's env scripts (and the runscript at guest path `runscript`, when given), checked as the module
-    says."""
-    env = tuple(path for name in _env_names(image) if (path := _env_script(image, f"{ENV_DIR}/{name}", covered)))
-    return ImageScripts(env=env, runscript=_runscript(image, covered, runscript) if runscript else None)
+    says. `covered`: whether a mount of the plan hides a path; `asked`: whether a bind the user asked for does."""
+    env = tuple(path for name in _env_names(image)
+                if (path := _users_bind(image, f"{ENV_DIR}/{name}", asked) or _env_script(image, f"{ENV_DIR}/{name}",
+                                                                                           covered)))
+    if not runscript:
+        return ImageScripts(env=env)
+    return ImageScripts(env=env, runscript=_users_bind(image, runscript, asked) or _runscript(image, covered,
+                                                                                             runscript))
+
+
+def _users_bind(image: Tree, guest: str, asked: Callable[[str], bool]) -> str | None:
+    """`guest` itself when the user bound a file of their own there, reached in the image without a link."""
+    if not asked(guest):
+        return None
+    try:
+        found = image.lookup(guest)
+    except PathError:
+        return None
+    if found.fd is not None:
+        os.close(found.fd)
+    return guest if found.path == guest else None
 
 
 def runscript_path(app: str) -> str:

@@ -449,11 +449,16 @@ class Survey:
     def __init__(self) -> None:
         self.missing: list[tuple[str, bool]] = []  # mount points the image lacks: (path below the root, is_dir)
         self.covering: set[str] = set()  # resolved destinations: what the container will not take from the image
+        self.asked: set[str] = set()  # those of binds the user asked for (MountSpec.asked)
         self.host = Resolver(HOST)  # bind sources, resolved once for the survey and apply_mounts
 
     def covers(self, path: str) -> bool:
         """Whether a mount of the plan hides resolved path `path` of the image."""
         return _is_covered(path, self.covering)
+
+    def asked_for(self, path: str) -> bool:
+        """Whether a bind the user asked for puts its own file at resolved path `path` (or a directory above)."""
+        return _is_covered(path, self.asked)
 
 
 def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
@@ -477,6 +482,8 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
         if found.missing and not found_all.covers(found.path):
             found_all.missing.append((found.path.lstrip("/"), _wants_directory(spec, found_all.host)))
         found_all.covering.add(found.path)
+        if spec.asked:
+            found_all.asked.add(found.path)
     return found_all
 
 

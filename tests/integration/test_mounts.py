@@ -209,3 +209,16 @@ def test_bind_inside_a_bind_never_follows_an_image_link(singpy: Singpy, workdir:
     result = singpy.run("exec", "-B", f"{scratch}:/scratch", "-B", f"{source}:/data/new", str(root), "true")
     assert result.returncode == 255 and "can't bind" in result.stderr and "/data/new" in result.stderr
     assert not (scratch / "new").exists()
+
+
+def test_a_bound_runscript_or_env_script_is_the_users_choice(singpy: Singpy, env_image: Path, workdir: Path) -> None:
+    """`run --bind rs.sh:/.singularity.d/runscript IMG`: run runs what the user bound, as in Apptainer; a bind over
+    an env script is sourced in its place."""
+    base = _owned_dir(singpy, workdir / f"bound-scripts-{singpy.profile}")
+    runscript, env_script = base / "rs.sh", base / "env.sh"
+    runscript.write_text('#!/bin/sh\necho "my runscript: $* $FROM_IMAGE $MINE"\n')
+    runscript.chmod(0o755)
+    env_script.write_text("export MINE=mine\nexport FROM_IMAGE=replaced\n")
+    out = singpy.ok("run", "--bind", f"{runscript}:/.singularity.d/runscript", "--bind",
+                    f"{env_script}:/.singularity.d/env/90-environment.sh", str(env_image), "a", "b")
+    assert out == "my runscript: a b replaced mine\n"
