@@ -27,8 +27,10 @@ def is_drop_in(program: str | None = None) -> bool:
 
 def version_line() -> str:
     """The `--version` answer: `apptainer version 1.5.3` under Apptainer's names, else `singpy version ...`."""
+    if not is_drop_in():
+        return f"singpy version {__version__}"
     _say_own_version()
-    return f"apptainer version {APPTAINER_VERSION}" if is_drop_in() else f"singpy version {__version__}"
+    return f"apptainer version {APPTAINER_VERSION}"
 
 
 def version_number() -> str:
@@ -41,6 +43,7 @@ def version_number() -> str:
 
 
 def _say_own_version() -> None:
+    """Under Apptainer's names, singpy's own version at -v (under its own, the answer is that version)."""
     from singpy import console
 
     console.verbose(f"singpy {__version__}, answering as Apptainer {APPTAINER_VERSION} under the names "
