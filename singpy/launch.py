@@ -31,7 +31,10 @@ Process model (the open point of docs/architecture.md, settled here):
 * Mounts live only in the private mount namespace and scratch files only in
   its tmpfs, so whatever way the container ends, nothing is left on the host.
 
-Images (singpy.image.squashfs has the three strategies for SIF/squashfs):
+Images (singpy.image.squashfs has the three strategies for SIF/squashfs; a
+Singularity 2.x ext3 image is mounted on /image as an ext3 overlay image is,
+by singpy.image.extfs: the kernel's ext3 on a loop device as root, fuse2fs,
+supervised as squashfuse is, otherwise):
 
 * A sandbox directory, or a squashfs unpacked into the user's cache
   (`extract`, done on the host before any namespace), is bound from /oldroot.
@@ -199,6 +202,14 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
         from singpy.overlay import check_writable_image
 
         check_writable_image(image, image.overlay_partition())
+    if image.kind == "ext3":  # Singularity 2.x: mounted as an ext3 overlay image is, on IMAGE (image.extfs)
+        from singpy.image import extfs
+
+        if request.unsquash or config.flag("unsquash"):
+            console.verbose("--unsquash (or `unsquash = yes`) applies to squashfs images only: mounting the ext3 "
+                            "image")
+        return extfs.choose_root(image, uid=host.uid, user_namespace=request.fakeroot or request.userns,
+                                 writable=request.writable, env=host.env)
     from singpy import cachefiles
     from singpy.image import squashfs
 
@@ -216,14 +227,14 @@ def launch(plan: LaunchPlan, net_fd: int | None = None) -> int:
     """
     if net_fd is None and plan.network is not None and plan.network.type != "none":
         return attach_network(plan)
-    if plan.image.strategy in ("loop", "fuse"):
+    if plan.image.strategy in ("loop", "fuse") and plan.image.kind != "ext3":
         # Imported now: after the first pivot the package is out of reach (attach_image).
         from singpy.image import squashfs  # noqa: F401
     if _layered(plan):
         from singpy import overlayfs  # noqa: F401  (same reason: prepare_root)
     elif plan.underlay == "always":
         from singpy import underlay  # noqa: F401  (same reason; a refused overlay imports it later: rootfs)
-    if any(layer.kind == "extfs" for layer in plan.overlays):
+    if plan.image.kind == "ext3" or any(layer.kind == "extfs" for layer in plan.overlays):
         from singpy.image import extfs  # noqa: F401
     _limit_loop_devices(plan)
     enter_namespaces(plan, net_fd)
@@ -264,6 +275,10 @@ def _container(plan: LaunchPlan, root: PreparedRoot) -> NoReturn:
 
 def attach_image(plan: LaunchPlan) -> tuple[str, tuple[int, ...]]:
     """Called in the staging root: the image root's path there, and the helper processes serving it."""
+    if plan.image.kind == "ext3":  # a Singularity 2.x ext3 image: the kernel's ext3 (loop) or fuse2fs
+        from singpy.image import extfs
+
+        return extfs.attach_root(plan.image, plan.uid, writable=plan.writable)
     if plan.image.strategy in ("loop", "fuse"):
         from singpy.image import squashfs
 
@@ -365,7 +380,7 @@ def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple
     try:
         found = survey(plan.mounts, image)
         runscript = runscript_path(plan.process.app) if plan.process.action == "run" else None
-        scripts = find_scripts(image, covered=found.covers, runscript=runscript)
+        scripts = find_scripts(image, covered=found.covers, runscript=runscript, asked=found.asked_for)
         missing = [] if _no_layer(plan) else found.missing
         layer = "the underlay" if plan.underlay == "always" and not _layered(plan) else "an overlay layer"
         for path, _ in missing:

@@ -125,10 +125,10 @@ class ProcessSpec(Record):
 class ImageSpec(Record):
     """Where the root filesystem comes from."""
 
-    kind: str  # "sandbox", "sif" or "squashfs"
+    kind: str  # "sandbox", "sif", "squashfs" or "ext3" (Singularity 2.x; mounted by singpy.image.extfs)
     path: str  # absolute host path of the image
     rootfs: str | None = None  # host directory of the root filesystem, when known at plan time
-    offset: int = 0  # byte offset of the squashfs partition inside the file
+    offset: int = 0  # byte offset of the squashfs partition (or ext3 filesystem) inside the file
     size: int = 0  # size in bytes of that partition (0: to the end)
     arch: str = ""  # image architecture when the format records it
     strategy: str = "directory"  # how the root is obtained: directory, loop, fuse or extract (image.squashfs)

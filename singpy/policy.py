@@ -12,7 +12,8 @@ prepareContainerConfig; [2] container_linux.go, create; [3] e2e/config):
   `--config` of their own), so they state a site's rule rather than enforce
   it against a determined user, exactly as Apptainer warns for its non-setuid
   mode. `allow container encrypted` needs no check: singpy runs no encrypted
-  SIF (singpy.image.detect refuses them), nor an ext image as the root.
+  SIF (singpy.image.detect refuses them). `allow container extfs` covers ext3
+  overlay images and Singularity 2.x ext3 images run as the root alike.
 * `allow ipc ns = no` / `allow uts ns = no`: Apptainer drops the namespace
   and runs on (its e2e tests expect exit 0 and the host's namespace); singpy
   does the same, with a warning, so a user is not left believing they got
@@ -39,7 +40,8 @@ from singpy.plan import ImageSpec, OverlaySpec
 # The directive that allows each kind of image (singpy.image.detect's kinds) or overlay, and what it is called.
 _KIND_DIRECTIVES = {"sandbox": ("allow container dir", "sandbox directories"),
                     "sif": ("allow container sif", "SIF images"),
-                    "squashfs": ("allow container squashfs", "squashfs images")}
+                    "squashfs": ("allow container squashfs", "squashfs images"),
+                    "ext3": ("allow container extfs", "ext3 images")}  # Singularity 2.x `.img`, as Apptainer
 _OVERLAY_DIRECTIVES = {"dir": ("allow container dir", "overlay directories"),
                        "extfs": ("allow container extfs", "ext3 overlay images"),
                        "sif": ("allow container sif", "SIF images")}

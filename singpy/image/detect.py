@@ -31,6 +31,14 @@ SIF_MAGIC = b"SIF_MAGIC"
 # filesystem right after the newline that ends it.
 _LAUNCH_MARKER = b" run-singularity"
 _LAUNCH_SEARCH = 2048
+# Their ext3 kind (.img): the filesystem at the top of the file or after the same line; its superblock's magic
+# 1080 bytes in, then its feature flags (those of singpy.image.extfs, Apptainer's pkg/image/ext3.go).
+_EXT_MAGIC_AT = 1080
+_EXT_MAGIC = b"\x53\xef"
+_EXT_FEATURES_END = 48  # magic (2) ... compat, incompat, ro_compat (36 to 48 after it)
+_EXT_HAS_JOURNAL = 0x4
+_EXT_INCOMPAT = 0x2 | 0x4 | 0x10  # filetype, needs recovery, meta_bg
+_EXT_ROCOMPAT = 0x1 | 0x2 | 0x4  # sparse_super, large_file, btree_dir
 _SIF_MAGIC_AT = 32  # after the 32-byte launch script
 _HEADER = struct.Struct("<32s10s3s3s16s8q")  # as singpy.image.sif.HEADER
 _DESCRIPTOR = struct.Struct("<i?III7q128s384s")  # as singpy.image.sif.DESCRIPTOR
@@ -49,7 +57,7 @@ def detect(reference: str) -> ImageSpec:
 
 
 def classify(reference: str) -> ImageSpec:
-    """The kind of image `reference` is (sandbox, sif or squashfs), from its content alone.
+    """The kind of image `reference` is (sandbox, sif, squashfs or ext3), from its content alone.
 
     Only a directory or a regular file can be an image: a FIFO or a device is
     refused from its stat(), before any open() that could block or never end.
@@ -71,20 +79,34 @@ def classify(reference: str) -> ImageSpec:
         return ImageSpec(kind="sif", path=path)
     if head[:4] == SQUASHFS_MAGIC:
         return ImageSpec(kind="squashfs", path=path, size=info.st_size)
-    offset = _after_launch_line(path, reference)
-    if offset:
-        return ImageSpec(kind="squashfs", path=path, offset=offset, size=info.st_size - offset)
-    raise ImageError(f"{shown} is not a container image (not a directory, SIF or squashfs file)")
-
-
-def _after_launch_line(path: str, reference: str) -> int:
-    """Where a Singularity 2.x image's squashfs starts after its launch line; 0 when this is no such image."""
     head = _read_at(path, 0, _LAUNCH_SEARCH, reference)
+    offset = _after_launch_line(head)
+    if offset and head[offset:offset + 4] == SQUASHFS_MAGIC:
+        return ImageSpec(kind="squashfs", path=path, offset=offset, size=info.st_size - offset)
+    if _ext3_magic(head, offset):
+        if not _ext3_features(head, offset):  # Apptainer's ErrNotValidExt3Image: a real error, not "no image"
+            raise ImageError(f"{shown} is not a valid ext3 image (an ext2 or ext4 filesystem): singpy runs only "
+                             "the ext3 images of Singularity 2.x")
+        return ImageSpec(kind="ext3", path=path, offset=offset, size=info.st_size - offset)
+    raise ImageError(f"{shown} is not a container image (not a directory, SIF, squashfs or ext3 file)")
+
+
+def _after_launch_line(head: bytes) -> int:
+    """Where a Singularity 2.x image's filesystem starts after its launch line; 0 without one (Apptainer's rule)."""
     found = head.find(_LAUNCH_MARKER)
-    if found <= 0:
-        return 0
-    offset = found + len(_LAUNCH_MARKER) + 1  # and the newline
-    return offset if head[offset:offset + 4] == SQUASHFS_MAGIC else 0
+    return found + len(_LAUNCH_MARKER) + 1 if found > 0 else 0  # and the newline
+
+
+def _ext3_magic(head: bytes, offset: int) -> bool:
+    """Whether an ext2/3/4 superblock starts at `offset` + 1024, in the first 2048 bytes (Apptainer reads no more)."""
+    at = offset + _EXT_MAGIC_AT
+    return at + _EXT_FEATURES_END <= len(head) and head[at:at + 2] == _EXT_MAGIC
+
+
+def _ext3_features(head: bytes, offset: int) -> bool:
+    """A journal and no feature ext3 lacks: Apptainer's CheckExt3Header (as singpy.image.extfs checks overlays)."""
+    compat, incompat, rocompat = struct.unpack_from("<III", head, offset + _EXT_MAGIC_AT + 36)
+    return bool(compat & _EXT_HAS_JOURNAL) and not incompat & ~_EXT_INCOMPAT and not rocompat & ~_EXT_ROCOMPAT
 
 
 def is_definition_file(reference: str) -> bool:
@@ -96,11 +118,13 @@ def is_definition_file(reference: str) -> bool:
     try:
         if not stat.S_ISREG(os.stat(reference).st_mode):
             return False
-        head = _read_at(os.path.abspath(reference), 0, 64, reference)
+        head = _read_at(os.path.abspath(reference), 0, _LAUNCH_SEARCH, reference)
     except (OSError, ValueError, ImageError):
         return False
-    return (head[_SIF_MAGIC_AT:_SIF_MAGIC_AT + len(SIF_MAGIC)] != SIF_MAGIC and head[:4] != SQUASHFS_MAGIC
-            and not _after_launch_line(os.path.abspath(reference), reference))
+    if head[_SIF_MAGIC_AT:_SIF_MAGIC_AT + len(SIF_MAGIC)] == SIF_MAGIC or head[:4] == SQUASHFS_MAGIC:
+        return False
+    offset = _after_launch_line(head)
+    return not (offset and head[offset:offset + 4] == SQUASHFS_MAGIC) and not _ext3_magic(head, offset)
 
 
 def _sandbox(path: str, reference: str) -> ImageSpec:

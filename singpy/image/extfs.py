@@ -1,5 +1,8 @@
 """Mounting an ext3 overlay image (a file, or a SIF's overlay partition) for the container.
 
+Also a Singularity 2.x ext3 image as the container's root (`choose_root`,
+`attach_root` at the end): the same strategies, on IMAGE.
+
 The image holds Apptainer's layout, `upper/` and `work/` at its top (see
 singpy.image.overlaycreate). `choose` (on the host, before any namespace)
 checks the filesystem and picks one of two strategies; `attach` (in the
@@ -42,7 +45,7 @@ from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, KernelError
 from singpy.kernel import loop
 from singpy.kernel import syscalls as k
-from singpy.plan import OverlaySpec
+from singpy.plan import ImageSpec, OverlaySpec
 
 FUSE_TOOL = "fuse2fs"
 FUSE_HINT = "install fuse2fs (Debian, Ubuntu: package fuse2fs; RHEL, Fedora: e2fsprogs or fuse2fs)"
@@ -85,9 +88,9 @@ def choose(spec: OverlaySpec, *, uid: int, user_namespace: bool, env: Mapping[st
     return spec.replace(strategy="fuse", tool=tool)
 
 
-def _open_checked(spec: OverlaySpec) -> int:
+def _open_checked(spec: OverlaySpec, what: str = "") -> int:
     """The image opened as it will be used (read-write unless :ro), its superblock checked: ext3."""
-    what = f"overlay image {spec.path}"
+    what = what or f"overlay image {spec.path}"
     flags = (os.O_RDONLY if spec.readonly else os.O_RDWR) | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
     try:
         fd = os.open(spec.path, flags)
@@ -118,7 +121,7 @@ def _open_checked(spec: OverlaySpec) -> int:
     return fd
 
 
-def _lock(fd: int, spec: OverlaySpec) -> None:
+def _lock(fd: int, spec: OverlaySpec, what: str = "") -> None:
     """Lock the filesystem's bytes, exclusively when writable (Apptainer's `lockSection`); kept till exit.
 
     Apptainer takes the same byte-range locks (classic POSIX ones, which
@@ -126,6 +129,7 @@ def _lock(fd: int, spec: OverlaySpec) -> None:
     write one image at once either.
     """
     kind = fcntl.F_RDLCK if spec.readonly else fcntl.F_WRLCK
+    what = what or f"overlay image {spec.path}"
     # struct flock: type, whence (short), start, len (off_t), pid (int), padding.
     request = struct.pack("hhqqi4x", kind, os.SEEK_SET, spec.offset, spec.size, 0)
     try:
@@ -134,12 +138,11 @@ def _lock(fd: int, spec: OverlaySpec) -> None:
         os.close(fd)
         if error.errno in (11, 13):  # EAGAIN, EACCES: held by another process
             usage = "writing" if not spec.readonly else "reading"
-            raise ImageError(f"can't open the overlay image {spec.path} for {usage}: it is in use for writing "
-                             "by another container" if spec.readonly else
-                             f"can't open the overlay image {spec.path} for {usage}: it is in use by another "
-                             "container") from None
+            raise ImageError(f"can't open the {what} for {usage}: it is in use for writing by another "
+                             "container" if spec.readonly else
+                             f"can't open the {what} for {usage}: it is in use by another container") from None
         if error.errno != 37:  # ENOLCK: a filesystem without locks; Apptainer goes on (a verbose note)
-            raise ImageError(f"can't lock the overlay image {spec.path}: {error.strerror}") from None
+            raise ImageError(f"can't lock the {what}: {error.strerror}") from None
         console.verbose(f"can't lock {spec.path} (no locks on its filesystem): two containers must not write it "
                         "at once")
     os.set_inheritable(fd, True)  # the lock lasts as long as this descriptor: into the container, until it ends
@@ -158,10 +161,10 @@ def attach(spec: OverlaySpec, index: int, uid: int, gid: int) -> tuple[str, int 
     if spec.strategy == "loop":
         _mount_loop(spec, target)
         return target, None
-    return target, _mount_fuse(spec, target, index, uid)
+    return target, _mount_fuse(spec, target, f"overlay{index}", uid)
 
 
-def _mount_loop(spec: OverlaySpec, target: str) -> None:
+def _mount_loop(spec: OverlaySpec, target: str, what: str = "") -> None:
     fd, device = loop.attach(rootfs.host_path(spec.path), spec.offset, spec.size, dev=rootfs.host_path("/dev"),
                              writable=not spec.readonly)
     try:
@@ -170,13 +173,13 @@ def _mount_loop(spec: OverlaySpec, target: str) -> None:
         try:
             k.mount(device, target, "ext3", flags)
         except KernelError as error:
-            raise ImageError(f"can't mount the overlay image {spec.path}: {error.reason}",
+            raise ImageError(f"can't mount the {what or f'overlay image {spec.path}'}: {error.reason}",
                              hint="the image may be corrupt: check it with `e2fsck -f`") from None
     finally:
         os.close(fd)  # with autoclear, the mount now holds the device alone
 
 
-def _mount_fuse(spec: OverlaySpec, target: str, index: int, uid: int) -> int:
+def _mount_fuse(spec: OverlaySpec, target: str, name: str, uid: int, what: str = "") -> int:
     """Start fuse2fs mounting the image itself, move the mount to `target`; return fuse2fs's pid.
 
     fuse2fs runs chrooted in the host tree, as squashfuse does (it finds its
@@ -187,18 +190,19 @@ def _mount_fuse(spec: OverlaySpec, target: str, index: int, uid: int) -> int:
     the mount; the image is handed over as a descriptor (/dev/fd/N), since
     its path may be under that directory.
     """
+    what = what or f"overlay image {spec.path}"
     flags = (os.O_RDONLY if spec.readonly else os.O_RDWR) | os.O_CLOEXEC
     try:
         image = os.open(rootfs.host_path(spec.path), flags)
     except OSError as error:
-        raise ImageError(f"can't open the overlay image {spec.path}: {error.strerror}") from None
+        raise ImageError(f"can't open the {what}: {error.strerror}") from None
     try:
         shadowed = _shadow()
         try:
-            inside = f"/{os.path.relpath(shadowed, rootfs.HOST)}/overlay{index}"  # the mount point fuse2fs sees
+            inside = f"/{os.path.relpath(shadowed, rootfs.HOST)}/{name}"  # the mount point fuse2fs sees
             os.mkdir(rootfs.HOST + inside)
             pid, errors = _start_fuse2fs(spec, image, inside, uid)
-            _wait_mounted(spec, rootfs.HOST + inside, pid, errors)
+            _wait_mounted(what, rootfs.HOST + inside, pid, errors)
             k.mount(rootfs.HOST + inside, target, None, k.MS_MOVE)
             process.hold_mount(pid, target)
         finally:
@@ -242,17 +246,83 @@ def _start_fuse2fs(spec: OverlaySpec, image: int, mount_point: str, uid: int) ->
             k.clear_ambient(inheritable)  # the payload, exec'd later, must not keep it
 
 
-def _wait_mounted(spec: OverlaySpec, mount_point: str, pid: int, errors: int) -> None:
+def _wait_mounted(what: str, mount_point: str, pid: int, errors: int) -> None:
     base = os.stat(os.path.dirname(mount_point)).st_dev
     deadline = time.monotonic() + MOUNT_TIMEOUT
     while os.stat(mount_point).st_dev == base:
         if os.waitpid(pid, os.WNOHANG) != (0, 0):
             reason = process.helper_failure(pid, errors) or "fuse2fs exited"
-            raise ImageError(f"can't mount the overlay image {spec.path} with fuse2fs: {reason}",
+            raise ImageError(f"can't mount the {what} with fuse2fs: {reason}",
                              hint="the image may be corrupt: check it with `e2fsck -f`")
         if time.monotonic() > deadline:
             os.kill(pid, signal.SIGKILL)
             reason = process.helper_failure(pid, errors)
-            raise ImageError(f"can't mount the overlay image {spec.path}: fuse2fs did not mount it in "
+            raise ImageError(f"can't mount the {what}: fuse2fs did not mount it in "
                              f"{MOUNT_TIMEOUT:.0f} s" + (f" ({reason})" if reason else ""))
         time.sleep(0.002)
+
+
+# --- a Singularity 2.x ext3 image (`.img`) as the container's root ------------------------------------------------
+# Mounted as an overlay image is, by the same strategies, on IMAGE instead of SCRATCH/overlayN; singpy.launch then
+# uses it as it uses a mounted squashfs. Read-only, unless --writable (Apptainer writes such images in place).
+
+
+def choose_root(image: ImageSpec, *, uid: int, user_namespace: bool, writable: bool,
+                env: Mapping[str, str]) -> ImageSpec:
+    """Check and lock the image (shared, exclusive with --writable), and pick how to mount it: loop or fuse."""
+    from singpy.image.tools import find_tool
+
+    layer, what = _root_layer(image, writable), _root_what(image)
+    _lock(_open_checked(layer, what), layer, what)
+    where = f"filesystem at offset {image.offset}, after its launch line" if image.offset else "whole file"
+    console.verbose(f"image {image.path}: Singularity 2.x ext3 image ({where}, {image.size} bytes)"
+                    f"{', read-write (--writable)' if writable else ''}")
+    if uid == 0 and not user_namespace and os.path.exists("/dev/loop-control"):
+        console.verbose("mounting it with the kernel's ext3 on a loop device (running as root)")
+        return image.replace(strategy="loop")
+    tool = find_tool(FUSE_TOOL, env)
+    usable = os.access(FUSE_DEVICE, os.R_OK | os.W_OK)
+    if tool is None or not usable:
+        from singpy import hostcheck
+
+        state = None if usable else hostcheck.fuse_state(os.getuid())
+        why, fix = (("fuse2fs is not installed (not found in PATH)", hostcheck.package(FUSE_TOOL)) if tool is None
+                    else (f"FUSE is not usable: {state[0]}", state[1]) if state is not None
+                    else (f"FUSE is not usable: {FUSE_DEVICE} is not readable and writable by you",
+                          "an administrator can make it 0666"))
+        raise ImageError(f"can't run {image.path}: without root, singpy mounts an ext3 image (Singularity 2.x) with "
+                         f"fuse2fs, and {why}; {fix}, or run it as root (--unsquash extracts squashfs images only)",
+                         hint=_convert_hint(image))
+    console.verbose(f"mounting it with {tool} (FUSE)")
+    return image.replace(strategy="fuse", tool=tool)
+
+
+def _convert_hint(image: ImageSpec) -> str:
+    """How a user makes a SIF of it without FUSE: debugfs reads the filesystem from the file (no mount, no root)."""
+    source = f"{image.path}?offset={image.offset}" if image.offset else image.path
+    return (f"to make a SIF of it without root: `mkdir DIR && debugfs -R 'rdump / DIR' '{source}'`, then "
+            "`singpy build new.sif DIR`")
+
+
+def attach_root(image: ImageSpec, uid: int, *, writable: bool) -> tuple[str, tuple[int, ...]]:
+    """Mount the image on IMAGE: (that path, the pid of fuse2fs serving it, if any), as `attach` does a layer.
+
+    Called in the staging root, holding CAP_SYS_ADMIN over the mount
+    namespace; everything it needs is imported already.
+    """
+    layer, what = _root_layer(image, writable), _root_what(image)
+    os.mkdir(rootfs.IMAGE)
+    if image.strategy == "loop":
+        _mount_loop(layer, rootfs.IMAGE, what)
+        return rootfs.IMAGE, ()
+    return rootfs.IMAGE, (_mount_fuse(layer, rootfs.IMAGE, "image", uid, what),)
+
+
+def _root_layer(image: ImageSpec, writable: bool) -> OverlaySpec:
+    """The image described as the overlay image the strategies above mount (the same bytes, the same tools)."""
+    return OverlaySpec(path=image.path, kind="extfs", readonly=not writable, offset=image.offset, size=image.size,
+                       strategy=image.strategy, tool=image.tool)
+
+
+def _root_what(image: ImageSpec) -> str:
+    return f"ext3 image {image.path}"

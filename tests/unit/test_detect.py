@@ -87,6 +87,59 @@ def test_singularity2_image_is_the_squashfs_after_its_launch_line(tmp_path: Path
         detect.classify(str(script))
 
 
+def _ext_superblock(compat: int = 0x4, incompat: int = 0x2, rocompat: int = 0x1) -> bytes:
+    """The first 2048 bytes of an ext filesystem: its superblock's magic at 1080, the feature flags at 1116."""
+    head = bytearray(2048)
+    head[1080:1082] = b"\x53\xef"
+    struct.pack_into("<III", head, 1116, compat, incompat, rocompat)
+    return bytes(head)
+
+
+LAUNCH_LINE = b"#!/usr/bin/env run-singularity\n"
+
+
+@pytest.mark.parametrize("prefix", [b"", LAUNCH_LINE, b"#!/bin/sh -e\n# run-singularity\n"])
+def test_singularity2_ext3_image(tmp_path: Path, prefix: bytes) -> None:
+    """Apptainer's CheckExt3Header: the filesystem after the line holding " run-singularity", or at the top."""
+    image = tmp_path / "old.img"
+    image.write_bytes(prefix + _ext_superblock(incompat=0x2 | 0x4 | 0x10, rocompat=0x7) + bytes(4096))
+    spec = detect.detect(str(image))
+    assert (spec.kind, spec.offset, spec.size) == ("ext3", len(prefix), image.stat().st_size - len(prefix))
+    assert not detect.is_definition_file(str(image))
+
+
+@pytest.mark.parametrize(("features", "kind"), [({"compat": 0}, "ext2"), ({"incompat": 0x2 | 0x40}, "ext4"),
+                                                ({"rocompat": 0x8}, "ext4")])
+def test_ext2_and_ext4_are_refused_by_name(tmp_path: Path, features: dict[str, int], kind: str) -> None:
+    image = tmp_path / f"{kind}.img"
+    image.write_bytes(LAUNCH_LINE + _ext_superblock(**features) + bytes(4096))
+    with pytest.raises(ImageError, match="is not a valid ext3 image"):
+        detect.classify(str(image))
+
+
+def test_ext3_superblock_beyond_the_first_2048_bytes_is_no_image(tmp_path: Path) -> None:
+    """Apptainer reads 2048 bytes: a launch line so long that the superblock lies past them is no ext3 image."""
+    image = tmp_path / "long.img"
+    image.write_bytes(b"#" * 1000 + LAUNCH_LINE + _ext_superblock() + bytes(4096))
+    with pytest.raises(ImageError, match="is not a container image"):
+        detect.classify(str(image))
+    assert detect.is_definition_file(str(image))
+
+
+def test_mkfs_ext3_image_is_detected(tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which("mkfs.ext3") is None:
+        pytest.skip("mkfs.ext3 (e2fsprogs) is not installed")
+    image = tmp_path / "real.img"
+    subprocess.run(["mkfs.ext3", "-q", str(image), "4M"], check=True, capture_output=True)
+    assert detect.classify(str(image)).kind == "ext3"
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image), "4M"], check=True, capture_output=True)
+    with pytest.raises(ImageError, match="an ext2 or ext4 filesystem"):
+        detect.classify(str(image))
+
+
 @pytest.mark.parametrize(("code", "name"), [(b"02\0", "amd64"), (b"04\0", "arm64"), (b"06\0", "ppc64le"),
                                           (b"13\0", "loong64"), (b"00\0", "unknown"), (b"99\0", "unknown"),
                                           (b"ab\0", "unknown"), (b"02", "unknown"), (b"021", "unknown")])
