@@ -114,7 +114,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("allow container encrypted", BOOL, True, "allow encrypted SIF images (singpy runs none: no effect)"),
     Directive("allow container squashfs", BOOL, True, "allow bare squashfs images (for users other than root)"),
     Directive("allow container extfs", BOOL, True,
-              "allow ext3 overlay images (for users other than root; singpy runs no ext image as the root)"),
+              "allow ext3 images: overlays, and Singularity 2.x images (for users other than root)"),
     Directive("allow container dir", BOOL, True,
               "allow sandbox directories and overlay directories (for users other than root)"),
 )

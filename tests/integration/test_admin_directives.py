@@ -179,7 +179,7 @@ def test_allow_container_kind(singpy: Singpy, image: Path, workdir: Path, kind: 
 
 def test_allow_container_extfs_and_encrypted_change_nothing_singpy_runs(singpy: Singpy, image: Path,
                                                                         workdir: Path) -> None:
-    """singpy runs neither ext images nor encrypted SIFs as a root filesystem: these refuse nothing it runs."""
+    """Neither directive refuses a sandbox, a SIF or a squashfs image (ext3 images: test_singularity2_images.py)."""
     conf = _conf(workdir, "no-extfs-encrypted", "allow container extfs = no\nallow container encrypted = no\n")
     for target in (image, sifs.singpy_sif(workdir), sifs.bare_squashfs(workdir)):
         assert singpy.ok("--config", str(conf), "exec", str(target), "echo", "ran") == "ran\n"
