@@ -9,7 +9,7 @@ import time
 import typer
 
 from singpy import cachefiles
-from singpy.console import human_size
+from singpy.console import escape, human_size
 from singpy.image import cache
 
 cache_app = typer.Typer(name="cache", help="Manage the cache of unpacked and pulled images.",
@@ -43,7 +43,7 @@ def list_command() -> None:
         total += size
         created = info.get("created")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(str(created)))) if created else "?"
-        rows.append((digest[:16], human_size(size), when, str(info.get("source", "?"))))
+        rows.append((digest[:16], human_size(size), when, escape(str(info.get("source", "?")))))
     _list_build_trees(location)
     if not rows:
         print(f"no unpacked images in {location}")
@@ -124,8 +124,8 @@ def _list_pulled(location: str) -> None:
     for digest, info in pulled:
         created = info.get("created")
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(created))) if isinstance(created, int) else "?"
-        rows.append((digest[:16], human_size(int(info["size"])), when, str(info.get("platform", "?")),
-                     str(info.get("source", "?"))))
+        rows.append((digest[:16], human_size(int(info["size"])), when, escape(str(info.get("platform", "?"))),
+                     escape(str(info.get("source", "?")))))
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])

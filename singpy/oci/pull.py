@@ -462,7 +462,8 @@ class Steps:
                 def render(self, task: Any) -> Any:
                     return (counts if task.fields.get("counted") else sizes).render(task)
 
-            self.bar = Progress(TextColumn("{task.description}"), BarColumn(), Amount(""),
+            # markup=False: a description may quote a registry's names, never read as rich markup
+            self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), Amount(""),
                                 console=Console(stderr=True), transient=True)
             self.bar.start()
         console.info(self.title)
@@ -474,7 +475,7 @@ class Steps:
 
     def step(self, message: str) -> None:
         if self.bar is not None:
-            self.bar.console.print(message, highlight=False)
+            self.bar.console.print(console.escape(message), highlight=False, markup=False)
         else:
             console.info(message)
 
@@ -492,7 +493,7 @@ class Steps:
         if self.bar is None:
             console.info(description + (f" ({console.human_size(total)})" if total is not None else ""))
             return None
-        task = self.bar.add_task(description, total=total)
+        task = self.bar.add_task(console.escape(description), total=total)
         return lambda count: self.bar.update(task, advance=count)
 
 
