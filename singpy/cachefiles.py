@@ -55,18 +55,25 @@ def make_private_dirs(path: str, *, what: str = "cache directory") -> None:
 
 
 def _make_dirs(path: str) -> None:
-    """mkdir -p with every directory it makes 0700 (os.makedirs gives that mode to the last one only)."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileNotFoundError:
-        parent = os.path.dirname(path)
-        if parent == path:
-            raise
-        _make_dirs(parent)
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        if not os.path.isdir(path):
-            raise
+    """mkdir -p with every directory it makes 0700 (os.makedirs gives that mode to the last one only).
+
+    Iterative (a deep path must not exhaust the stack); a directory another process makes at the same
+    moment is no error (the caller checks who owns it).
+    """
+    missing = []
+    current = os.path.normpath(path)
+    while not os.path.isdir(current):
+        missing.append(current)
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
 
 
 def create_new(path: str) -> tuple[int, str]:

@@ -98,7 +98,7 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
     during the extraction stop unsquashfs and remove the temporary tree.
     """
     for sub in ("", kind, INDEX) if not checked else ():
-        make_private_dirs(f"{cache}/{sub}")  # checked once made: someone else's directory is refused
+        make_private_dirs(f"{cache}/{sub}" if sub else cache)  # checked once made: someone else's is refused
     console.verbose(f"computing the digest of {path} (offset {offset}, {length} bytes)")
     digest = _digest(path, offset, length)
     entry = f"{cache}/{kind}/{digest}{suffix}"

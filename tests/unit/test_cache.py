@@ -183,6 +183,14 @@ def test_make_private_dirs_makes_every_directory_private(tmp_path: Path) -> None
     cachefiles.make_private_dirs(str(tmp_path / "a" / "b" / "c"))
     for path in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "c"):
         assert path.stat().st_mode & 0o777 == 0o700
+    cachefiles.make_private_dirs(f"{tmp_path}/new/cache/")  # a trailing slash (a new user's first run)
+    assert (tmp_path / "new" / "cache").is_dir()
+    deep = str(tmp_path) + "/d" * 1500  # deeper than Python's recursion limit, within PATH_MAX
+    cachefiles.make_private_dirs(deep)
+    assert os.path.isdir(deep)
+    for _ in range(1500):  # bottom up: pytest's own clean-up (shutil.rmtree) recurses
+        os.rmdir(deep)
+        deep = os.path.dirname(deep)
 
 
 def test_publish_never_writes_through_a_link_at_its_temporary_name(tmp_path: Path,
