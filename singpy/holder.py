@@ -140,7 +140,7 @@ def _build(plan: LaunchPlan) -> tuple[list[tuple[str, int]], ImageScripts]:
     launch.enter_namespaces(plan)
     names = [name for name, _ in NAMESPACES if _has(plan, name)]
     fds = [(name, os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)) for name in names]
-    rootfs.enter_staging(plan.staging_fs, plan.staging_size)
+    rootfs.enter_staging(plan.staging_fs, plan.staging_size, slave=plan.mount_slave)
     image_root, helpers = launch.attach_image(plan)
     root, layer_helpers = launch.prepare_root(plan, image_root)
     _HELPERS.extend((*reversed(layer_helpers), *helpers))

@@ -238,7 +238,7 @@ def launch(plan: LaunchPlan, net_fd: int | None = None) -> int:
         from singpy.image import extfs  # noqa: F401
     _limit_loop_devices(plan)
     enter_namespaces(plan, net_fd)
-    rootfs.enter_staging(plan.staging_fs, plan.staging_size)
+    rootfs.enter_staging(plan.staging_fs, plan.staging_size, slave=plan.mount_slave)
     image_root, helpers = attach_image(plan)
     root, layer_helpers = prepare_root(plan, image_root)
     helpers = (*reversed(layer_helpers), *helpers)  # stopped top first: fuse-overlayfs, fuse2fs, squashfuse

@@ -184,6 +184,7 @@ class LaunchPlan(Record):
     fakeroot: IdMap | None = None  # --fakeroot: uid 0 inside, mapped to `uid` (and ranges) outside
     staging_fs: str = "tmpfs"  # `memory fs type`: the staging root's filesystem (tmpfs or ramfs), see singpy.rootfs
     staging_size: int = 0  # `sessiondir max size` in MiB for it (a user's tmpfs), 0: no limit
+    mount_slave: bool = True  # `mount slave`: host mounts made later (automounts) reach the container; else private
     max_loop_devices: int = 256  # `max loop devices`: loop devices numbered below this only (singpy.kernel.loop)
     overlay_driver: str = "kernel"  # root overlay: kernel (overlayfs) or fuse (fuse-overlayfs); see singpy.overlay
     overlay_tool: str = ""  # host path of fuse-overlayfs: driver fuse, or kernel's fallback should it refuse ("": none)

@@ -3,8 +3,10 @@
 The pivot_root dance, as bubblewrap does it ([1] bubblewrap.c, setup_newroot
 and the two pivots; [2] man 2 pivot_root, "pivot_root(".", ".")"):
 
-1. In the new mount namespace every mount is made private, so nothing we do
-   propagates back to the host.
+1. In the new mount namespace every mount is made a slave of the host's (or
+   private, `mount slave = no`), so nothing we do propagates back to the host,
+   while what the host mounts later (an automounted home or project
+   directory) still shows up inside, as with Apptainer's `mount slave = yes`.
 2. A tmpfs is mounted on /tmp and becomes the root (first pivot); the host
    tree is now at /oldroot, untouched by the tmpfs. The tmpfs holds the
    mount point of the container root (/newroot) and the launcher's scratch
@@ -37,15 +39,19 @@ IMAGE = "/image"  # mount point of a squashfs image (loop or FUSE), see singpy.i
 PROC = HOST + "/proc"  # the host's procfs, seen from the staging root (for /proc/self/fd/N)
 
 
-def enter_staging(fstype: str = "tmpfs", size_mib: int = 0) -> None:
+def enter_staging(fstype: str = "tmpfs", size_mib: int = 0, *, slave: bool = True) -> None:
     """Called in the new mount namespace, with CAP_SYS_ADMIN over it.
 
     The staging filesystem is Apptainer's session directory: `fstype` (tmpfs,
     or ramfs, `memory fs type`) and `size_mib` (`sessiondir max size`, 0 for
     no limit: the kernel's default of half the memory) bound what
-    --writable-tmpfs can write, since its upper layer lives there.
+    --writable-tmpfs can write, since its upper layer lives there. `slave`
+    (`mount slave`): the host's shared mounts become slaves, so that mount
+    events reach the container one way only; False makes every mount private.
+    MS_SLAVE leaves a private mount private, and what singpy mounts itself is
+    private either way: nothing propagates back.
     """
-    k.mount(None, "/", None, k.MS_REC | k.MS_PRIVATE)
+    k.mount(None, "/", None, k.MS_REC | (k.MS_SLAVE if slave else k.MS_PRIVATE))
     options = f"mode=0755,size={size_mib}m" if size_mib else "mode=0755"
     k.mount("singpy", STAGE, fstype, k.MS_NOSUID | k.MS_NODEV, options)
     for name in (HOST, NEWROOT, SCRATCH):

@@ -58,6 +58,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("mount home", BOOL, True, "bind the user's home directory"),
     Directive("mount tmp", BOOL, True, "bind the host /tmp and /var/tmp"),
     Directive("mount hostfs", BOOL, False, "bind every host filesystem mount point into the container"),
+    Directive("mount slave", BOOL, True, "host mounts made later (automounted homes, project directories) show up "
+              "in the container (no: its mounts are private)"),
     Directive("user bind control", BOOL, True, "allow users to ask for their own binds (--bind)"),
     Directive("allow pid ns", BOOL, True, "allow --pid (a new PID namespace)"),
     Directive("config passwd", BOOL, True, "add the user to the container's /etc/passwd"),
@@ -125,7 +127,7 @@ DIRECTIVES: tuple[Directive, ...] = (
 # Apptainer's own template writes (its parser knows "apptheus communication socket path"); both occur in
 # real files. "allow kernel overlay" is not a directive of any release's code, but SingularityCE documents it.
 APPTAINER_IGNORED: frozenset[str] = frozenset({
-    "allow setuid", "allow user ns", "enable fusemount", "mount slave",
+    "allow setuid", "allow user ns", "enable fusemount",
     "allow setuid-mount encrypted", "allow setuid-mount squashfs", "allow setuid-mount extfs",
     "sync writable extfs", "shared loop devices", "cni configuration path", "cni plugin path",
     "binary path", "suidbinary path", "mksquashfs procs", "mksquashfs mem", "image driver",

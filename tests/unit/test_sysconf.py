@@ -25,6 +25,7 @@ EXPECTED_DEFAULTS = {
     "mount home": True,
     "mount tmp": True,
     "mount hostfs": False,
+    "mount slave": True,
     "user bind control": True,
     "allow pid ns": True,
     "config passwd": True,
@@ -380,7 +381,7 @@ mksquashfs mem = 1G
 apptheus communication socket path = /run/a.sock
 """
 
-IGNORED_IN_STOCK = ["allow setuid", "allow user ns", "enable fusemount", "mount slave",
+IGNORED_IN_STOCK = ["allow setuid", "allow user ns", "enable fusemount",
                     "mksquashfs procs", "shared loop devices", "image driver", "download concurrency",
                     "download part size", "download buffer size", "systemd cgroups", "apptheus socket path",
                     "allow monitoring"]
