@@ -146,6 +146,7 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                       overlay_driver=layers.driver if layers is not None else _default_driver(config),
                       overlay_tool=layers.tool if layers is not None else "",
                       network=network, fakeroot=fakeroot, staging_fs=config.text("memory fs type"),
+                      mount_slave=config.flag("mount slave"),
                       staging_size=_staging_size(config, host.uid),
                       max_loop_devices=config.number("max loop devices"),
                       underlay=_underlay(request, config, namespaces.user and _no_userns_overlay(config)),
@@ -423,9 +424,11 @@ def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_des
     if request.cleanenv:
         base["LANG"] = "C"
     name = os.path.basename(image.path)
+    # As Apptainer's launcher: the destinations of the user's binds, for a container started inside this one.
+    binds = ",".join(bind.dest for bind in request.binds)
     for prefix in ("SINGULARITY", "APPTAINER"):
         base.update({f"{prefix}_CONTAINER": image.path, f"{prefix}_NAME": name,
-                     f"{prefix}_COMMAND": request.action})
+                     f"{prefix}_COMMAND": request.action, f"{prefix}_BIND": binds})
         if request.shell:  # Apptainer sets it with --shell
             base[f"{prefix}_SHELL"] = request.shell
         if request.no_eval:  # the runscript of an OCI image reads it (Apptainer's launcher sets it too)

@@ -222,3 +222,14 @@ def test_a_bound_runscript_or_env_script_is_the_users_choice(singpy: Singpy, env
     out = singpy.ok("run", "--bind", f"{runscript}:/.singularity.d/runscript", "--bind",
                     f"{env_script}:/.singularity.d/env/90-environment.sh", str(env_image), "a", "b")
     assert out == "my runscript: a b replaced mine\n"
+
+
+def test_the_binds_in_effect_are_in_apptainer_bind(singpy: Singpy, image: Path, workdir: Path) -> None:
+    """As Apptainer sets them: the destinations of --bind, APPTAINER_BIND and --mount, for a nested container."""
+    source = _owned_dir(singpy, workdir / f"bind-variable-{singpy.profile}")
+    env = singpy.env(APPTAINER_BIND=f"{source}:/from-env")
+    out = singpy.ok("exec", "-B", f"{source}:/x,{source}:/y:ro", "--mount", f"type=bind,source={source},target=/z",
+                    str(image), "sh", "-c", 'echo "$APPTAINER_BIND|$SINGULARITY_BIND"', env=env)
+    assert out == "/x,/y,/from-env,/z|/x,/y,/from-env,/z\n"  # --bind, then the variable's, then --mount
+    bare = singpy.ok("exec", str(image), "sh", "-c", 'echo "${APPTAINER_BIND-unset}|${SINGULARITY_BIND-unset}"')
+    assert bare == "|\n"
