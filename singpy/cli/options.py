@@ -112,7 +112,9 @@ ACTION_OPTIONS: tuple[Option, ...] = (
     Option("authfile", "--authfile", "registry credentials in docker's config.json format", value="FILE",
            env="AUTHFILE", group="Images"),
     Option("no_https", "--no-https", "talk to docker:// registries over plain HTTP", env="NOHTTPS",
-           group="Images"),
+           env_also=("NO_HTTPS",), group="Images"),
+    # Apptainer still takes its deprecated spelling, and scripts written for Singularity 2/3 pass it
+    Option("no_https", "--nohttps", "synonym for --no-https (deprecated)", group="Images"),
     Option("dry_run", "--dry-run", "print the launch plan as JSON and exit without running", group="Output"),
     Option("quiet", "--quiet", "print only warnings and errors", "-q", group="Output"),
     Option("silent", "--silent", "print only errors", group="Output"),

@@ -1,4 +1,5 @@
-"""`singpy pull [OUT.sif] REF`: a docker://, oci:, oci-archive: or docker-archive: image as a SIF file."""
+"""`singpy pull [OUT.sif] REF`: a docker://, oci:, oci-archive: or docker-archive: image as a SIF file, or an
+image file by URL (http://, https://) as it is."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ AUTHFILE = typer.Option("", "--authfile", help="registry credentials in docker's
                         metavar="FILE")
 WORDS = typer.Argument(..., metavar="[OUT.sif] REF", show_default=False,
                        help="the file to write (default: NAME_TAG.sif), then the image")
-NO_HTTPS = typer.Option(False, "--no-https", help="talk to the registry over plain HTTP (a local registry)")
+# --nohttps: Apptainer's deprecated spelling, still passed by scripts written for Singularity 3
+NO_HTTPS = typer.Option(False, "--no-https", "--nohttps", help="talk to the registry over plain HTTP (a local "
+                        "registry; also $APPTAINER_NOHTTPS or $APPTAINER_NO_HTTPS)")
+# Apptainer's EnvKeys of --no-https ("NOHTTPS", "NO_HTTPS"), under each prefix: a workflow engine (cwltool,
+# Snakemake, spython) runs `pull` without flags of the user's, so a plain-HTTP registry is named this way.
+NO_HTTPS_VARIABLES = tuple(prefix + suffix for prefix in ("SINGPY_", "APPTAINER_", "SINGULARITY_")
+                           for suffix in ("NOHTTPS", "NO_HTTPS"))
 NAME = typer.Option("", "--name", help="the file to write (as Apptainer's --name; the same as giving OUT.sif)",
                     metavar="FILE", envvar=["SINGPY_PULL_NAME", "APPTAINER_PULL_NAME", "SINGULARITY_PULL_NAME"],
                     show_envvar=False)
@@ -33,6 +40,7 @@ def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool) -
     env = os.environ
     authfile = authfile or next((env[f"{prefix}AUTHFILE"] for prefix in ("SINGPY_", "APPTAINER_", "SINGULARITY_")
                                  if env.get(f"{prefix}AUTHFILE")), "")
+    no_https = no_https or any(env.get(name, "").lower() in ("1", "true", "yes", "on") for name in NO_HTTPS_VARIABLES)
     return PullOptions(arch=arch, login=docker_login, authfile=authfile, https=not no_https)
 
 
@@ -46,13 +54,17 @@ def pull_command(
     name: str = NAME,
     directory: str = DIR,
 ) -> None:
-    """Pull an image from a registry (docker://) or an OCI layout/archive and write it as a SIF file."""
+    """Pull an image from a registry (docker://) or an OCI layout/archive and write it as a SIF file; download
+    an image file (SIF) from an http:// or https:// URL."""
     import os
 
-    from singpy import console, host
+    from singpy import console, host, netpull
     from singpy.oci.pull import pull
 
     target, reference = pull_target(words, name, directory)
+    if netpull.is_url(reference):  # a finished image file on a web server (Nextflow's nf-core images)
+        console.info(netpull.pull_url(reference, target, force=force))
+        return
     info = host.capture()
     options = pull_options(arch, docker_login, authfile, no_https)
     console.info(pull(reference, target, options, os.environ, info.home, force=force))
@@ -72,9 +84,10 @@ def pull_target(words: list[str], name: str, directory: str) -> tuple[str, str]:
     target = name or (words[0] if len(words) == 2 else "")
     if directory:
         if not target:
+            from singpy import netpull
             from singpy.oci.pull import default_name
             from singpy.oci.ref import parse
 
-            target = default_name(parse(reference))
+            target = netpull.default_name(reference) if netpull.is_url(reference) else default_name(parse(reference))
         target = os.path.join(directory, target)
     return target, reference
