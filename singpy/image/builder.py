@@ -80,7 +80,7 @@ def build_sif(target: str, sandbox: str, *, env: Mapping[str, str]) -> None:
     scratch = scratch_dir(target, ".singpy-build-")
     try:
         squashfs = f"{scratch}/rootfs.squashfs"
-        owner = [] if os.getuid() == 0 else ["-all-root"]
+        owner = root_mode_options(sandbox) if os.getuid() == 0 else ["-all-root"]
         tools.run_tool([mksquashfs, sandbox, squashfs, "-noappend", "-comp", "gzip", *owner],
                        label=f"Squashing {os.path.basename(sandbox)}", failure=f"can't build {target}")
         console.verbose(f"writing {target} ({os.path.getsize(squashfs)} bytes of squashfs, {arch})")
@@ -145,7 +145,14 @@ def unsquash(image: str, tree: str, *, env: Mapping[str, str], prefix: Sequence[
 
 
 def publish_tree(tree: str, target: str, old: str) -> None:
-    """Rename `tree` to `target`; an existing target goes to `old`, and comes back if the swap is cut short."""
+    """Rename `tree` to `target`; an existing target goes to `old`, and comes back if the swap is cut short.
+
+    Every sandbox singpy writes comes here (`build --sandbox` from an image,
+    a SIF or squashfs, a definition file). Root's is made private first
+    (`make_private`).
+    """
+    if os.geteuid() == 0:
+        make_private(tree, target)
     if not os.path.lexists(target):
         os.rename(tree, target)
         return
@@ -155,3 +162,59 @@ def publish_tree(tree: str, target: str, old: str) -> None:
     except BaseException:
         os.rename(old, target)
         raise
+
+
+# --- root's sandboxes --------------------------------------------------------------------------------------
+
+
+def make_private(tree: str, target: str) -> None:
+    """Root's sandbox `tree` (about to become `target`) gets mode 0700 at its top, as umoci's rootfs.
+
+    As root the tree keeps the image's set-uid files and device nodes, as a
+    faithful image must; outside a container, on the host's filesystem, no
+    nosuid or nodev applies to them: a set-uid root program of an untrusted
+    image would give root to any user who can reach it, a device node the
+    host's disks. 0700 keeps them root's. The tree lies in a private (0700)
+    directory until it is renamed: it is never reachable with another mode.
+    The user is told when there is something to keep (docs/build.md: how to
+    share a sandbox).
+    """
+    os.chmod(tree, 0o700)
+    setid, devices = _risky(tree)
+    if not setid and not devices:
+        console.verbose(f"{target} is private to root (mode 0700): chmod 755 it to share it")
+        return
+    held = [f"{len(found)} {what} (/{_shortened(found[0])}{', ...' if len(found) > 1 else ''})"
+            for found, what in ((setid, "set-uid/set-gid file(s)"), (devices, "device node(s)")) if found]
+    console.info(f"{target} is private to root (mode 0700): it holds {' and '.join(held)}, which would give "
+                 f"root or the host's devices to any user of this host who could reach them (docs/build.md)")
+
+
+def _risky(tree: str) -> tuple[list[str], list[str]]:
+    """Paths (relative to `tree`) of its set-uid or set-gid files and of its device nodes."""
+    import stat
+
+    from singpy.image import trees
+
+    setid: list[str] = []
+    devices: list[str] = []
+    for directory, name, info in trees.walk(tree):
+        mode = info.st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+            devices.append(f"{directory}/{name}" if directory else name)
+        elif not stat.S_ISDIR(mode) and mode & (stat.S_ISUID | stat.S_ISGID):  # a set-gid directory gives nothing
+            setid.append(f"{directory}/{name}" if directory else name)
+    return setid, devices
+
+
+def _shortened(path: str) -> str:
+    return path if len(path) <= 120 else f"{path[:60]}...{path[-57:]}"  # a deep tree's path: one line still
+
+
+def root_mode_options(sandbox: str) -> list[str]:
+    """mksquashfs options for root squashing `sandbox`: a top made private by `make_private` is the
+    image's "/" again, 0755 (inside a container, "/" must be open to its users)."""
+    info = os.lstat(sandbox)
+    if info.st_uid == 0 and info.st_mode & 0o7777 == 0o700:
+        return ["-root-mode", "755"]
+    return []

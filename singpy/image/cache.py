@@ -360,18 +360,10 @@ def entry_info(cache: str, digest: str, *, size: bool = True) -> dict[str, objec
     info = {key: data[key] for key, kind in (("source", str), ("offset", int), ("created", int))
             if isinstance(data.get(key), kind) and not isinstance(data.get(key), bool)}
     if size:
-        info["size"] = sum(_blocks(parent, names) for parent, _, names in os.walk(f"{cache}/{ROOTFS}/{digest}"))
+        from singpy.image import trees
+
+        info["size"] = trees.disk_usage(f"{cache}/{ROOTFS}/{digest}")
     return info
-
-
-def _blocks(parent: str, names: list[str]) -> int:
-    total = 0
-    for name in names:
-        try:
-            total += os.lstat(os.path.join(parent, name)).st_blocks * 512
-        except OSError:
-            continue
-    return total
 
 
 def remove_entry(cache: str, digest: str) -> bool:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
 import subprocess
 import tempfile
@@ -29,7 +28,7 @@ from collections.abc import Mapping
 
 from singpy import console
 from singpy.errors import ImageError, SifError
-from singpy.image import sif, sifwrite
+from singpy.image import sif, sifwrite, trees
 from singpy.image.detect import host_arch
 from singpy.image.tools import Interruptible, find_tool
 
@@ -168,7 +167,8 @@ def _make_filesystem(mkfs: str, image: str, dirs: list[str], *, sparse: bool, fa
     except OSError as error:
         raise ImageError(f"can't prepare the overlay layout in {staging}: {error.strerror}") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):  # a leftover in TMPDIR is no reason to fail the overlay made
+            trees.remove(staging)
 
 
 def _run_mkfs(argv: list[str], *, fakeroot: bool) -> None:

@@ -57,6 +57,7 @@ from typing import Protocol
 
 from singpy.errors import ImageError, PathError
 from singpy.hostfiles import write_all
+from singpy.image import trees
 
 _CHUNK = 1 << 20  # bytes copied at once: a file of a layer is one read and one write when it fits
 _TAR_BUFFER = 1 << 16  # tarfile's read size; larger only costs a copy of the rest on every header
@@ -360,31 +361,14 @@ class Ownership:
         file singpy adds to an image is: record those that have no entry, with their mode on disk."""
         if self.tree is None:
             return
-        try:
-            root = os.open(self.tree, _OPEN_DIR)
+        try:  # by descriptors: a path of the tree may be longer than PATH_MAX
+            for where, name, info in trees.walk(self.tree):
+                guest = f"/{where}/{name}" if where else f"/{name}"
+                known = self._entries.get(guest)
+                if known is None or known[0] != "m":  # new, or where a device node was recorded
+                    self.record(guest, 0o777 if stat.S_ISLNK(info.st_mode) else info.st_mode)
         except OSError as error:
             raise ImageError(f"can't read {self.tree}: {error.strerror}") from None
-        pending = [""]  # directories below the root, as paths relative to it: one descriptor open at a time
-        try:
-            while pending:
-                path = pending.pop()
-                fd = os.open(path.lstrip("/") or ".", _OPEN_DIR, dir_fd=root)
-                try:
-                    with os.scandir(fd) as entries:
-                        for entry in entries:
-                            guest = f"{path}/{entry.name}"
-                            info = entry.stat(follow_symlinks=False)
-                            known = self._entries.get(guest)
-                            if known is None or known[0] != "m":  # new, or where a device node was recorded
-                                self.record(guest, 0o777 if stat.S_ISLNK(info.st_mode) else info.st_mode)
-                            if stat.S_ISDIR(info.st_mode):
-                                pending.append(guest)
-                finally:
-                    os.close(fd)
-        except OSError as error:
-            raise ImageError(f"can't read {self.tree}: {error.strerror}") from None
-        finally:
-            os.close(root)
 
 
 def _pseudo_name(path: str) -> str | None:
@@ -521,6 +505,7 @@ class _Layer:
         # led through it.
         self.cache: dict[str, tuple[int, str]] = {}
         self.stale = False
+        self.last: str | None = None  # the key of the last directory found: the next entry's is often below it
         self.written: set[str] = set()  # guest paths of this layer's entries
         self.kept: set[str] = {"/"}  # and their ancestors: a whiteout hides only lower layers
         self.dir_times: dict[str, int] = {}  # directories of this layer: their mtime, set at the end
@@ -534,7 +519,7 @@ class _Layer:
 
     def apply(self, member: tarfile.TarInfo, archive: tarfile.TarFile) -> None:
         if self.stale or len(self.cache) > _MAX_CACHED:
-            self._drop_cache()
+            self._drop_cache(keep=None if self.stale else self.last)
         try:
             self._apply(member, archive)
         except _EntryError as error:
@@ -810,6 +795,7 @@ class _Layer:
         key = "/".join(parts)
         hit = self.cache.get(key)
         if hit is not None:
+            self.last = key
             return hit
         start = len(parts) - 1
         while start > 0:
@@ -820,12 +806,24 @@ class _Layer:
         else:
             base = (self.root_fd, "/")
         fd, path = base
-        for index in range(start, len(parts)):
-            step = self._step(fd, path, parts[index], create=create, follow=follow)
-            if step is None:
-                return None
-            self.cache["/".join(parts[:index + 1])] = step
-            fd, path = step
+        spare = -1  # a descriptor of the walk not kept in the cache: a deep path holds two at most, not one a level
+        try:
+            for index in range(start, len(parts)):
+                step = self._step(fd, path, parts[index], create=create, follow=follow)
+                if spare != -1:
+                    os.close(spare)
+                    spare = -1
+                if step is None:
+                    return None
+                fd, path = step
+                if len(self.cache) < _MAX_CACHED or index == len(parts) - 1:  # the result is always kept
+                    self.cache["/".join(parts[:index + 1])] = step
+                else:
+                    spare = fd
+        finally:
+            if spare != -1:
+                os.close(spare)
+        self.last = key
         return fd, path
 
     def _step(self, fd: int, path: str, name: str, *, create: bool, follow: bool) -> tuple[int, str] | None:
@@ -872,10 +870,14 @@ class _Layer:
                 raise _EntryError(f"{_shown(guest)} leads to {_shown(found.path)}, which is not a directory")
             return found.fd, found.path
 
-    def _drop_cache(self) -> None:
+    def _drop_cache(self, keep: str | None = None) -> None:
+        """Close the cached descriptors, but `keep`'s: a deep tree's next entry starts there, not at the root."""
+        kept = self.cache.pop(keep, None) if keep is not None else None
         for fd, _ in self.cache.values():
             os.close(fd)
         self.cache.clear()
+        if kept is not None and keep is not None:
+            self.cache[keep] = kept
         self.stale = False
 
     # -- removal --------------------------------------------------------------------------------------
@@ -884,7 +886,7 @@ class _Layer:
         """Remove what is at `name` (never following it), for an entry of another kind or a whiteout."""
         mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
         if stat.S_ISDIR(mode):
-            _remove_tree(parent, name)
+            trees.remove_at(parent, name)  # iterative: a hostile layer's deep tree would exhaust the stack
             self.stale = True
         else:
             os.unlink(name, dir_fd=parent)
@@ -957,7 +959,7 @@ class _Layer:
         self._drop_cache()
         for path, mtime in {**self.old_times, **self.dir_times}.items():
             if len(self.cache) > _MAX_CACHED:
-                self._drop_cache()
+                self._drop_cache(keep=self.last)
             try:
                 if path == "/":
                     os.utime(self.root_fd, ns=(mtime, mtime))
@@ -969,35 +971,6 @@ class _Layer:
             except (OSError, _EntryError, OverflowError):
                 continue  # removed since, or no longer a directory: its time does not matter
         self._drop_cache()
-
-
-def _remove_tree(parent: int, name: str) -> None:
-    """Remove directory `name` of `parent` and all below it, never following a link, depth-first on
-    descriptors (shutil.rmtree recurses: a hostile layer's deep tree would exhaust the stack)."""
-    stack: list[tuple[int, str, int | None]] = [(parent, name, None)]  # (parent fd, name, own fd once open)
-    try:
-        while stack:
-            holder, entry, fd = stack[-1]
-            if fd is None:
-                fd = os.open(entry, _OPEN_DIR, dir_fd=holder)
-                stack[-1] = (holder, entry, fd)
-                below = []
-                with os.scandir(fd) as listing:
-                    for item in listing:
-                        if item.is_dir(follow_symlinks=False):
-                            below.append(item.name)
-                        else:
-                            os.unlink(item.name, dir_fd=fd)
-                if below:
-                    stack.extend((fd, sub, None) for sub in below)
-                    continue
-            stack.pop()  # everything below it is gone
-            os.close(fd)
-            os.rmdir(entry, dir_fd=holder)
-    finally:
-        for _, _, fd in stack:
-            if fd is not None:
-                os.close(fd)
 
 
 def _mode_at(directory: int, name: str) -> int | None:

@@ -222,13 +222,10 @@ def build_trees(cache: str) -> list[tuple[str, float, int]]:
     except FileNotFoundError:
         return []
     found = []
+    from singpy.image import trees
+
     for name in names:
-        size = 0
-        for parent, _, files in os.walk(f"{where}/{name}", onerror=lambda error: None):
-            for file in files:
-                with contextlib.suppress(OSError):
-                    size += os.lstat(os.path.join(parent, file)).st_blocks * 512
-        found.append((name, os.lstat(f"{where}/{name}").st_mtime, size))
+        found.append((name, os.lstat(f"{where}/{name}").st_mtime, trees.disk_usage(f"{where}/{name}")))
     return found
 
 
