@@ -22,6 +22,11 @@ Basic credentials sent to the realm with them); `Basic` asks for the
 credentials themselves. `Authenticator` answers them and caches what it got
 (a token per scope, until it expires) for every thread of a pull: the lock
 makes one thread fetch a token while the others wait for it.
+
+Credentials and tokens travel only over TLS: for a registry reached over HTTPS,
+a realm on plain http:// is refused before anything is sent (it would get the
+password in clear, and hand back a token anyone on the path could read or
+swap). Only a registry the user marked insecure (--no-https) may have one.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from collections.abc import Callable, Mapping
 
 from singpy import console
 from singpy.errors import ImageError
+from singpy.oci.limits import parse_json
 from singpy.oci.ref import DOCKER_HUB
 from singpy.record import Record
 
@@ -167,13 +173,15 @@ def _from_config(path: str, registry: str, env: Mapping[str, str]) -> Credential
 
 
 def _read_config(path: str) -> dict[str, object]:
-    import json  # here: a cached image's HEAD request reads no JSON
-
     from singpy.hostfiles import read_text, shown
 
     text = read_text(path, what="credentials file", error=ImageError, limit=_CONFIG_LIMIT)
+    import json  # here: a cached image's HEAD request reads no JSON
+
     try:
         config = json.loads(text)
+    except RecursionError:  # a local file, not the network's: parse_json's depth rule is not needed here
+        raise ImageError(f"credentials file {shown(path)} is not valid JSON: nested too deeply") from None
     except ValueError as error:
         raise ImageError(f"credentials file {shown(path)} is not valid JSON: {error}") from None
     if not isinstance(config, dict):
@@ -228,11 +236,9 @@ def _from_helper(helper: str, registry: str, env: Mapping[str, str]) -> Credenti
         said = done.stdout.decode(errors="replace").strip() or done.stderr.decode(errors="replace").strip()
         console.verbose(f"credential helper {program} has nothing for {server}: {said[:200]}")
         return None
-    import json
-
     try:
-        answer = json.loads(done.stdout)
-    except ValueError:
+        answer = parse_json(done.stdout, f"the answer of {program}", limit=_CONFIG_LIMIT)
+    except ImageError:
         answer = None
     if not isinstance(answer, dict) or not isinstance(answer.get("Secret"), str):
         console.warning(f"credential helper {program} gave a malformed answer for {server}: skipped")
@@ -319,9 +325,10 @@ Fetch = Callable[[str, str, dict[str, str], bytes | None, int], tuple[int, bytes
 class Authenticator:
     """The Authorization header for one repository of one registry, shared by all threads of a pull."""
 
-    def __init__(self, *, credentials: Credentials | None, scope: str, fetch: Fetch) -> None:
+    def __init__(self, *, credentials: Credentials | None, scope: str, fetch: Fetch, secure: bool = True) -> None:
         self.credentials = credentials
         self.scope = scope  # "repository:library/alpine:pull"
+        self.secure = secure  # the registry is reached over HTTPS: so must its token realm be
         self._fetch = fetch
         self._lock = threading.Lock()
         self._header: str | None = None  # what to send now
@@ -340,7 +347,8 @@ class Authenticator:
     def answer(self, challenges: list[Challenge], *, used: str | None) -> None:
         """Called on a 401 that carried `challenges`, for a request sent with Authorization `used`.
 
-        Raises AuthFailure when there is nothing more to try. Another thread may have answered the same
+        Raises AuthFailure when there is nothing more to try (ImageError for a realm that would take the
+        credentials or the token off TLS). Another thread may have answered the same
         challenge while this one waited for the lock: its header is then simply used.
         """
         with self._lock:
@@ -386,6 +394,9 @@ class Authenticator:
             usable = False
         if not usable or " " in realm:
             raise AuthFailure(f"its token realm {realm[:100]!r} is not an http(s) URL")
+        if self.secure and parts.scheme != "https":  # an ImageError, not a refusal: logging in would not help
+            raise ImageError(f"the registry's token realm {realm[:100]} is plain HTTP: singpy sends credentials and "
+                             "takes tokens only over HTTPS (--no-https is for a registry you trust on plain HTTP)")
         scopes = (challenge.param("scope") or self.scope).split()
         service = challenge.param("service")
         credentials = self.credentials
@@ -409,7 +420,7 @@ class Authenticator:
             raise AuthFailure(f"its token server {host} refused {who}")
         if status != 200:
             raise AuthFailure(f"its token server {host} answered HTTP {status}")
-        token, life = _token_of(data)
+        token, life = _token_of(data, host)
         if token is None:
             raise AuthFailure(f"its token server {host} sent no token")
         self._header = f"Bearer {token}"
@@ -417,13 +428,11 @@ class Authenticator:
         self._challenge = challenge
 
 
-def _token_of(data: bytes) -> tuple[str | None, int]:
-    import json
-
+def _token_of(data: bytes, host: str) -> tuple[str | None, int]:
     try:
-        answer = json.loads(data)
-    except ValueError:
-        return None, 0
+        answer = parse_json(data, "the answer", limit=_TOKEN_LIMIT)
+    except ImageError as error:
+        raise AuthFailure(f"its token server {host} sent no token: {error.message}") from None
     if not isinstance(answer, dict):
         return None, 0
     token = next((value for key in ("token", "access_token") if isinstance(value := answer.get(key), str) and value

@@ -14,13 +14,18 @@ What a pull needs from a registry, and the ways registries differ, in one place:
 * 401 challenges are answered by singpy.oci.auth (Bearer tokens per scope,
   Basic); redirects (blob storage, CDNs) are followed, and Authorization goes
   only to the registry's own scheme, host and port, never to another host;
-* 429 and 5xx answers and dropped connections are tried again, MAX_TRIES in
-  all, after an exponential backoff or the Retry-After the server asked for
-  (capped at RETRY_AFTER_CAP);
+  a redirect from https to plain http is refused (the answer to a request
+  made over TLS must not be one an attacker on the path can forge);
+* 429 and 5xx answers and dropped connections are tried again, limits.retries
+  in all, after an exponential backoff or the Retry-After the server asked for
+  (capped at RETRY_AFTER_CAP); how slow an answer may be and how JSON is
+  parsed are singpy.oci.limits' rules;
 * a blob goes to TARGET.partial, opened for appending: a cut download (this
   run's or an earlier one's) is resumed with `Range: bytes=N-`, the bytes
   already there hashed first; a server that answers 200 instead of 206 (or
-  416) restarts it from zero. It is fsynced and renamed to TARGET only once
+  416) restarts it from zero; tries in a row that bring no byte beyond the
+  furthest one had are bounded (a registry that ignores Range and cuts every
+  answer short fails the pull). It is fsynced and renamed to TARGET only once
   verified; a mismatch removes it.
 
 `fetch_blob` is called from several threads at once on one Registry: each
@@ -40,6 +45,7 @@ from collections.abc import Callable, Mapping
 
 from singpy.errors import ImageError
 from singpy.oci.auth import LOGIN_HINT, Authenticator, AuthFailure, Credentials, parse_challenges
+from singpy.oci.limits import RETRIES, Limits, parse_json
 from singpy.oci.ref import Reference, valid_digest, valid_tag
 from singpy.oci.transport import Origin, Transport, TransportError
 from singpy.record import Record
@@ -60,7 +66,7 @@ ACCEPT = ", ".join((OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST))
 
 MANIFEST_LIMIT = 4 << 20  # bytes of a manifest, an index or a config (real ones are a few KB)
 CHUNK = 1 << 20  # bytes per read of a blob: few Python calls per MB
-MAX_TRIES = 5  # attempts of one request (or of one stretch of a download that makes no progress)
+MAX_TRIES = RETRIES  # the default of limits.retries (SINGPY_PULL_RETRIES)
 BACKOFF_BASE = 0.5  # seconds before the 2nd try, doubled for each further one ...
 BACKOFF_CAP = 8.0  # ... up to this
 RETRY_AFTER_CAP = 60.0  # seconds: a longer Retry-After is shortened to this
@@ -114,9 +120,10 @@ class Registry:
         self.host = ref.endpoint
         self.base = f"{'https' if https else 'http'}://{self.host}"
         self._origin = Origin(self.base).key
-        self._transport = Transport(env)
+        self.limits = Limits.from_env(env)
+        self._transport = Transport(env, self.limits)
         self._auth = Authenticator(credentials=credentials, scope=f"repository:{ref.repository}:pull",
-                                   fetch=self._fetch_small)
+                                   fetch=self._fetch_small, secure=https)
         self.sleep: Callable[[float], None] = time.sleep  # how retries wait
 
     def close(self) -> None:
@@ -163,12 +170,7 @@ class Registry:
         if valid_digest(sent_digest) and sent_digest.partition(":")[0] == algorithm and sent_digest != digest:
             raise ImageError(f"digest mismatch for the manifest of {image} from {self.host}: the registry says "
                              f"{sent_digest}, the content has {digest}")
-        import json  # here: not on the path of a HEAD request
-
-        try:
-            body = json.loads(data)
-        except ValueError as error:
-            raise ImageError(f"malformed manifest for {image} from {self.host}: not JSON ({error})") from None
+        body = parse_json(data, f"the manifest of {image} from {self.host}", limit=MANIFEST_LIMIT)
         if not isinstance(body, dict):
             raise ImageError(f"malformed manifest for {image} from {self.host}: not a JSON object")
         media_type = _media_type(body, content_type)
@@ -227,21 +229,22 @@ class Registry:
     def _fetch_small(self, method: str, url: str, headers: dict[str, str], body: bytes | None,
                      limit: int) -> tuple[int, bytes]:
         """For the token server: one request with retries, status and at most `limit` bytes of body."""
-        for attempt in range(MAX_TRIES):
+        tries = self.limits.retries
+        for attempt in range(tries):
             try:
                 response = self._transport.request(method, url, headers, body)
                 if response.status in _RETRY_STATUSES:
-                    if attempt + 1 == MAX_TRIES:
+                    if attempt + 1 == tries:
                         self._transport.discard(url, response)
                         raise Unreachable(f"{Origin(url).netloc} (for registry {self.ref.registry}) answered HTTP "
-                                          f"{response.status} {MAX_TRIES} times")
+                                          f"{response.status} {tries} times")
                     delay = _first(_retry_after(response), _backoff(attempt))
                     self._transport.discard(url, response)
                     self.sleep(delay)
                     continue
                 return response.status, self._read_small(response, url, limit, f"the answer of {Origin(url).netloc}")
             except TransportError as error:
-                if not error.retriable or attempt + 1 == MAX_TRIES:
+                if not error.retriable or attempt + 1 == tries:
                     raise self._unreachable(error) from None
                 self.sleep(_backoff(attempt))
         raise AssertionError("unreachable")
@@ -252,12 +255,13 @@ class Registry:
 
         Returns the body, the response (for its headers) and the host that sent it (after redirects).
         """
-        for attempt in range(MAX_TRIES):
+        tries = self.limits.retries
+        for attempt in range(tries):
             response, url = self._get_checked("GET", path, headers, what=what)
             try:
                 data = self._read_small(response, url, limit, what)
             except TransportError as error:
-                if not error.retriable or attempt + 1 == MAX_TRIES:
+                if not error.retriable or attempt + 1 == tries:
                     raise self._unreachable(error) from None
                 self.sleep(_backoff(attempt))
                 continue
@@ -276,10 +280,10 @@ class Registry:
                          f"{_detail(body)}")
 
     def _request(self, method: str, path: str, headers: dict[str, str],
-                 range_from: int = 0) -> tuple[http.client.HTTPResponse, str]:
+                 range_from: int = 0, document: bool = True) -> tuple[http.client.HTTPResponse, str]:
         """Send and follow: auth challenges answered once, redirects followed, retriable failures retried.
 
-        Returns the final response (headers read) and its URL.
+        Returns the final response (headers read) and its URL. `document`: see Transport.request.
         """
         url = self.base + path
         tries = redirects = 0
@@ -293,10 +297,10 @@ class Registry:
             if authorization:
                 send["Authorization"] = authorization
             try:
-                response = self._transport.request(method, url, send)
+                response = self._transport.request(method, url, send, document=document)
             except TransportError as error:
                 tries += 1
-                if not error.retriable or tries >= MAX_TRIES:
+                if not error.retriable or tries >= self.limits.retries:
                     raise self._unreachable(error) from None
                 self.sleep(_backoff(tries - 1))
                 continue
@@ -316,7 +320,7 @@ class Registry:
                 except AuthFailure as failure:
                     raise self._denied(failure.reason) from None
                 continue
-            if status in _RETRY_STATUSES and tries + 1 < MAX_TRIES:
+            if status in _RETRY_STATUSES and tries + 1 < self.limits.retries:
                 delay = _first(_retry_after(response), _backoff(tries))
                 self._transport.discard(url, response)
                 tries += 1
@@ -339,10 +343,13 @@ class Registry:
             raise ImageError(f"registry {Origin(url).netloc} sent a redirect without a usable Location")
         try:
             target = urljoin(url, location.strip())
-            Origin(target)
+            scheme = Origin(target).scheme
         except (TransportError, ValueError):
             raise ImageError(f"registry {Origin(url).netloc} redirected to {location[:100]!r}, "
                              "which is not an http(s) URL") from None
+        if scheme == "http" and url.startswith("https:"):
+            raise ImageError(f"{Origin(url).netloc} (for registry {self.ref.registry}) redirected from HTTPS to "
+                             f"plain HTTP ({target[:100]}): refused, the answer could be forged by anyone on the path")
         return target
 
     def _read_small(self, response: http.client.HTTPResponse, url: str, limit: int, what: str) -> bytes:
@@ -388,7 +395,8 @@ class Registry:
             raise self._denied(f"{refusal or f'HTTP {status}'}{_detail(body)}")
         if status == 429 or status >= 500:
             raise Unreachable(f"registry {Origin(url).netloc} answered HTTP {status} "
-                             f"{(reason or '').strip()[:60]} for {what} after {MAX_TRIES} tries{_detail(body)}"
+                             f"{(reason or '').strip()[:60]} for {what} after {self.limits.retries} tries"
+                             f"{_detail(body)}"
                              .replace("  ", " "))
 
     def _denied(self, reason: str) -> ImageError:
@@ -399,6 +407,8 @@ class Registry:
         return ImageError(f"access to {self.ref} denied by {self.ref.registry}: {reason} ({advice})")
 
     def _unreachable(self, error: TransportError) -> ImageError:
+        if error.slow:  # Unreachable: a cached image may still run
+            return Unreachable(f"{error.host} (for registry {self.ref.registry}) is too slow: {error.reason}")
         if error.malformed:
             return ImageError(f"{error.host} (for registry {self.ref.registry}) sent a malformed HTTP response: "
                               f"{error.reason}")
@@ -444,11 +454,13 @@ class _Download:
         self.held = 0  # bytes in the file, all hashed
         self.source = registry.host  # who sent the bytes (named in a mismatch)
         self.fresh = True  # every byte held came from this download (no partial file of an earlier run)
+        self.furthest = 0  # the most bytes held at any time: only bytes beyond it are progress
 
     def run(self) -> None:
         self._hash_existing()
         self.fresh = self.held == 0
-        tries = 0
+        self.furthest = self.held
+        tries, limit = 0, self.registry.limits.retries
         while True:
             if self.size is not None and self.held >= self.size:
                 if self._verified():
@@ -458,12 +470,11 @@ class _Download:
                 self._restart()  # a partial file from an earlier run that was wrong: one fresh download
                 self.fresh = True
                 continue
-            before = self.held
             try:
                 complete = self._one_request()
             except TransportError as error:
-                tries = 0 if self.held > before else tries + 1  # a try that brought bytes is not a failure
-                if not error.retriable or tries >= MAX_TRIES:
+                tries = self._tried(tries)
+                if not error.retriable or tries >= limit:
                     raise self.registry._unreachable(error) from None
                 self.registry.sleep(_backoff(tries - 1 if tries else 0))
                 continue
@@ -472,10 +483,12 @@ class _Download:
                 self.fresh = True
                 continue
             if self.size is not None and self.held < self.size:  # the body ended early: go on from there
-                tries = 0 if self.held > before else tries + 1
-                if tries >= MAX_TRIES:
+                tries = self._tried(tries)
+                if tries >= limit:
                     raise ImageError(f"blob {self.digest} from {self.source} ends after {self.held} of its "
-                                     f"{self.size} bytes")
+                                     f"{self.size} bytes, {limit} times in a row (the limit is SINGPY_PULL_RETRIES)")
+                if tries:
+                    self.registry.sleep(_backoff(tries - 1))
                 continue
             if self._verified():
                 return
@@ -484,10 +497,19 @@ class _Download:
             self._restart()
             self.fresh = True
 
+    def _tried(self, tries: int) -> int:
+        """The count of tries in a row without progress, after one more: a restart from zero (a registry that
+        ignores Range) brings bytes, but none beyond the furthest already had, so it is not progress."""
+        if self.held > self.furthest:
+            self.furthest = self.held
+            return 0
+        return tries + 1
+
     def _one_request(self) -> bool | None:
         """One GET from `held` on; True when the body ended, None when the download must restart from zero."""
         registry = self.registry
-        response, url = registry._request("GET", registry._blob_path(self.digest), {}, range_from=self.held)
+        response, url = registry._request("GET", registry._blob_path(self.digest), {}, range_from=self.held,
+                                          document=False)
         self.source = Origin(url).netloc
         status = response.status
         if self.held and status == 416:  # the partial may already be whole (the size was not known)
@@ -625,11 +647,10 @@ def _error_codes(body: bytes) -> set[str]:
 
 
 def _errors(body: bytes) -> list[dict[str, Any]]:
-    import json  # here: not on the path of a HEAD request
-
+    """The `errors` of a registry's error body; [] when it has none or is not JSON (an HTML page, garbage)."""
     try:
-        parsed = json.loads(body) if body else None
-    except ValueError:
+        parsed = parse_json(body, "an error response", limit=_ERROR_BODY_LIMIT) if body else None
+    except ImageError:
         return []
     errors = parsed.get("errors") if isinstance(parsed, dict) else None
     return [item for item in errors if isinstance(item, dict)] if isinstance(errors, list) else []

@@ -13,8 +13,12 @@ plain HTTP, manifests without `mediaType`). What this module decides:
   (then `all_proxy`), except for hosts `no_proxy` names (exact hosts, domain
   suffixes with or without a leading dot, IPs and CIDR ranges, `host:port`,
   `*`); https goes through a CONNECT tunnel, plain http by absolute URLs;
-* a connect takes at most CONNECT_TIMEOUT seconds and a read waits at most
-  READ_TIMEOUT seconds for data, so that a dead peer never hangs a pull;
+* a connect (TCP, then a proxy's CONNECT and the TLS handshake) takes at most
+  CONNECT_TIMEOUT seconds each, and a read waits at most READ_TIMEOUT seconds
+  for data, so that a dead peer never hangs a pull;
+* every byte of an answer is read through the request's `limits.Meter`: one
+  that trickles (a few bytes now and then, which no read timeout catches) is
+  stopped by the low-speed rule, a small document by its total deadline;
 * each thread has its own keep-alive connection per (scheme, host, port): the
   layer threads of one pull never share a socket.
 
@@ -25,29 +29,37 @@ connection, an unknown host or a bad certificate will not).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import io
 import os
 import socket
 import ssl
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
 from singpy.errors import ImageError
+from singpy.oci.limits import Limits, Meter, TooSlow
 
 CONNECT_TIMEOUT = 30.0  # seconds for a TCP connect (and a TLS handshake)
-READ_TIMEOUT = 60.0  # seconds a read may wait for the next bytes
+# Seconds a read may wait for the next bytes before the connection is taken for dead (and the request
+# tried again): under limits.STALL_TIMEOUT, so that a dead connection is retried while a trickle (bytes,
+# but too few) fails on the low-speed rule.
+READ_TIMEOUT = 30.0
 _CERTS_DIRS = ("/etc/containers/certs.d", "/etc/docker/certs.d")
 
 
 class TransportError(Exception):
     """A request could not be made or its response not read."""
 
-    def __init__(self, host: str, reason: str, *, retriable: bool, tls: bool = False, malformed: bool = False) -> None:
+    def __init__(self, host: str, reason: str, *, retriable: bool, tls: bool = False, malformed: bool = False,
+                 slow: bool = False) -> None:
         super().__init__(f"{host}: {reason}")
         self.host = host
         self.reason = reason
         self.retriable = retriable
+        self.slow = slow  # a time limit of singpy.oci.limits was reached (the message names its variable)
         self.tls = tls  # a certificate or handshake problem (the message hints at SSL_CERT_FILE, --no-https)
         self.malformed = malformed  # the peer answered, but not in HTTP
 
@@ -88,18 +100,110 @@ class _Proxy:
         self.host, self.port, self.authorization = host, port, authorization
 
 
+class _Watched:
+    """A connected socket whose reads are watched by the meter of the request under way.
+
+    http.client reads an answer through `sock.makefile("rb")`: ours counts every byte as it comes, so
+    that a trickle is caught between two reads whatever the buffering above. Its reads wait at most a
+    tick (a quarter of the shortest limit) at a time, so that a limit is noticed at most a tick late,
+    and the socket's timeout is set once per request, not per read (a read is the hot loop of a pull).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.meter: Meter | None = None
+        self.tick = READ_TIMEOUT
+
+    def watch(self, meter: Meter) -> None:
+        self.meter = meter
+        self.tick = meter.tick(READ_TIMEOUT)
+
+    def makefile(self, mode: str = "rb", *args: object, **kwargs: object) -> io.BufferedReader:
+        return io.BufferedReader(_MeteredReader(self))
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.settimeout(READ_TIMEOUT)
+        self.sock.sendall(data)
+        self.sock.settimeout(self.tick)  # for the answer
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+class _MeteredReader(io.RawIOBase):
+    def __init__(self, watched: _Watched) -> None:
+        self.watched = watched
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: object) -> int:
+        watched = self.watched
+        meter, sock = watched.meter, watched.sock
+        if meter is None:
+            return sock.recv_into(buffer)  # type: ignore[arg-type]
+        waited = 0.0
+        while True:
+            try:
+                count = sock.recv_into(buffer)  # type: ignore[arg-type]
+            except TimeoutError:
+                meter.check(0)  # a window or the deadline is over: TooSlow
+                waited += watched.tick
+                if waited >= READ_TIMEOUT:  # not a byte for that long: the connection is taken for dead
+                    raise
+                continue
+            meter.check(count)
+            return count
+
+
+class _ConnectWatch:
+    """Shuts the socket down when a proxy's CONNECT answer or a TLS handshake outlasts CONNECT_TIMEOUT.
+
+    Both read with the socket's timeout per read, which a peer sending one byte now and then never reaches.
+    """
+
+    def __init__(self) -> None:
+        self.timer: threading.Timer | None = None
+        self.fired = False
+
+    def create_connection(self, address: tuple[str, int], timeout: float,
+                          source_address: tuple[str, int] | None = None) -> socket.socket:
+        sock = socket.create_connection(address, timeout, source_address)
+        self.timer = threading.Timer(CONNECT_TIMEOUT, self._fire, (sock,))
+        self.timer.daemon = True
+        self.timer.start()
+        return sock
+
+    def _fire(self, sock: socket.socket) -> None:
+        self.fired = True
+        with contextlib.suppress(OSError):  # already closed: nothing to wake
+            sock.shutdown(socket.SHUT_RDWR)
+
+    def connect(self, connection: http.client.HTTPConnection, connect: Callable[[], None]) -> None:
+        connection._create_connection = self.create_connection  # type: ignore[attr-defined]
+        try:
+            connect()
+        except (OSError, http.client.HTTPException):  # a CONNECT answer cut by the watch is a BadStatusLine
+            if self.fired:
+                raise TooSlow(f"the connection was not ready within {CONNECT_TIMEOUT:g} s") from None
+            raise
+        finally:
+            if self.timer is not None:
+                self.timer.cancel()
+        connection.sock.settimeout(READ_TIMEOUT)  # the connect had CONNECT_TIMEOUT; reads get their own limit
+        connection.sock = _Watched(connection.sock)
+
+
 class _HTTPConnection(http.client.HTTPConnection):
     proxy: _Proxy | None = None  # plain http through a proxy: requests name absolute URLs
 
     def connect(self) -> None:
-        super().connect()
-        self.sock.settimeout(READ_TIMEOUT)  # the connect had CONNECT_TIMEOUT; reads get their own limit
+        _ConnectWatch().connect(self, super().connect)
 
 
 class _HTTPSConnection(http.client.HTTPSConnection):
     def connect(self) -> None:
-        super().connect()
-        self.sock.settimeout(READ_TIMEOUT)
+        _ConnectWatch().connect(self, super().connect)
 
 
 class _Slot:
@@ -115,19 +219,24 @@ class _Slot:
 class Transport:
     """Sends requests; thread-safe (each thread has connections of its own)."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(self, env: Mapping[str, str], limits: Limits | None = None) -> None:
         from singpy import __version__
 
         self._env = dict(env)
+        self.limits = limits or Limits()
         self._agent = f"singpy/{__version__}"
         self._local = threading.local()
         self._contexts: dict[tuple[str, ...], ssl.SSLContext] = {}
         self._lock = threading.Lock()
         self._all: list[http.client.HTTPConnection] = []  # every connection made, for close()
 
-    def request(self, method: str, url: str, headers: Mapping[str, str],
-                body: bytes | None = None) -> http.client.HTTPResponse:
-        """Send one request and return the response, its headers read (the caller reads or discards the body)."""
+    def request(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None = None, *,
+                document: bool = True) -> http.client.HTTPResponse:
+        """Send one request and return the response, its headers read (the caller reads or discards the body).
+
+        The answer is read under the low-speed rule; with `document` (a manifest, a token...) its whole body
+        must also come within the document deadline, else only its headers (a blob may take hours).
+        """
         origin = Origin(url)
         for attempt in (1, 2):
             slot, reused = self._slot(origin)
@@ -148,9 +257,14 @@ class Transport:
                 target = f"http://{origin.netloc}{origin.target}"
                 if proxy.authorization:
                     all_headers["Proxy-Authorization"] = proxy.authorization
+            meter = Meter(self.limits, document=True)
+            if isinstance(connection.sock, _Watched):
+                connection.sock.watch(meter)
             try:
                 connection.request(method, target, body=body, headers=all_headers)
                 slot.response = connection.getresponse()
+                if not document:
+                    meter.deadline = None
                 return slot.response
             except (OSError, http.client.HTTPException) as error:
                 self._drop(origin)
@@ -242,6 +356,8 @@ _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError,
 
 def _failure(host: str, error: OSError | http.client.HTTPException, *, connecting: bool) -> TransportError:
     """What went wrong, in words, and whether another try may help."""
+    if isinstance(error, TooSlow):
+        return TransportError(host, str(error), retriable=False, slow=True)
     if isinstance(error, ssl.SSLCertVerificationError):
         return TransportError(host, f"TLS certificate not trusted: {error.verify_message or error.reason}",
                               retriable=False, tls=True)

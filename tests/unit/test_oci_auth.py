@@ -420,3 +420,46 @@ def test_docker_login_prompt(typed: str, printed: str) -> None:
     assert done.stdout.strip() == printed
     assert "Enter Docker Username for ghcr.io:" in done.stderr
     assert "se cret" not in done.stderr
+
+
+# --- credentials and tokens only over TLS (issue 24) ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("credentials", [None, Credentials(username="u", password="p"),
+                                         Credentials(username=IDENTITY_TOKEN_USER, password="refresh")],
+                         ids=["anonymous", "password", "identity-token"])
+def test_an_https_registry_never_uses_a_plain_http_realm(credentials: Credentials | None) -> None:
+    realm = TokenRealm()
+    authenticator = Authenticator(credentials=credentials, scope="s", fetch=realm)
+    challenge = Challenge(scheme="bearer", params=(("realm", "http://auth.example/token"), ("service", "reg")))
+    with pytest.raises(ImageError, match="is plain HTTP: singpy sends credentials and takes tokens only over HTTPS"):
+        authenticator.answer([challenge], used=None)
+    assert realm.calls == []  # nothing sent: no password in clear, no token to read on the way back
+    assert authenticator.header() is None
+
+
+def test_a_registry_marked_insecure_may_have_a_plain_http_realm() -> None:
+    realm = TokenRealm()
+    authenticator = Authenticator(credentials=Credentials(username="u", password="p"), scope="s", fetch=realm,
+                                  secure=False)
+    authenticator.answer([Challenge(scheme="bearer", params=(("realm", "http://auth.example/token"),))], used=None)
+    assert authenticator.header() == "Bearer t1"
+    assert realm.calls[0][1].startswith("http://auth.example/token?")
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b'{"token": ' + b"[" * 100000 + b"]" * 100000 + b"}", "sent no token: the answer is nested too deeply"),
+    (b'{"a": ' * 5000 + b"1" + b"}" * 5000, "sent no token: the answer is nested too deeply"),
+    (b"<html>", "sent no token: the answer is not JSON"),
+])
+def test_a_malformed_token_answer_is_one_failure(body: bytes, words: str) -> None:
+    authenticator = Authenticator(credentials=None, scope="s", fetch=TokenRealm(200, body))
+    with pytest.raises(AuthFailure, match=words):
+        authenticator.answer([BEARER], used=None)
+
+
+def test_a_deeply_nested_config_file_is_one_error(tmp_path: Path) -> None:
+    write_config(tmp_path / ".docker/config.json", {})
+    (tmp_path / ".docker/config.json").write_text('{"auths": ' + '{"a": ' * 5000 + "1" + "}" * 5001)
+    with pytest.raises(ImageError, match="is not valid JSON: nested too deeply"):
+        find("ghcr.io", tmp_path)
