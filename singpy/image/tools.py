@@ -160,8 +160,16 @@ class ToolError(ImageError):
 
 def out_of_space(error: ImageError, directory: str) -> bool:
     """Whether `error` (a tool's failure, or an OSError turned into one) came from a full filesystem."""
-    if "No space left on device" in (getattr(error, "output", "") or error.message):
-        return True
+    return says_no_space(error) or filesystem_full(directory)
+
+
+def says_no_space(error: ImageError) -> bool:
+    """Whether the error's text (or its tool's output) is ENOSPC's."""
+    return "No space left on device" in (getattr(error, "output", "") or error.message)
+
+
+def filesystem_full(directory: str) -> bool:
+    """Whether the filesystem of `directory` has no block or no inode left for us now."""
     try:
         info = os.statvfs(directory)
     except OSError:

@@ -238,9 +238,10 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
                 raise tools.Interrupted(f"pull of {resolved.reference} {interrupted.message}") from None
             except OSError as error:
                 raise store.space_error(ImageError(f"can't convert {resolved.reference} in {work}: "
-                                                   f"{error.strerror}"), os.path.dirname(work), env) from None
+                                                   f"{error.strerror}"), os.path.dirname(work), env,
+                                        cache=location) from None
             except ImageError as error:
-                raise store.space_error(error, os.path.dirname(work), env) from None
+                raise store.space_error(error, os.path.dirname(work), env, cache=location) from None
         store.seal_sif(sif, resolved.manifest.digest, {
             "source": str(resolved.reference), "platform": resolved.platform, "created": int(time.time())})
     finally:
@@ -344,9 +345,12 @@ def _squash(resolved: Resolved, config: dict[str, Any], tree: str, work: str, si
     deffile = _deffile(resolved.reference)
     attributes = read_tree(tree)
     attributes.setdefault("deffile", deffile.decode())
-    build_sif_from_squashfs(sif, squashfs, arch=arch if arch in ARCHES else host_arch(), deffile=deffile,
-                            inspect_metadata={"data": {"attributes": attributes}, "type": "container"},
-                            oci_config=config.get("config") if isinstance(config.get("config"), dict) else {})
+    try:
+        build_sif_from_squashfs(sif, squashfs, arch=arch if arch in ARCHES else host_arch(), deffile=deffile,
+                                inspect_metadata={"data": {"attributes": attributes}, "type": "container"},
+                                oci_config=config.get("config") if isinstance(config.get("config"), dict) else {})
+    except OSError as error:  # written in the cache, not in the work directory: the message says where
+        raise ImageError(f"can't write the SIF {sif}: {error.strerror}") from None
 
 
 def _copy(sif: str, target: str) -> None:

@@ -246,15 +246,27 @@ def hold_work_dir(path: str) -> int:
     return fd
 
 
-def space_error(error: ImageError, directory: str, env: Mapping[str, str]) -> ImageError:
-    """`error`, or, when `directory`'s filesystem is full, one that names it and the variable to change."""
+def space_error(error: ImageError, directory: str, env: Mapping[str, str], *, cache: str = "") -> ImageError:
+    """`error`, or, when a filesystem it wrote to is full, one that names its directory and the variable to change.
+
+    `directory` is where the work went (a TMPDIR variable's, or the cache's tmp/), `cache` the cache, when the
+    work also wrote there (blobs, the SIF): the one whose filesystem is full now is named; when neither is
+    any more (a failed write's file was removed), the one the error's text names, else `directory`.
+    """
     from singpy.image import tools
 
-    if not tools.out_of_space(error, directory):
-        return error
     chosen = next((name for name in TMPDIR_VARIABLES if env.get(name)), None)
-    variable = chosen or "SINGPY_TMPDIR (or APPTAINER_TMPDIR)"
-    return ImageError(f"no space left on device in {directory}: set {variable} to a directory with room",
+    candidates = [(directory, chosen or "SINGPY_TMPDIR (or APPTAINER_TMPDIR)")]
+    if cache:
+        candidates.append((cache, "SINGPY_CACHEDIR (or APPTAINER_CACHEDIR)"))
+    full = [candidate for candidate in candidates if tools.filesystem_full(candidate[0])]
+    if not full:
+        if not tools.says_no_space(error):
+            return error
+        text = f"{error.message} {getattr(error, 'output', '') or ''}"
+        full = [candidate for candidate in candidates[1:] if candidate[0] in text] or candidates
+    where, variable = full[0]
+    return ImageError(f"no space left on device in {where}: set {variable} to a directory with room",
                       hint="`singpy cache clean` removes pulled images and layers from the cache")
 
 

@@ -476,3 +476,27 @@ def test_full_work_directory_names_it_and_the_variable(singpy: Singpy, plain: Re
         assert os.listdir(small) == []
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a small filesystem of the test's own needs root to mount")
+@pytest.mark.parametrize("full", ["cache", "tmpdir"])
+def test_a_full_disk_is_named_right(singpy: Singpy, workdir: Path, full: str) -> None:
+    """The cache on one small disk and SINGPY_TMPDIR on another: the error names the one that is full."""
+    from tests.conftest import SINGPY
+
+    base = user_dir(singpy, workdir, f"full-{full}")
+    archive = write_oci_archive(base / "image.tar", {"latest": busybox_image()})
+    cache, tmp = base / "cache", base / "tmp"
+    for directory in (cache, tmp):
+        directory.mkdir(mode=0o700)
+        os.chown(directory, singpy.uid, singpy.gid)
+    small = cache if full == "cache" else tmp
+    user = f"setpriv --reuid={singpy.uid} --regid={singpy.gid} --clear-groups " if singpy.uid else ""
+    script = (f"mount -t tmpfs -o size=300k,mode=0700,uid={singpy.uid},gid={singpy.gid} small {small} && "
+              f"{user}{SINGPY} pull {base}/out.sif oci-archive:{archive}")
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                          env=singpy.env(SINGPY_CACHEDIR=str(cache), SINGPY_TMPDIR=str(tmp)), check=False)
+    variable = "SINGPY_CACHEDIR (or APPTAINER_CACHEDIR)" if full == "cache" else "SINGPY_TMPDIR"
+    assert done.returncode == 255, done.stderr
+    assert f"FATAL:   no space left on device in {small}: set {variable} to a directory with room" in done.stderr
+    assert not (base / "out.sif").exists() and os.listdir(tmp) == []
