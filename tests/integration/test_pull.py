@@ -487,9 +487,9 @@ def test_a_full_disk_is_named_right(singpy: Singpy, workdir: Path, full: str) ->
     base = user_dir(singpy, workdir, f"full-{full}")
     archive = write_oci_archive(base / "image.tar", {"latest": busybox_image()})
     cache, tmp = base / "cache", base / "tmp"
-    for directory in (cache, tmp):
-        directory.mkdir(mode=0o700)
-        os.chown(directory, singpy.uid, singpy.gid)
+    for made in (cache, tmp):
+        made.mkdir(mode=0o700)
+        os.chown(made, singpy.uid, singpy.gid)
     small = cache if full == "cache" else tmp
     user = f"setpriv --reuid={singpy.uid} --regid={singpy.gid} --clear-groups " if singpy.uid else ""
     script = (f"mount -t tmpfs -o size=300k,mode=0700,uid={singpy.uid},gid={singpy.gid} small {small} && "
