@@ -136,8 +136,13 @@ def unsquash(image: str, tree: str, *, env: Mapping[str, str], prefix: Sequence[
     (singpy.recipe.mapped): the owners recorded in the image are then given,
     as those ids.
     """
-    kind = classify(image).kind
-    offset = sif_partition(image, check_arch=False).offset if kind == "sif" else 0
+    spec = classify(image)
+    if spec.kind == "ext3":
+        raise ImageError(f"can't build from {image}: singpy runs Singularity 2.x ext3 images but does not unpack "
+                         "them", hint=f"as root, mount it (mount -o loop,ro,offset={spec.offset} {image} DIR) and "
+                         "build from the directory: singpy build NEW.sif DIR")
+    # a SIF's primary partition, a bare squashfs (0), a .simg's squashfs after its launch line
+    offset = sif_partition(image, check_arch=False).offset if spec.kind == "sif" else spec.offset
     unsquashfs = tools.require_tool("unsquashfs", env, "unpack a squashfs image")
     root = os.getuid() == 0
     tools.run_tool([unsquashfs, *cache.unpack_options(offset, tree, root=root), image, *cache.unpack_filter(root)],

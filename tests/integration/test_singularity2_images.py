@@ -156,3 +156,19 @@ def test_killed_launcher_leaves_nothing(as_user: Singpy, ext3_images: dict[str, 
     assert wait_until_gone(payload, "sleep 300") == []
     assert [wait_until_gone([pid], line) for pid, line in helpers.items()] == [[]]
     assert_restored(before, workdir)
+
+
+def test_build_from_a_simg_and_a_clear_refusal_for_ext3(singpy: Singpy, ext3_images: dict[str, Path],
+                                                       workdir: Path) -> None:
+    """A .simg's squashfs (after its launch line) builds into a SIF; an ext3 image is refused with how to do it."""
+    from tests.support.sifs import singularity2_simg
+
+    out = workdir / f"from-simg-{singpy.profile}"
+    out.mkdir(exist_ok=True)
+    os.chown(out, singpy.uid, singpy.gid)
+    singpy.ok("build", str(out / "new.sif"), str(singularity2_simg(workdir)))
+    assert singpy.ok("exec", str(out / "new.sif"), "cat", "/etc/marker") == "made-for-singpy-sif-tests\n"
+    image = next(iter(ext3_images.values()))
+    result = singpy.run("build", str(out / "from-ext3.sif"), str(image))
+    assert_one_fatal(result, f"can't build from {image}: singpy runs Singularity 2.x ext3 images but does not unpack")
+    assert not (out / "from-ext3.sif").exists()
