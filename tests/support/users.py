@@ -72,9 +72,10 @@ def _create(name: str) -> pwd.struct_passwd:
 
 def run_as(entry: pwd.struct_passwd, argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
     """Run a command as another user (the attacker of a cross-user test), its output captured as text."""
-    return subprocess.run(argv, user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],  # type: ignore[call-overload]
-                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "HOME": entry.pw_dir},
-                          **kwargs)
+    done: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+        argv, user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], capture_output=True, text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": entry.pw_dir}, **kwargs)
+    return done
 
 
 def is_root() -> bool:
