@@ -209,22 +209,17 @@ def refuse_running(records: str, name: str, uid: int) -> None:
 def _read(path: str) -> InstanceRecord | None:
     """The record at `path`; None when there is none, or what is there is not a record the user wrote.
 
-    Not through a link, from a regular file of the user only, of a bounded size.
+    Not through a link, from a regular file of the user only, of a bounded size (cachefiles.read_private).
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    from singpy.cachefiles import read_private
+
+    data = read_private(path, _MAX_RECORD + 1)
+    if data is None or len(data) > _MAX_RECORD:
         return None
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size > _MAX_RECORD:
-            return None
-        data = json.loads(os.read(fd, _MAX_RECORD + 1))
-    except (OSError, ValueError):
+        return _record(json.loads(data))
+    except (ValueError, RecursionError):
         return None
-    finally:
-        os.close(fd)
-    return _record(data)
 
 
 _FIELDS = (("name", str), ("pid", int), ("image", str), ("socket", str), ("log_out", str), ("log_err", str),

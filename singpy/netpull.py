@@ -34,16 +34,10 @@ def default_name(url: str) -> str:
 
 def pull_url(url: str, target: str, *, force: bool) -> str:
     """Download `url` to `target` (default: its name in the working directory). Returns a summary."""
-    from singpy.hostfiles import path_problem, shown
+    from singpy.oci.pull import check_target
 
     target = os.path.abspath(target or default_name(url))
-    problem = path_problem(target)
-    if problem:
-        raise ImageError(f"can't write {shown(target)}: {problem}")
-    if os.path.lexists(target) and not force:
-        raise ImageError(f"{target} already exists (use --force to overwrite it)")
-    if os.path.isdir(target) and not os.path.islink(target):
-        raise ImageError(f"{target} is a directory: give the name of the file to write")
+    check_target(target, force=force)
     temporary = _download(url, target)
     try:
         _check_image(url, temporary)

@@ -103,7 +103,7 @@ def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], h
     """`singpy pull [TARGET] REF`: the image as the SIF file `target` (default: NAME_TAG.sif). Returns a summary."""
     ref = parse(text)
     target = os.path.abspath(target or default_name(ref))
-    _check_target(target, force=force)
+    check_target(target, force=force)
     location = store.location(env, home)
     source = _registry(ref, options, env, home) if ref.transport == "docker" else _local(ref)
     sif = ensure_sif(resolve(ref, source, _platform(options)), location, env)
@@ -118,7 +118,7 @@ def build_from(text: str, target: str, options: PullOptions, env: Mapping[str, s
         return pull(text, target, options, env, home, force=force).replace("pulled", "built", 1)
     ref = parse(text)
     target = os.path.abspath(target)
-    _check_target(target, force=force)
+    check_target(target, force=force)
     source = _registry(ref, options, env, home) if ref.transport == "docker" else _local(ref)
     resolved = resolve(ref, source, _platform(options))
     location = store.location(env, home)
@@ -153,7 +153,8 @@ def default_name(ref: Reference) -> str:
     return f"{name}_{version}.sif"
 
 
-def _check_target(target: str, *, force: bool) -> None:
+def check_target(target: str, *, force: bool) -> None:
+    """The file a pull writes: refused when it exists (unless `force`), is a directory or can't be a path."""
     from singpy.hostfiles import path_problem, shown
 
     problem = path_problem(target)
