@@ -24,8 +24,9 @@ from singpy.image import cache, tools
 from singpy.image.detect import classify, host_arch, sif_partition
 
 
-def build(target: str, source: str, *, force: bool, env: Mapping[str, str]) -> str:
-    """Build `target` from `source`; the kind of source decides the kind of target. Returns a summary.
+def build(target: str, source: str, *, force: bool, env: Mapping[str, str], sandbox: bool = False) -> str:
+    """Build `target` from the image `source`: a sandbox with `sandbox` (--sandbox), else a SIF, whatever the
+    source's kind (as Apptainer: the output's kind comes from --sandbox alone). Returns a summary.
 
     Whatever happens (a tool fails, the disk fills up, SIGTERM, SIGHUP or
     SIGINT arrives), nothing is left behind: no scratch directory next to the
@@ -39,15 +40,21 @@ def build(target: str, source: str, *, force: bool, env: Mapping[str, str]) -> s
         raise ImageError(f"can't write {shown(target)}: {problem}")
     if os.path.lexists(target) and not force:
         raise ImageError(f"{target} already exists (use --force to overwrite it)")
+    if not sandbox and os.path.isdir(target) and not os.path.islink(target):
+        raise ImageError(f"{target} is a directory: give the name of the SIF file to write (or --sandbox)")
     with tools.Interruptible():
         try:
+            if image.kind == "sandbox" and sandbox:
+                copy_sandbox(target, image.path)
+                return f"copied the sandbox {image.path} to {target}"
             if image.kind == "sandbox":
-                if os.path.isdir(target):
-                    raise ImageError(f"{target} is a directory: a SIF built from a sandbox needs a file name")
                 build_sif(target, image.path, env=env)
                 return f"built SIF image {target}"
-            unpack(target, image.path, env=env)
-            return f"unpacked {image.path} into the sandbox {target}"
+            if sandbox:
+                unpack(target, image.path, env=env)
+                return f"unpacked {image.path} into the sandbox {target}"
+            resquash(target, image.path, env=env)
+            return f"built SIF image {target} from {image.path}"
         except tools.Interrupted as interrupted:
             raise tools.Interrupted(f"build of {target} {interrupted.message}: nothing was written") from None
         except ImageError as error:
@@ -86,6 +93,35 @@ def build_sif(target: str, sandbox: str, *, env: Mapping[str, str]) -> None:
         console.verbose(f"writing {target} ({os.path.getsize(squashfs)} bytes of squashfs, {arch})")
         build_sif_from_squashfs(target, squashfs, arch=arch, deffile=deffile,
                                 inspect_metadata={"data": {"attributes": attributes}, "type": "container"})
+    finally:
+        cache.remove_tree(scratch)
+
+
+def copy_sandbox(target: str, sandbox: str) -> None:
+    """A copy of the directory image `sandbox` as the new sandbox `target` (owners kept as root, `cp -a`)."""
+    import shutil
+
+    cp = shutil.which("cp") or "/bin/cp"
+    scratch = scratch_dir(target, ".singpy-copy-")
+    try:
+        tree = f"{scratch}/root"
+        tools.run_tool([cp, "-a", "--", sandbox, tree], label=f"Copying {os.path.basename(sandbox)}",
+                       failure=f"can't copy {sandbox}", squashfs_tool=False)
+        try:
+            publish_tree(tree, target, f"{scratch}/old")
+        except OSError as error:
+            raise ImageError(f"can't write {target}: {error.strerror}") from None
+    finally:
+        cache.remove_tree(scratch)
+
+
+def resquash(target: str, image: str, *, env: Mapping[str, str]) -> None:
+    """A SIF `target` from a SIF or squashfs `image`: its tree unpacked beside the target, then squashed."""
+    scratch = scratch_dir(target, ".singpy-resquash-")
+    try:
+        tree = f"{scratch}/root"
+        unsquash(image, tree, env=env)
+        build_sif(target, tree, env=env)
     finally:
         cache.remove_tree(scratch)
 

@@ -91,8 +91,10 @@ def show_progress() -> bool:
     return console.level() >= console.NORMAL and sys.stderr.isatty() and os.environ.get("TERM", "dumb") != "dumb"
 
 
-def run_tool(argv: list[str], *, label: str, failure: str, prefix: Sequence[str] = ()) -> None:
-    """Run a squashfs-tools program to completion; `failure` starts the error line.
+def run_tool(argv: list[str], *, label: str, failure: str, prefix: Sequence[str] = (),
+             squashfs_tool: bool = True) -> None:
+    """Run a squashfs-tools program (or, `squashfs_tool=False`, another) to completion; `failure` starts the error
+    line.
 
     `-no-progress` is added here when there is no progress bar to feed
     (unsquashfs takes options first, mksquashfs after its sources and target).
@@ -100,8 +102,8 @@ def run_tool(argv: list[str], *, label: str, failure: str, prefix: Sequence[str]
     """
     import subprocess  # not on the path of a run that finds its image in the cache
 
-    progress = show_progress()
-    if not progress:
+    progress = show_progress() and squashfs_tool
+    if not progress and squashfs_tool:
         last = os.path.basename(argv[0]) == "mksquashfs"
         argv = [*argv, "-no-progress"] if last else [argv[0], "-no-progress", *argv[1:]]
     argv = [*prefix, *argv]

@@ -48,7 +48,7 @@ def chain(prefix: str, name: str, depth: int) -> list[oci.Entry]:
 @pytest.fixture(scope="module")
 def archives(workdir: Path) -> dict[str, Path]:
     where = workdir / "deep-trees"
-    where.mkdir(mode=0o755)
+    where.mkdir(mode=0o755, exist_ok=True)  # pytest may set a module fixture up again when the profiles alternate
     # 1,500 + 1,500 levels through the link: 3,000 directories, a path of 6,000 bytes (entry names stay short).
     beyond = [*chain("", "a", 1500)[:-1], symlink("s", "/" + "/".join(["a"] * 1500)), *chain("s/", "b", 1500)]
     found = {

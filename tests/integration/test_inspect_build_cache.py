@@ -164,22 +164,37 @@ def test_build_sandbox_from_image(singpy: Singpy, images: dict[str, Path], workd
     out = owned_dir(singpy, workdir, "unpack") / maker
     if out.exists():
         subprocess.run(["rm", "-rf", str(out)], check=True)
-    singpy.ok("build", str(out), str(source))
+    singpy.ok("build", "--sandbox", str(out), str(source))
     assert (out / "bin" / "busybox").is_file() and (out / "dev").is_dir()
     if maker != "arm64":
         assert (out / "etc" / "marker").read_text().strip() == sifs.MARKER
         assert singpy.ok("exec", str(out), "cat", "/etc/marker").strip() == sifs.MARKER
-    again = singpy.run("build", str(out), str(source))
+    again = singpy.run("build", "--sandbox", str(out), str(source))
     assert again.returncode == 255 and "already exists" in again.stderr
-    singpy.ok("build", "-F", str(out), str(source))
+    singpy.ok("build", "-F", "--sandbox", str(out), str(source))
     assert not [name for name in os.listdir(out.parent) if name.startswith(".singpy-")]
+
+
+def test_output_kind_comes_from_sandbox_alone(singpy: Singpy, images: dict[str, Path], workdir: Path) -> None:
+    """As Apptainer: a SIF unless --sandbox, whatever the source (a sandbox, a SIF, a squashfs image)."""
+    out = owned_dir(singpy, workdir, "output-kind")
+    singpy.ok("build", str(out / "from-sif.sif"), str(images["singpy"]))
+    singpy.ok("build", str(out / "from-squashfs.sif"), str(images["squashfs"]))
+    singpy.ok("build", "--sandbox", str(out / "tree"), str(images["singpy"]))
+    singpy.ok("build", "--sandbox", str(out / "copy"), str(out / "tree"))
+    singpy.ok("build", str(out / "from-tree.sif"), str(out / "copy"))
+    for name in ("from-sif.sif", "from-squashfs.sif", "from-tree.sif"):
+        assert (out / name).is_file() and (out / name).read_bytes()[32:41] == b"SIF_MAGIC", name
+        assert singpy.ok("exec", str(out / name), "cat", "/etc/marker").strip() == sifs.MARKER
+    assert (out / "copy" / "etc" / "marker").read_text().strip() == sifs.MARKER and (out / "tree").is_dir()
+    assert not [name for name in os.listdir(out) if name.startswith(".singpy-")]
 
 
 def test_failed_unpack_leaves_nothing(singpy: Singpy, images: dict[str, Path], workdir: Path) -> None:
     broken = sifs.patched(images["singpy"], workdir / "unpack-broken.sif",
                           [(sifs.primary_offset(images["singpy"]) + 20, struct.pack("<H", 99))])
     parent = owned_dir(singpy, workdir, "unpack-fail")
-    result = singpy.run("build", str(parent / "out"), str(broken))
+    result = singpy.run("build", "--sandbox", str(parent / "out"), str(broken))
     assert result.returncode == 255, result.stderr
     assert result.stderr.startswith("FATAL:") and "unknown compression" in result.stderr, result.stderr
     assert os.listdir(parent) == []
