@@ -215,8 +215,13 @@ def _check_one(current: str, me: int, what: str, *, strict: bool, sticky_ok: boo
         info = os.lstat(current)
     except FileNotFoundError:
         return False
-    except OSError as error:
-        _refuse(current, what, f"can't look at it: {error.strerror}")
+    except OSError as error:  # a parent we may not search (chmod 000 ~/.cache/singpy): say which
+        from singpy.errors import ImageError
+        from singpy.hostfiles import shown
+
+        parent = os.path.dirname(current)
+        raise ImageError(f"can't use the {what} {shown(parent)}: {error.strerror.lower()}",
+                         hint=f"give yourself access to it (chmod u+rwx {shown(parent)})") from None
     if info.st_uid not in (me, 0):
         _refuse(current, what, f"it belongs to uid {info.st_uid}, not to you or root")
     if stat.S_ISLNK(info.st_mode):
@@ -239,6 +244,6 @@ def _refuse(path: str, what: str, reason: str) -> NoReturn:
     from singpy.errors import ImageError
     from singpy.hostfiles import shown
 
+    elsewhere = ", or point SINGPY_CACHEDIR elsewhere" if "cache" in what else ""
     raise ImageError(f"refusing the {what} {shown(path)}: {reason}",
-                     hint="use a directory that only you (or root) can write, e.g. chmod go-w, or point "
-                          "SINGPY_CACHEDIR elsewhere")
+                     hint=f"use a directory that only you (or root) can write (chmod go-w){elsewhere}")

@@ -146,6 +146,21 @@ def test_a_cache_directory_others_can_write_is_refused(singpy: Singpy, images: I
     assert not (cwd / MARKER).exists()
 
 
+@pytest.mark.parametrize("command", [["cache", "list"], ["cache", "clean", "-f"]])
+def test_a_cache_you_cannot_read_is_one_line(singpy: Singpy, workdir: Path, command: list[str]) -> None:
+    """`chmod 000 ~/.cache/singpy; singpy cache list`: one line saying which directory, not a traceback."""
+    if singpy.uid == 0:
+        pytest.skip("root reads a directory of mode 000 all the same")
+    cache = new_cache(singpy, workdir, f"unreadable-{command[1]}")
+    (cache / "rootfs").mkdir()
+    cache.chmod(0)
+    try:
+        result = singpy.run(*command, env=singpy.env(SINGPY_CACHEDIR=str(cache)))
+    finally:
+        cache.chmod(0o700)
+    assert_one_fatal(result, f"can't use the cache directory {cache}: permission denied")
+
+
 def test_a_work_directory_in_another_users_directory_is_refused(singpy: Singpy, images: Images, workdir: Path,
                                                                 other_user: pwd.struct_passwd, shared_tmp: Path,
                                                                 cwd: Path) -> None:
