@@ -64,9 +64,9 @@ def read_definition(request: BuildRequest) -> tuple[str, Definition]:
     elif unused:  # Apptainer's rule and words: most likely a typo in a name
         raise DefinitionError(f"unused build args: {' '.join(unused)}. Use option --warn-unused-build-args to show a "
                          "warning instead of a fatal message")
-    for stage in definition.stages:
-        if stage.script("pre").strip():
-            console.warning(f"{request.recipe}:{stage.line}: %pre is not supported (Apptainer deprecated it); "
+    for section in (section for stage in definition.stages for section in stage.sections if section.name == "pre"):
+        if section.body.strip():  # the %pre line itself, not the stage's first line
+            console.warning(f"{request.recipe}:{section.line}: %pre is not supported (Apptainer deprecated it); "
                             "ignored: use %setup")
     names: list[str] = []
     for stage in definition.stages:

@@ -402,3 +402,17 @@ def test_a_daemon_started_by_post_ends_with_the_build(singpy: Singpy, workdir: P
     assert result.returncode == 0, result.stderr
     assert settled(before, out) == before  # no process naming our directory: the daemon is gone
     assert (out / "image.sif").exists() and build_dirs(out) == []
+
+
+def test_a_missing_source_is_named_as_what_it_may_be(singpy: Singpy, workdir: Path) -> None:
+    """`build out.sif nosuch.def`: not "image nosuch.def does not exist" (it names a definition file as well)."""
+    result = singpy.run("build", str(workdir / f"never-{singpy.profile}.sif"), "nosuch.def", cwd=workdir)
+    assert_one_fatal(result, "nosuch.def does not exist (the definition file or image to build from)")
+    assert not (workdir / f"never-{singpy.profile}.sif").exists()
+
+
+def test_pre_warning_names_the_pre_line(singpy: Singpy, workdir: Path) -> None:
+    recipe = workdir / f"with-pre-{singpy.profile}.def"
+    recipe.write_text("Bootstrap: scratch\n\n%files\n/etc/hostname /hostname\n\n%pre\n  echo before\n")
+    result = singpy.run("build", "--sandbox", str(workdir / f"with-pre-{singpy.profile}"), str(recipe), timeout=120)
+    assert f"{recipe}:6: %pre is not supported" in result.stderr  # the %pre line, not the stage's first

@@ -87,7 +87,7 @@ def test_unused_build_args_are_an_error_unless_warn_unused(tmp_path: Path, capsy
 
 def test_pre_is_ignored_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     read_definition(request(tmp_path, "Bootstrap: scratch\n\n%pre\n  echo before\n"))
-    assert "r.def:1: %pre is not supported" in capsys.readouterr().err
+    assert "r.def:3: %pre is not supported" in capsys.readouterr().err  # the %pre line, not the stage's first
 
 
 def test_a_fifo_or_a_huge_file_is_no_definition(tmp_path: Path) -> None:
