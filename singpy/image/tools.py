@@ -23,6 +23,7 @@ from singpy.kernel import syscalls as k
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     import subprocess
+    from typing import Any
 
 _MAX_ERRORS = 1 << 16  # of a tool's stderr kept for the error line: a failing unsquashfs may repeat itself
 
@@ -113,18 +114,23 @@ def run_tool(argv: list[str], *, label: str, failure: str, prefix: Sequence[str]
     # unwind with no child object to kill. Unblocked just after, it is taken with the child known.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     child: subprocess.Popen[bytes] | None = None
+    # A terminal for the tool's progress: squashfs-tools draw their bar as they go only on a terminal (into a
+    # pipe, mksquashfs prints it once, at the end, and the bar would sit at nothing until then).
+    terminal = _terminal() if progress else None
     try:
         try:
-            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if progress else
+            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal[1] if terminal else
                                      subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      preexec_fn=lambda: _die_with(parent, mask))
         except OSError as error:
             raise ImageError(f"{failure}: can't run {argv[0]}: {error.strerror}") from None
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if terminal:
+                os.close(terminal[1])
         assert child.stderr is not None
-        if progress:
-            _follow(child, label)
+        if terminal:
+            _follow(terminal[0], label)
         errors = _drain(child.stderr.fileno())
         status = child.wait()
     except BaseException:  # Interrupted, KeyboardInterrupt: the tool must not outlive us, nor stay a zombie
@@ -136,6 +142,8 @@ def run_tool(argv: list[str], *, label: str, failure: str, prefix: Sequence[str]
         for stream in (child.stdout, child.stderr) if child is not None else ():
             if stream is not None:
                 stream.close()
+        if terminal:
+            os.close(terminal[0])
     if status != 0:
         reason = _reason(errors) or f"{os.path.basename(argv[0])} exited with status {status}"
         raise ToolError(f"{failure}: {reason}", output=errors)
@@ -188,23 +196,55 @@ def _reason(errors: str) -> str:
     return lines[0] if lines else ""
 
 
-def _follow(child: subprocess.Popen[bytes], label: str) -> None:
-    """Feed the tool's own `done/total` counts to a rich progress bar on stderr."""
+def _terminal() -> tuple[int, int]:
+    """A pseudo-terminal (ours, the tool's) 120 columns wide, for the tool's progress bar."""
+    import fcntl
+    import struct
+    import termios
+
+    ours, tools_end = os.openpty()
+    fcntl.ioctl(tools_end, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    return ours, tools_end
+
+
+def _follow(fd: int, label: str) -> None:
+    """Feed the tool's own `done/total` counts (read from `fd`) to a rich progress bar on stderr.
+
+    Until the tool has counted what it will do, the bar shows no count (not "0/?"); the elapsed time
+    moves on in the meantime (a refresh every half second, without a thread).
+    """
     import re
+    import select
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    assert child.stdout is not None
+    class Count(MofNCompleteColumn):
+        def render(self, task: Any) -> Any:
+            from rich.text import Text
+
+            return super().render(task) if task.total is not None else Text("")
+
     count = re.compile(rb"(\d+)/(\d+)\s+\d+%")
     # No refresh thread (auto_refresh=False): the launcher must be single-threaded again
     # before unshare(CLONE_NEWUSER), which the kernel refuses to a threaded process.
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    with Progress(TextColumn("{task.description}", markup=False), BarColumn(), Count(), TimeElapsedColumn(),
                   console=Console(stderr=True), auto_refresh=False, transient=True) as bar:
         task = bar.add_task(label, total=None)
-        while chunk := os.read(child.stdout.fileno(), 4096):
+        while True:
+            if not select.select([fd], [], [], 0.5)[0]:
+                bar.refresh()
+                continue
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the tool closed its end of the terminal (it exited)
+                break
+            if not chunk:
+                break
             counts = count.findall(chunk)
             if counts:
                 done, total = counts[-1]
                 bar.update(task, completed=int(done), total=int(total))
                 bar.refresh()
+
+

@@ -500,3 +500,20 @@ def test_a_full_disk_is_named_right(singpy: Singpy, workdir: Path, full: str) ->
     assert done.returncode == 255, done.stderr
     assert f"FATAL:   no space left on device in {small}: set {variable} to a directory with room" in done.stderr
     assert not (base / "out.sif").exists() and os.listdir(tmp) == []
+
+
+def test_on_a_terminal_the_squash_bar_shows_counts_not_a_stuck_zero(singpy: Singpy, workdir: Path) -> None:
+    """mksquashfs draws its progress only on a terminal: singpy gives it one, and shows no "0/?" meanwhile."""
+    from tests.conftest import SINGPY
+
+    base = user_dir(singpy, workdir, "squash-bar")
+    archive = write_oci_archive(base / "image.tar", {"latest": busybox_image()})
+    command = f"{SINGPY} pull {base}/out.sif oci-archive:{archive}"
+    env = cache_env(singpy, workdir, "squash-bar", TERM="xterm", COLUMNS="120")
+    done = subprocess.run(["script", "-q", "-e", "-c", command, "/dev/null"], capture_output=True, text=True,
+                          env=env, timeout=120, check=False, **singpy.switch())  # type: ignore[call-overload]
+    assert done.returncode == 0, done.stdout + done.stderr
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", done.stdout)
+    assert "Squashing oci-archive:" in screen and re.search(r"Squashing oci-archive:\S+\s+\S*\s*(\d+)/\1 ", screen)
+    assert "0/?" not in screen
+    assert (base / "out.sif").is_file()
