@@ -137,6 +137,8 @@ def _build(plan: LaunchPlan) -> tuple[list[tuple[str, int]], ImageScripts]:
     """The container, built as a plain launch builds it; the holder stays in it. Returns its namespaces."""
     from singpy import launch, rootfs
 
+    if plan.namespaces.pid:  # now: the package is out of reach once in the staging root
+        from singpy import pidns
     launch.enter_namespaces(plan)
     names = [name for name, _ in NAMESPACES if _has(plan, name)]
     fds = [(name, os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)) for name in names]
@@ -144,15 +146,21 @@ def _build(plan: LaunchPlan) -> tuple[list[tuple[str, int]], ImageScripts]:
     image_root, helpers = launch.attach_image(plan)
     root, layer_helpers = launch.prepare_root(plan, image_root)
     _HELPERS.extend((*reversed(layer_helpers), *helpers))
+    if plan.namespaces.pid:  # --pid, --containall: PID 1 builds the container, the holder stays outside
+        init, namespace = pidns.start(plan, root)
+        _INIT.append(init)
+        return [*fds, ("pid", namespace)], root.scripts
     return fds, launch.build_container(plan, root)
 
 
 _HELPERS: list[int] = []  # squashfuse, fuse-overlayfs...: stopped when the holder ends
+_INIT: list[int] = []  # PID 1 of the container's PID namespace (singpy.pidns), while it runs
 
 
 def _has(plan: LaunchPlan, name: str) -> bool:
     ns = plan.namespaces
-    return {"user": ns.user, "mnt": True, "ipc": ns.ipc, "uts": ns.uts, "net": ns.net}[name]
+    return {"user": ns.user, "mnt": True, "ipc": ns.ipc, "uts": ns.uts, "net": ns.net,
+            "pid": False}[name]  # "pid": made later, by singpy.pidns (its helpers must not be in it)
 
 
 def _refuse_waiting(listener: socket.socket, message: str) -> None:
@@ -199,11 +207,16 @@ class _Members:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, number)
 
-    def close(self) -> None:
-        """First: a rank arriving now is refused, and makes a new container. Then the image's helpers."""
+    def close(self, startscript: int | None = None) -> None:
+        """First: a rank arriving now is refused, and makes a new container. Then everything in its PID
+        namespace, and the image's helpers, which those processes may use until they are gone."""
         from singpy import process
 
         self.listener.close()
+        if _INIT:
+            from singpy import pidns  # imported already (_build): the host's files are out of reach now
+
+            pidns.end(_INIT.pop(), startscript)
         for helper in _HELPERS:
             process.stop_helper(helper)
 
@@ -251,6 +264,8 @@ def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[s
                 for number in os.read(wakeup_read, 256):
                     if number == signal.SIGCHLD:
                         child = _reap(child)
+                        if not _INIT and plan.namespaces.pid:  # its PID 1 died: nothing runs in it any more
+                            stop_at = stop_at or time.monotonic() + _STOP_GRACE
                         continue
                     _kill_group(child, number)
                     members.kill(number)
@@ -258,7 +273,7 @@ def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[s
     finally:
         _kill_group(child, signal.SIGKILL)
         members.kill(signal.SIGKILL)
-        members.close()
+        members.close(child)
 
 
 def _kill_group(leader: int | None, number: int) -> None:
@@ -291,6 +306,9 @@ def _reap(child: int | None) -> int | None:
             return None
         if done == 0:
             return child
+        if _INIT and done == _INIT[0]:  # never signalled again: its pid may be another process's soon
+            _INIT.clear()
+            console.info("the container's init (PID 1 of its PID namespace) ended: stopping the instance")
         if done == child:
             console.info(f"the startscript exited with status {os.waitstatus_to_exitcode(status)}")
             child = None

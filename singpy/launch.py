@@ -65,8 +65,9 @@ from singpy.image.scripts import ImageScripts, find_scripts, runscript_path
 from singpy.kernel import caps
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_id_maps
-from singpy.mounts.apply import apply_mounts, survey
+from singpy.mounts.apply import apply_mounts
 from singpy.mounts.rootpath import Resolver, Tree
+from singpy.mounts.survey import survey
 from singpy.plan import ImageSpec, LaunchPlan, MountOp
 from singpy.planner import LaunchRequest, Planned, build_plan
 from singpy.record import Record
@@ -86,7 +87,7 @@ def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: b
     if planned.plan.share is not None:
         from singpy import shared
 
-        shared.run(planned.plan)
+        return shared.run(planned.plan)
     return launch(planned.plan)
 
 
@@ -359,16 +360,6 @@ def _layered(plan: LaunchPlan) -> bool:
     return plan.writable or bool(plan.overlays) or plan.overlay_driver == "fuse"
 
 
-def _no_layer(plan: LaunchPlan) -> str:
-    """Why the mount points the image lacks can't be added to it ("" when they can, in an overlay layer)."""
-    if plan.writable and not plan.overlays:
-        return "with --writable, singpy makes no mount point in the image"
-    if plan.overlay_driver == "none" and plan.underlay == "no":
-        return ("`enable overlay = no` and `enable underlay = no` in the configuration: singpy can't add mount "
-                "points to the image")
-    return ""
-
-
 def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple[int, ...]]:
     """Called in the staging root before anything is forked: the image, and its layers, on NEWROOT.
 
@@ -381,7 +372,7 @@ def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple
         found = survey(plan.mounts, image)
         runscript = runscript_path(plan.process.app) if plan.process.action == "run" else None
         scripts = find_scripts(image, covered=found.covers, runscript=runscript, asked=found.asked_for)
-        missing = [] if _no_layer(plan) else found.missing
+        missing = [] if plan.no_layer() else found.missing
         layer = "the underlay" if plan.underlay == "always" and not _layered(plan) else "an overlay layer"
         for path, _ in missing:
             console.debug(f"mount point /{path} is missing from the image: adding it in {layer}")
@@ -407,7 +398,7 @@ def build_container(plan: LaunchPlan, root: PreparedRoot) -> ImageScripts:
     """
     writes = plan.writable or plan.writable_tmpfs or any(not layer.readonly for layer in plan.overlays)
     with root.image as image:
-        apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs, no_layer=_no_layer(plan),
+        apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs, no_layer=plan.no_layer(),
                      mount_setattr="mount_setattr" not in plan.avoid_features, host=root.host)
     rootfs.finish_root(writable=writes)
     scripts = root.scripts

@@ -197,6 +197,23 @@ class LaunchPlan(Record):
     avoid_features: tuple[str, ...] = ()
     share: ShareSpec | None = None  # join (or make) the container of the other ranks of this job step on this node
 
+    def no_layer(self) -> str:
+        """Why the mount points the image lacks can't be added to it ("" when they can); see `no_layer`."""
+        return no_layer(writable=self.writable, overlays=bool(self.overlays), overlay_driver=self.overlay_driver,
+                        underlay=self.underlay)
+
     def to_json_data(self) -> dict[str, object]:
         """A JSON-ready dict (enums as their values) for --dry-run and logging."""
         return self.as_dict()
+
+
+def no_layer(*, writable: bool, overlays: bool, overlay_driver: str, underlay: str) -> str:
+    """Why a launch gets no layer of the mount points the image lacks ("" when it does: an overlay layer or
+    the underlay). The planner stages the home for such a launch (singpy.mounts.system.home_mounts) and
+    apply_mounts names the reason when a mount point is missing."""
+    if writable and not overlays:  # the image itself is the root, read-write (a sandbox, an ext3 image)
+        return "with --writable, singpy makes no mount point in the image"
+    if overlay_driver == "none" and underlay == "no":
+        return ("`enable overlay = no` and `enable underlay = no` in the configuration: singpy can't add mount "
+                "points to the image")
+    return ""

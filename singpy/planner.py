@@ -32,6 +32,7 @@ from singpy.plan import (
     ShareSpec,
     Stage,
 )
+from singpy.plan import no_layer as plan_no_layer
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
@@ -113,7 +114,11 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     home_source, home_dest = _home(request, host)
     namespaces = Namespaces(user=host.uid != 0 or fakeroot is not None or request.userns, pid=pid,
                             ipc=ipc, uts=uts, net=network is not None)
-    mounts = _mounts(request, config, host, namespaces, home_source, home_dest)
+    layers = _layers(request, config, host, image, namespaces.user)
+    underlay = _underlay(request, config, namespaces.user and _no_userns_overlay(config))
+    no_layer = plan_no_layer(writable=request.writable, overlays=bool(layers and layers.overlays), underlay=underlay,
+                             overlay_driver=layers.driver if layers is not None else _default_driver(config))
+    mounts = _mounts(request, config, host, namespaces, home_source, home_dest, no_layer=bool(no_layer))
     gpu_mounts, gpu_notes = _outside_host_dev(gpu_mounts, mounts)
     mounts += gpu_mounts
     if job is not None:
@@ -124,7 +129,6 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     if job is not None and share_key is None:
         env_plan = jobs.without_single_copy(env_plan, host.env, request)
     avoid = config.items("avoid kernel features")
-    layers = _layers(request, config, host, image, namespaces.user)
     if layers is not None:
         if host.uid != 0 and config.changed(IMAGE_LIMITS):
             from singpy import policy
@@ -149,7 +153,7 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                       mount_slave=config.flag("mount slave"),
                       staging_size=_staging_size(config, host.uid),
                       max_loop_devices=config.number("max loop devices"),
-                      underlay=_underlay(request, config, namespaces.user and _no_userns_overlay(config)),
+                      underlay=underlay,
                       avoid_features=avoid)
     if request.instance:
         from singpy.instance import socket_name
@@ -325,7 +329,7 @@ def _check_hostname(name: str) -> None:
 
 
 def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespaces: Namespaces,
-            home_source: str, home_dest: str) -> list[MountSpec]:
+            home_source: str, home_dest: str, *, no_layer: bool) -> list[MountSpec]:
     skipped = set(request.no_mount)  # --no-mount
     dev = "minimal" if request.contain and config.text("mount dev") == "yes" else config.text("mount dev")
     mounts = system.kernel_mounts(new_pid=namespaces.pid, proc=config.flag("mount proc") and "proc" not in skipped,
@@ -350,7 +354,8 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
         mounts += system.hostfs_mounts(_read("/proc/self/mountinfo"))
     mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp") and "tmp" not in skipped)
     home = system.home_mounts(source=_home_source(request, home_source), dest=home_dest,
-                              enabled=_home_enabled(request, config, home_dest), asked=request.home is not None)
+                              enabled=_home_enabled(request, config, home_dest), asked=request.home is not None,
+                              no_layer=no_layer, covered=mounts)
     mounts += home
     if not request.contain and "cwd" not in skipped:
         mounts += system.cwd_mount(host.cwd, home + mounts)

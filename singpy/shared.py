@@ -43,11 +43,13 @@ from singpy.plan import LaunchPlan
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import NoReturn
 
 JOIN_TIMEOUT = 300.0  # seconds a rank waits for the holder to build the container (a large image on squashfuse)
+# In the order they are joined; "pid" is opened by the holder apart (singpy.pidns), and joined last.
 NAMESPACES = (("user", k.CLONE_NEWUSER), ("mnt", k.CLONE_NEWNS), ("ipc", k.CLONE_NEWIPC), ("uts", k.CLONE_NEWUTS),
-               ("net", k.CLONE_NEWNET))
+              ("net", k.CLONE_NEWNET), ("pid", k.CLONE_NEWPID))
 READY, ERROR = b"ready\0", b"error\0"
 _BACKLOG = 4096  # every rank of a node may connect before the holder is ready
 # The start-up path imports neither `socket` nor `json` (3 ms each): `_socket`, and a message of NUL-separated fields.
@@ -58,8 +60,12 @@ class _Retry(Exception):
     """The holder went away before answering: its last rank left as we came. Start over."""
 
 
-def run(plan: LaunchPlan) -> NoReturn:
-    """Join the container of this job step on this node, making it first if nobody has."""
+def run(plan: LaunchPlan) -> int:
+    """Join the container of this job step on this node, making it first if nobody has.
+
+    Execs the payload in place; returns only with a PID namespace (the payload's exit status), where the
+    payload is forked into it and this launcher stays outside as its supervisor (singpy.pidns).
+    """
     assert plan.share is not None
     deadline = time.monotonic() + JOIN_TIMEOUT
     while True:
@@ -86,10 +92,19 @@ def run(plan: LaunchPlan) -> NoReturn:
         from singpy import process  # now: the package is out of reach once we are in the container
 
         caps.preload(plan.process.privileges)  # (python-prctl too)
+        own_pid = any(name == "pid" for name, _ in fds)
         _join(fds)
         console.verbose(f"{plan.share.origin}: joined the shared container")
         os.set_inheritable(connection.fileno(), True)  # held by the payload: the holder counts it
+        if own_pid:  # setns moved only our children into the PID namespace: the payload is one
+            return process.supervise(_payload(plan, scripts))
         process.exec_process(plan.process, scripts)
+
+
+def _payload(plan: LaunchPlan, scripts: ImageScripts) -> Callable[[], NoReturn]:
+    from singpy import process
+
+    return lambda: process.exec_process(plan.process, scripts)
 
 
 def _address(name: str) -> bytes:

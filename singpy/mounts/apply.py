@@ -14,7 +14,7 @@ The image is untrusted, and so is every path in it (singpy.mounts.rootpath):
 * A missing mount point is created only in a filesystem this launch made
   for the container: a tmpfs mounted here, or the writable overlay of
   --writable-tmpfs. Those the image lacks were put in the overlay's lower
-  layer beforehand (`survey`). Never in a directory bound from
+  layer beforehand (`singpy.mounts.survey`). Never in a directory bound from
   the host, even when an image link leads there (`/dev -> /etc`): the mount is
   then refused (`Missing.REQUIRED`: one FATAL line) or left out
   (`Missing.SKIP`: a --verbose note, where Apptainer would skip it too).
@@ -59,12 +59,13 @@ def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bo
     missing mount point may be made. `no_layer`: why the image got no layer of mount points
     (--writable, `enable overlay = no`), for the message naming one it lacks. `mount_setattr`: False with
     `avoid kernel features = mount_setattr`, a SEAL is then a remount per mount, as on Linux < 5.12. `host`:
-    the survey's resolver of bind sources (`Survey.host`), with what it found.
+    the survey's resolver of bind sources (`singpy.mounts.survey.Survey.host`), with what it found.
     """
     with Tree(NEWROOT, proc=PROC) as container:
         applier = _Applier(container, image, specs, writable_root=writable_root, host=host)
         applier.no_layer = no_layer
         applier.mount_setattr = mount_setattr
+        left_out: list[str] = []  # destinations of default mounts left out for want of a mount point
         try:
             for number, spec in enumerate(specs):
                 try:
@@ -72,7 +73,14 @@ def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bo
                 except PathError as error:
                     if spec.missing is Missing.REQUIRED:
                         raise PathError(f"can't {_doing(spec)}: {error.message}", hint=error.hint) from None
-                    console.verbose(f"can't {_doing(spec)} (left out): {error.message}")
+                    # Without a layer of mount points, a default mount the image has no place for is left out
+                    # with a warning, as Apptainer does: the user sees why their home or cwd is not there.
+                    # One per missing place: not again for the mounts below one left out (the staged home).
+                    if isinstance(error, _NoMountPoint) and not any(is_under(spec.dest, d) for d in left_out):
+                        console.warning(f"can't {_doing(spec)}, left out: {error.message}")
+                    else:
+                        console.verbose(f"can't {_doing(spec)} (left out): {error.message}")
+                    left_out.append(spec.dest)
         finally:
             applier.close()
 
@@ -168,7 +176,7 @@ class _Applier:
                 return
             reason = f"the host's {source} is bound on {path}"
         elif self.no_layer and device == os.fstat(self.container.fd).st_dev:
-            raise PathError(f"{found.path} does not exist in the image ({self.no_layer})",
+            raise _NoMountPoint(f"{found.path} does not exist in the image ({self.no_layer})",
                             hint=f"create {found.path} in the image first")
         else:
             reason = f"nothing may be created in {where}"
@@ -404,6 +412,10 @@ def _say_binding(spec: MountSpec) -> None:
         console.verbose(f"binding {spec.source} -> {spec.dest}{' (ro)' if spec.readonly else ''}")
 
 
+class _NoMountPoint(PathError):
+    """A mount point the image lacks, where the launch has no layer to add it in (`no_layer`)."""
+
+
 def _doing(spec: MountSpec) -> str:
     """What a spec does, for "can't ..." messages."""
     match spec.op:
@@ -443,50 +455,6 @@ def _make_entry(path: str, dest: str, *, directory: bool) -> None:
         raise PathError(f"{dest} exists already") from None
 
 
-class Survey:
-    """The plan's destinations, resolved in the image alone (links followed inside it), before any mount."""
-
-    def __init__(self) -> None:
-        self.missing: list[tuple[str, bool]] = []  # mount points the image lacks: (path below the root, is_dir)
-        self.covering: set[str] = set()  # resolved destinations: what the container will not take from the image
-        self.asked: set[str] = set()  # those of binds the user asked for (MountSpec.asked)
-        self.host = Resolver(HOST)  # bind sources, resolved once for the survey and apply_mounts
-
-    def covers(self, path: str) -> bool:
-        """Whether a mount of the plan hides resolved path `path` of the image."""
-        return _is_covered(path, self.covering)
-
-    def asked_for(self, path: str) -> bool:
-        """Whether a bind the user asked for puts its own file at resolved path `path` (or a directory above)."""
-        return _is_covered(path, self.asked)
-
-
-def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
-    """Where the plan's mounts land in the image, and the mount points it lacks.
-
-    A destination that an earlier mount covers is left to the moment that
-    mount is there (`_Applier._target`); one that leads nowhere (a link loop,
-    a file where a directory must be) is left for apply_mounts to report with
-    its policy.
-    """
-    found_all = Survey()
-    for spec in specs:
-        if spec.op in (MountOp.SYMLINK, MountOp.SEAL):
-            continue
-        if found_all.covers(spec.dest):  # below a mount already: a covering path has no link in it
-            continue
-        try:
-            found = image.locate(spec.dest)
-        except PathError:
-            continue
-        if found.missing and not found_all.covers(found.path):
-            found_all.missing.append((found.path.lstrip("/"), _wants_directory(spec, found_all.host)))
-        found_all.covering.add(found.path)
-        if spec.asked:
-            found_all.asked.add(found.path)
-    return found_all
-
-
 def _sharing_a_directory(specs: tuple[MountSpec, ...]) -> set[str]:
     """The sources (as asked) of the read-only binds that take from a host directory another one takes from too.
 
@@ -498,22 +466,3 @@ def _sharing_a_directory(specs: tuple[MountSpec, ...]) -> set[str]:
     for directory in directories.values():
         counts[directory] = counts.get(directory, 0) + 1
     return {source for source, directory in directories.items() if directory != "/" and counts[directory] > 1}
-
-
-def _is_covered(path: str, covering: set[str]) -> bool:
-    """Whether `path` or one of its ancestors is mounted on (a walk up, not a scan of every mount)."""
-    while path not in covering:
-        if path in ("/", ""):
-            return False
-        path = path.rsplit("/", 1)[0] or "/"
-    return True
-
-
-def _wants_directory(spec: MountSpec, host: Resolver) -> bool:
-    if spec.op is MountOp.FILE:
-        return False
-    if spec.op is MountOp.BIND:
-        assert spec.source is not None
-        info = host.found(spec.source)[1]
-        return info is not None and stat.S_ISDIR(info.st_mode)
-    return True

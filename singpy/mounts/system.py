@@ -129,19 +129,48 @@ def _bind_path_dest(entry: str) -> str:
     return "/" + os.path.normpath(dest).lstrip("/")
 
 
-def home_mounts(*, source: str | None, dest: str, enabled: bool, asked: bool = False) -> list[MountSpec]:
+def home_mounts(*, source: str | None, dest: str, enabled: bool, asked: bool = False, no_layer: bool = False,
+                covered: list[MountSpec] | None = None) -> list[MountSpec]:
     """The home directory: the host's `source`, or an empty tmpfs when there is none to bind.
 
     None is --contain's empty home, and a home whose host directory does not
     exist (Apptainer stages an empty session directory there, its issue #4208).
     `asked`: the user named it (--home SRC:DST), as a bind of their own.
+    `no_layer`: the launch can add no mount point to the image (--writable...);
+    the default home is then staged (`_staged_home`) over the planned mounts
+    `covered`.
     """
     if not enabled:
         return []
     if source is None:
-        return [MountSpec(op=MountOp.TMPFS, dest=dest, stage=Stage.HOME_TMP)]
-    return [MountSpec(op=MountOp.BIND, source=source, dest=dest, missing=Missing.REQUIRED, stage=Stage.HOME_TMP,
-                      asked=asked)]
+        spec = MountSpec(op=MountOp.TMPFS, dest=dest, stage=Stage.HOME_TMP)
+    else:
+        spec = MountSpec(op=MountOp.BIND, source=source, dest=dest, missing=Missing.REQUIRED, stage=Stage.HOME_TMP,
+                         asked=asked)
+    if no_layer and not asked:
+        return _staged_home(spec, covered or [])
+    return [spec]
+
+
+def _staged_home(home: MountSpec, covered: list[MountSpec]) -> list[MountSpec]:
+    """The default home where the image gets no layer of mount points: as Apptainer, a tmpfs of the launch on
+    its first directory (/home), where the home's mount point is made (Apptainer binds its session directory's
+    /home there, holding only the staged home); the image's own /home is hidden meanwhile.
+
+    Never over a system directory (/usr, /var: a home in /var/lib/x would hide the image's /var, which
+    Apptainer does) nor over a planned mount (a home in the host's /tmp is in that bind already). Either way,
+    and where the image lacks that directory, the home is left out with a warning (Missing.SKIP, as
+    Apptainer's other default mounts are), not made a FATAL error: the user did not ask for it.
+    """
+    home = home.replace(missing=Missing.SKIP)
+    base = "/" + home.dest.strip("/").split("/")[0]
+    if base == home.dest or base in SYSTEM_DIRS or any(_under(base, spec.dest) for spec in covered):
+        return [home]
+    return [MountSpec(op=MountOp.TMPFS, dest=base, missing=Missing.SKIP, stage=Stage.HOME_TMP), home]
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def tmp_mounts(*, contain: bool, enabled: bool) -> list[MountSpec]:

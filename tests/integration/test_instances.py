@@ -29,7 +29,7 @@ import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal, readable_by_all
 from tests.support.images import build_busybox_rootfs
-from tests.support.leftovers import settled, traces, wait_until_gone
+from tests.support.leftovers import in_pid_namespace, settled, traces, wait_until_gone
 from tests.support.users import is_root
 
 # Reports itself, then waits: TERM (unless its first argument is "stubborn") and HUP end it, USR1 is reported only.
@@ -452,3 +452,57 @@ def test_another_users_instance_is_not_found(as_root: Singpy, as_user: Singpy, i
         as_user.run("instance", "stop", "--force", instance.name)
         for path in (instance.out, instance.err, instance.record):
             path.unlink(missing_ok=True)
+
+
+# The namespace, its PID 1's name and how many startscripts it holds (the pattern does not match itself).
+PID_NS = ("readlink /proc/self/ns/pid; cat /proc/1/comm; "
+          "grep -l 'singularity.d/[s]tartscript' /proc/[0-9]*/cmdline | wc -l")
+
+
+@pytest.mark.parametrize("flag", ["--pid", "--containall"])
+def test_instance_with_its_own_pid_namespace(singpy: Singpy, images: dict[str, Path], flag: str,
+                                             names: Callable[[str], Instance]) -> None:
+    """--pid, --containall (issue 26): the instance has a PID namespace, which every joiner enters; its PID 1
+    is singpy's init; `instance stop` ends everything in it, orphans that nobody waits for included."""
+    image = images["sandbox"]
+    before = traces(image)
+    instance = names("pid")
+    instance.start(image, flags=(flag,))
+    instance.startscript()
+    holder = instance.listed()["pid"]
+    assert isinstance(holder, int)
+    first = singpy.ok("exec", f"instance://{instance.name}", "sh", "-c", PID_NS).split()
+    namespace, init, startscripts = first
+    assert namespace != os.readlink("/proc/self/ns/pid")
+    assert (init, startscripts) == ("singpy-init", "1")  # the startscript runs in it, seen from a joiner
+    assert "Hello from a singpy container" in singpy.ok("run", f"instance://{instance.name}")  # run joins too
+    assert singpy.ok("exec", f"instance://{instance.name}", "readlink", "/proc/self/ns/pid") == namespace + "\n"
+    # An orphan of a joiner (reparented to the namespace's PID 1) still runs once the joiner has gone...
+    singpy.ok("exec", f"instance://{instance.name}", "sh", "-c", "sleep 300 >/dev/null 2>&1 &")
+    members = in_pid_namespace(namespace)
+    assert len(members) >= 3, members  # init, the startscript, the orphan
+    processes = running(holder, *members)
+    # ...and nothing of the namespace outlives `instance stop`.
+    singpy.ok("instance", "stop", instance.name)
+    assert instance.wait_for_log("got TERM\n").endswith("got TERM\n")
+    assert_gone(processes)
+    assert in_pid_namespace(namespace) == []
+    assert not instance.record.exists()
+    assert settled(before, image) == before
+
+
+def test_pid_instance_joiner_gets_signals_and_status(singpy: Singpy, images: dict[str, Path],
+                                                     names: Callable[[str], Instance]) -> None:
+    """A joiner of a PID namespace supervises its payload (forked into it): exit status and signals pass."""
+    instance = names("pidsig")
+    instance.start(images["sandbox"], flags=("--pid",))
+    assert singpy.run("exec", f"instance://{instance.name}", "sh", "-c", "exit 7").returncode == 7
+    joined = singpy.popen(["exec", f"instance://{instance.name}", "sh", "-c",
+                           "trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 0.05; done"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert joined.stdout is not None
+    assert joined.stdout.readline() == "ready\n"
+    joined.send_signal(signal.SIGTERM)
+    out, _ = joined.communicate(timeout=10)
+    assert (joined.returncode, out) == (3, "got TERM\n")
+    singpy.ok("instance", "stop", instance.name)

@@ -420,6 +420,7 @@ def test_env_base(host: HostInfo, image: ImageSpec, home: str) -> None:
         "HOME": home, "PATH": DEFAULT_PATH, "PS1": "Singpy> ",
         "SINGULARITY_CONTAINER": image.path, "SINGULARITY_NAME": "busybox.sandbox", "SINGULARITY_COMMAND": "run",
         "APPTAINER_CONTAINER": image.path, "APPTAINER_NAME": "busybox.sandbox", "APPTAINER_COMMAND": "run",
+        "SINGULARITY_BIND": "", "APPTAINER_BIND": "",  # no bind asked for
     }
     assert "LANG" not in base
     # PATH, LD_LIBRARY_PATH and the launcher's own variables never pass; HOME passes but the base wins.
@@ -507,3 +508,32 @@ def test_to_json_data(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
 def test_plan_is_deterministic(host: HostInfo, image: ImageSpec) -> None:
     assert plan(host, image) == plan(host, image)
     assert os.path.isdir(image.path)  # planning touched nothing
+
+
+@pytest.mark.parametrize(("conf", "fields"), [("", {"writable": True}),
+                                              ("enable overlay = no\nenable underlay = no\n", {})])
+def test_home_staged_without_a_layer(host: HostInfo, image: ImageSpec, conf: str, fields: dict[str, object]) -> None:
+    """No layer of mount points (issue 26): the default home is made in a tmpfs on its first directory, as
+    Apptainer stages it, and left out (a warning) rather than fatal where even that can't be."""
+    host = host.replace(home="/home/alice")  # not on this host: an empty home (a tmpfs), as with --contain
+    mounts = plan(host, image, conf, **fields).mounts
+    staged = [spec for spec in mounts if spec.dest in ("/home", "/home/alice")]
+    assert [(spec.op, spec.dest, spec.missing) for spec in staged] == [
+        (MountOp.TMPFS, "/home", Missing.SKIP), (MountOp.TMPFS, "/home/alice", Missing.SKIP)]
+
+
+def test_home_not_staged_with_a_layer_or_when_asked(host: HostInfo, image: ImageSpec, home: str) -> None:
+    host = host.replace(home="/home/alice")
+    assert "/home" not in dests(plan(host, image).mounts)
+    assert by_dest(plan(host, image).mounts, "/home/alice").missing is Missing.REQUIRED
+    asked = plan(host, image, writable=True, home=f"{home}:/home/alice").mounts  # --home: a bind of the user's
+    assert "/home" not in dests(asked)
+    assert by_dest(asked, "/home/alice").missing is Missing.REQUIRED
+
+
+@pytest.mark.parametrize("home_dir", ["/root", "/var/lib/svc"])
+def test_home_never_staged_over_a_system_directory(host: HostInfo, image: ImageSpec, home_dir: str) -> None:
+    """/root is the home itself; a tmpfs on /var would hide the image's /var (Apptainer's staging does)."""
+    mounts = plan(host.replace(home=home_dir), image, writable=True).mounts
+    assert by_dest(mounts, home_dir).missing is Missing.SKIP
+    assert not [spec for spec in mounts if spec.op is MountOp.TMPFS and spec.dest in ("/root", "/var")]

@@ -29,3 +29,16 @@ def test_hostfs_binds_real_filesystems_only() -> None:
 
 def test_hostfs_on_a_host_without_extra_filesystems() -> None:
     assert hostfs_mounts("27 1 254:0 / / rw - ext4 /dev/vda rw\n") == []
+
+
+def test_staged_home_skips_a_planned_mount() -> None:
+    """A home inside the host's /tmp (bound already) is not staged: a tmpfs on /tmp would hide that bind."""
+    from singpy.mounts.system import home_mounts, tmp_mounts
+
+    tmp = tmp_mounts(contain=False, enabled=True)
+    specs = home_mounts(source="/tmp/ci/home", dest="/tmp/ci/home", enabled=True, no_layer=True, covered=tmp)
+    assert [(spec.op, spec.dest, spec.missing) for spec in specs] == [(MountOp.BIND, "/tmp/ci/home", Missing.SKIP)]
+    specs = home_mounts(source="/home/a", dest="/home/a", enabled=True, no_layer=True, covered=tmp)
+    assert [(spec.op, spec.dest) for spec in specs] == [(MountOp.TMPFS, "/home"), (MountOp.BIND, "/home/a")]
+    asked = home_mounts(source="/home/a", dest="/home/a", enabled=True, asked=True, no_layer=True, covered=tmp)
+    assert [(spec.op, spec.missing) for spec in asked] == [(MountOp.BIND, Missing.REQUIRED)]
