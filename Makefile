@@ -93,6 +93,10 @@ install: setup
 	mkdir -p $(PREFIX)/bin
 	ln -sfn $(CURDIR)/$(BIN)/singpy $(PREFIX)/bin/singpy
 	@echo "installed $(PREFIX)/bin/singpy -> $(CURDIR)/$(BIN)/singpy"
+	@# bash-completion loads completions/NAME on first use from each XDG data dir (/usr/local/share as root,
+	@# ~/.local/share otherwise): written, not linked, so a new flag needs `make install` again, as the link does
+	mkdir -p $(PREFIX)/share/bash-completion/completions
+	$(BIN)/singpy completion bash > $(PREFIX)/share/bash-completion/completions/singpy
 	@if [ "$(DROP_IN)" = yes ]; then for name in apptainer singularity; do \
 		link=$(PREFIX)/bin/$$name; \
 		if [ -e "$$link" ] && [ "$$(readlink "$$link")" != "$(CURDIR)/$(BIN)/singpy" ]; then \

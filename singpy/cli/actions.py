@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from singpy import console
 from singpy.cli.parse import action_help, parse_action
 from singpy.constants import IMAGE_URI_PREFIXES
-from singpy.errors import UsageError
+from singpy.errors import SingpyError, UsageError
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -20,14 +20,20 @@ if TYPE_CHECKING:
 
 
 def verbosity(values: Mapping[str, Any], base: int = 0) -> int:
+    """The message level of these flags over `base` (set by the global flags and variables before).
+
+    Apptainer's precedence, whoever set what: debug, then verbose, then quiet, then silent.
+    """
     if values.get("debug"):
         return console.DEBUG
     if values.get("verbose"):
         return max(base, console.VERBOSE)
+    if base > console.NORMAL:
+        return base
     if values.get("quiet"):
         return console.QUIET
     if values.get("silent"):
-        return console.SILENT
+        return console.QUIET if base == console.QUIET else console.SILENT
     return base
 
 
@@ -59,7 +65,14 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
         instance, image = _instance_image(positionals[0], host)
         positionals = [image, *positionals[1:]]
     if positionals[0].startswith(IMAGE_URI_PREFIXES):
-        positionals = [_pulled(positionals[0], values, env, host.home), *positionals[1:]]
+        mine = global_values.get("nocolor") and "NO_COLOR" not in os.environ
+        if mine:  # for the pull's progress bars (rich honours it) only: not a variable of the container's
+            os.environ["NO_COLOR"] = "1"
+        try:
+            positionals = [_pulled(positionals[0], values, env, host.home), *positionals[1:]]
+        finally:
+            if mine:
+                del os.environ["NO_COLOR"]
     request = build_request(action, values, positionals, host.cwd).replace(instance=instance)
     return launch.run(request, config, host, dry_run=bool(values.get("dry_run")))
 
@@ -141,9 +154,13 @@ def _binds(values: list[str], cwd: str) -> tuple[BindSpec, ...]:
     """--bind (and SINGULARITY_BIND...) parsed; the parser is imported only when there is one (start-up time)."""
     if not values:
         return ()
+    from singpy.errors import BindSpecError
     from singpy.mounts.parse import parse_bind_list
 
-    return parse_bind_list(values, cwd)
+    try:
+        return parse_bind_list(values, cwd)
+    except BindSpecError as error:  # the text of a flag (or of *_BIND) is wrong: a command-line mistake
+        raise _usage(error) from None
 
 
 def _nvccli_tmpfs(values: Mapping[str, Any]) -> bool:
@@ -157,18 +174,37 @@ def _mounts(values: list[str], cwd: str) -> tuple[BindSpec, ...]:
     """--mount (and SINGULARITY_MOUNT...): docker's CSV syntax, parsed only when given (start-up time)."""
     if not values:
         return ()
+    from singpy.errors import BindSpecError
     from singpy.mounts.parse import parse_mount_list
 
-    return parse_mount_list(values, cwd)
+    try:
+        return parse_mount_list(values, cwd)
+    except BindSpecError as error:
+        raise _usage(error) from None
 
 
 def _no_mount(values: list[str]) -> tuple[str, ...]:
     """--no-mount's comma lists, each name checked (singpy.mounts.system.check_no_mount)."""
     if not values:
         return ()
-    from singpy.mounts.system import check_no_mount
+    from singpy.errors import BindSpecError
+    from singpy.mounts.system import NO_MOUNT_NAMES, check_no_mount
 
-    return check_no_mount([name for value in values for name in value.split(",")])
+    names = [name for value in values for name in value.split(",")]
+    try:
+        return check_no_mount(names)
+    except BindSpecError as error:
+        from singpy.cli.parse import suggestion
+
+        near = next((hint for name in names if name not in NO_MOUNT_NAMES and not name.startswith("/")
+                     for hint in [suggestion(name, NO_MOUNT_NAMES)] if hint), "")
+        raise _usage(SingpyError(error.message + near)) from None
+
+
+def _usage(error: SingpyError) -> UsageError:
+    """A flag value singpy read and refused before looking at the host or the image: exit 1, as any
+    command-line mistake (docs/usage.md), with the same hint."""
+    return UsageError(error.message, hint=error.hint or "Run 'singpy exec --help' for the syntax of the flags.")
 
 
 def _read_env_files(paths: list[str], image: str) -> list[tuple[str, str]]:

@@ -7,15 +7,20 @@ normally dispatched to the fast parser before typer is imported.
 from __future__ import annotations
 
 import inspect
+import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import typer
+import typer.main
 
 # typer 0.28 (pinned in pyproject.toml) carries click inside it; its exceptions are caught by type here.
+from typer import _click as click
 from typer._click import exceptions as click_errors
+from typer.core import TyperArgument, TyperGroup
 
-from singpy.cli.options import ACTIONS, GLOBAL_OPTIONS, Option
+from singpy.cli.options import ACTIONS, ENV_PREFIXES, GLOBAL_OPTIONS, Option
 
 _HELP = next(option for option in GLOBAL_OPTIONS if option.dest == "help")
 
@@ -40,7 +45,7 @@ def _global_callback(options: tuple[Option, ...]) -> Callable[..., None]:
         from singpy import console
         from singpy.cli.actions import verbosity
 
-        console.set_level(verbosity(values))
+        console.set_level(verbosity(values, console.level()))  # main set it from the variables already
 
     callback.__doc__ = app.info.help
     callback.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
@@ -110,18 +115,27 @@ def help_command(command: list[str] = typer.Argument(None, metavar="[COMMAND]...
     known = {name for name in (info.name for info in app.registered_commands) if name} | \
         {name for name in groups if isinstance(name, str)}
     if words and words[0] not in known:
-        raise UsageError(f"unknown command {words[0]!r}", hint="Run 'singpy --help' for the list of commands.")
+        from singpy.cli.parse import unknown
+
+        raise UsageError(unknown("command", words[0], sorted(known)), hint=_COMMANDS_HINT)
     raise typer.Exit(run_app([*words, "--help"]))
 
 
 @app.command(name="completion")
-def completion_command(shell: str = typer.Argument(..., metavar="SHELL", help="bash, zsh or fish")) -> None:
+def completion_command(shell: str = typer.Argument("", metavar="[SHELL]", show_default=False,
+                                                  help="bash, zsh or fish")) -> None:
     """Print the shell completion script: `source <(singpy completion bash)` (see docs/usage.md)."""
     from singpy.cli.completion import SHELLS, script
     from singpy.errors import UsageError
 
+    if not shell:  # as `apptainer completion`: the shells, one a line
+        print("".join(f"  {name:<6} print the {name} completion script\n" for name in SHELLS), end="")
+        return
     if shell not in SHELLS:
-        raise UsageError(f"no completion for {shell!r}: singpy completes {', '.join(SHELLS)}")
+        from singpy.cli.parse import unknown
+
+        raise UsageError(unknown("shell", shell, SHELLS) + f"; singpy completes {', '.join(SHELLS)}",
+                         hint="Run 'singpy completion' for the list of shells.")
     print(script(shell), end="")
 
 
@@ -133,23 +147,164 @@ def version() -> None:
     print(version_number())
 
 
+_COMMANDS_HINT = "Run 'singpy --help' for the list of commands."
+
+
 def run_app(args: list[str]) -> int:
-    """Run a typer command; click's own errors become singpy's one line (exit 1), by their type."""
+    """Run a typer command; click's own errors become singpy's lines (exit 1), by their type."""
     from singpy import console
     from singpy.errors import ExitCode
 
+    group = typer.main.get_command(app)
+    _plain_help(group)
     try:
-        status = app(args=args, prog_name="singpy", standalone_mode=False)
+        status = group.main(args=args, prog_name="singpy", standalone_mode=False)
         if isinstance(status, int):  # click returns a command's typer.Exit code when not standalone
             return status
     except typer.Exit as done:
         return int(done.exit_code)
-    except click_errors.NoArgsIsHelpError:  # the help was printed: `singpy`, `singpy cache`
+    except click_errors.NoArgsIsHelpError as error:  # `singpy`, `singpy cache`: as Apptainer, a short usage
+        sys.stderr.write(short_usage(error.ctx))
         return int(ExitCode.USAGE)
     except click_errors.ClickException as error:  # NoSuchOption, BadParameter, MissingParameter, ...
-        console.fatal(error.format_message())
+        message, hint = _usage_message(error)
+        if message is None:
+            sys.stderr.write(short_usage(error.ctx))  # type: ignore[attr-defined]
+        else:
+            console.fatal(message)
+            console.hint(hint)
         return int(ExitCode.USAGE)
     except typer.Abort:  # end of input at a prompt
         console.fatal("aborted")
         return int(ExitCode.USAGE)
     return 0
+
+
+def _usage_message(error: click_errors.ClickException) -> tuple[str | None, str]:
+    """The one wording of a command-line mistake (docs/usage.md): the FATAL line, with a suggestion for
+    an unknown name, and the HINT; None for a group given no command (its short usage is shown instead)."""
+    from singpy.cli.parse import unknown
+
+    ctx = getattr(error, "ctx", None)
+    path = ctx.command_path if ctx is not None else "singpy"
+    hint = f"Run '{path} --help' for usage."
+    if isinstance(error, click_errors.NoSuchOption):
+        known = [name for param in ctx.command.get_params(ctx) for name in (*param.opts, *param.secondary_opts)
+                 if name.startswith("-")] if ctx is not None else []
+        return unknown("flag", error.option_name, known), hint
+    message = error.format_message()
+    # click's wording for a group's mistakes (typer 0.28 is pinned: its texts are stable)
+    if ctx is not None and isinstance(ctx.command, TyperGroup):
+        if message == "Missing command.":
+            return None, hint
+        named = re.match(r"No such command '(.*)'\.", message)
+        if named:
+            return unknown("command", named.group(1), ctx.command.list_commands(ctx)), \
+                _COMMANDS_HINT if path == "singpy" else hint
+    return message, hint
+
+
+# The Examples section of each command's help (Apptainer's help has one: its docs/content.go).
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "singpy": ("singpy help <command> [<subcommand>]", "singpy help build", "singpy exec image.sif cat /etc/os-release",
+               "singpy pull alpine.sif docker://alpine:latest"),
+    "singpy pull": ("singpy pull alpine.sif docker://alpine:latest",
+                    "singpy pull --arch arm64 docker://ubuntu:24.04",
+                    "singpy pull --dir ~/images --name tools.sif oci-archive:tools.tar",
+                    "singpy pull https://example.org/images/tool.sif"),
+    "singpy build": ("singpy build image.sif recipe.def",
+                     "singpy build --sandbox ubuntu/ docker://ubuntu:24.04",
+                     "singpy build image.sif ubuntu/",
+                     "singpy build --build-arg VERSION=1.2 --notest image.sif recipe.def"),
+    "singpy inspect": ("singpy inspect image.sif", "singpy inspect --runscript image.sif",
+                       "singpy inspect --json --all docker://alpine"),
+    "singpy check": ("singpy check", "singpy check --json"),
+    "singpy doctor": ("singpy doctor",),
+    "singpy cache": ("singpy cache list", "singpy cache clean --dry-run"),
+    "singpy cache list": ("singpy cache list",),
+    "singpy cache clean": ("singpy cache clean --dry-run", "singpy cache clean --days 30 --force"),
+    "singpy overlay": ("singpy overlay create --size 1024 overlay.img",),
+    "singpy overlay create": ("singpy overlay create --size 1024 /tmp/image.sif",
+                              "singpy overlay create --size 1024 --sparse overlay.img",
+                              "singpy overlay create --fakeroot --size 1024 overlay.img"),
+    "singpy instance": ("singpy instance start image.sif web", "singpy instance list",
+                        "singpy instance stop web"),
+    "singpy instance list": ("singpy instance list", "singpy instance list --json 'web*'"),
+    "singpy instance stop": ("singpy instance stop web", "singpy instance stop --all",
+                             "singpy instance stop --signal KILL web"),
+    "singpy help": ("singpy help exec", "singpy help cache clean"),
+    "singpy completion": ("singpy completion", "source <(singpy completion bash)"),
+    "singpy version": ("singpy version",),
+}
+
+
+def _plain_help(command: click.Command) -> None:
+    """Every command's help in the one plain layout of run/exec/shell (singpy.cli.parse.help_text), not
+    typer's boxed panels: set on each command of the tree, the group's too."""
+    command.format_help = lambda ctx, formatter: formatter.write(help_of(ctx))  # type: ignore[method-assign]
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)
+
+
+def help_of(ctx: click.Context) -> str:
+    """The help of ctx's command: usage, summary, commands of a group, options, examples."""
+    from singpy.cli.parse import help_text
+
+    command = ctx.command
+    if ctx.command_path == "singpy":
+        return _top_help(ctx)
+    pieces = [piece for piece in command.collect_usage_pieces(ctx) if piece != "[OPTIONS]"]
+    usage = " ".join([ctx.command_path, "[options]", *pieces]).replace("COMMAND [ARGS]...", "<command>")
+    summary = inspect.cleandoc(command.help or command.short_help or "").split("\n\n")[0].replace("\n", " ")
+    rows = [("Arguments", f"  {param.human_readable_name:<28} {getattr(param, 'help', '') or ''}".rstrip())
+            for param in command.get_params(ctx) if isinstance(param, TyperArgument)]
+    for param in command.get_params(ctx):
+        if not isinstance(param, TyperArgument) and not getattr(param, "hidden", False):
+            rows.append(("Options", _option_row(param)))
+    sections = [("Commands", _command_lines(ctx))] if isinstance(command, TyperGroup) else []
+    return help_text(usage, summary, rows, EXAMPLES.get(ctx.command_path, ()), sections)
+
+
+def _option_row(param: Any) -> str:
+    from singpy.cli.parse import help_row
+
+    names = [*param.opts, *param.secondary_opts]
+    shorts = [name for name in names if not name.startswith("--")]
+    longs = [name for name in names if name.startswith("--")]
+    value = "" if getattr(param, "is_flag", False) else (param.metavar or param.type.name.upper())
+    if param.multiple and value:
+        value += "..."
+    variables = [name for name in (param.envvar or ()) if name.startswith("APPTAINER_")] \
+        if not isinstance(param.envvar, str) else [param.envvar]
+    text = getattr(param, "help", "") or ""
+    if param.name == "help":
+        text = "show this help and exit"
+    return help_row(", ".join(shorts), ", ".join(longs), value, text, variables[0] if variables else "")
+
+
+def _command_lines(ctx: click.Context) -> list[str]:
+    group = ctx.command
+    assert isinstance(group, TyperGroup)
+    lines = []
+    for name in group.list_commands(ctx):
+        sub = group.get_command(ctx, name)
+        if sub is not None and not sub.hidden:
+            lines.append(f"  {name:<12} {sub.get_short_help_str(limit=66)}")
+    return lines
+
+
+def _top_help(ctx: click.Context) -> str:
+    from singpy.cli.parse import help_row, help_text
+
+    rows = [("Global options", help_row(option.short, option.long, option.value, option.help,
+                                         option.env and ENV_PREFIXES[1] + option.env))
+            for option in GLOBAL_OPTIONS]
+    return help_text("singpy [global options] <command> [options] ...", str(app.info.help), rows,
+                     EXAMPLES["singpy"], [("Commands", _command_lines(ctx))])
+
+
+def short_usage(ctx: click.Context) -> str:
+    """What `singpy` (or `singpy cache`) alone prints, on stderr, as Apptainer's usage: the command list."""
+    front = "singpy [global options]" if ctx.command_path == "singpy" else f"{ctx.command_path} [options]"
+    return (f"Usage: {front} <command>\n\nCommands:\n" + "\n".join(_command_lines(ctx))
+            + f"\n\nRun '{ctx.command_path} --help' for more detailed usage information.\n")

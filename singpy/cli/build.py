@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from singpy.cli.pull import ARCH, AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options
+from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options, variables
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -12,27 +12,34 @@ if TYPE_CHECKING:
 
 BUILD_ARG = typer.Option([], "--build-arg", help="KEY=VALUE: a value for {{ KEY }} in the definition file "
                          "(repeatable)", metavar="KEY=VALUE")
+# Apptainer's build reads BUILD_ARCH where pull reads PULL_ARCH
+BUILD_ARCH = typer.Option("", "--arch", help="the platform of a docker:// or OCI source (amd64, arm64, arm64/v8...; "
+                          "default: this host's)", metavar="ARCH", envvar=variables("BUILD_ARCH"), show_envvar=False)
 BIND = typer.Option([], "--bind", "-B", help="a bind for %post and %test (src[:dest[:opts]], repeatable)",
                     metavar="SPEC")
 
 
 def build_command(
     target: str = typer.Argument(..., help="the image to write: a SIF file, or a directory (sandbox)"),
-    source: str = typer.Argument(..., help="a definition file, a sandbox directory (-> SIF), a SIF/squashfs "
-                                 "image (-> sandbox), or docker://REF, oci:DIR, oci-archive:FILE, docker-archive:FILE"),
-    force: bool = typer.Option(False, "--force", "-F", help="overwrite TARGET if it exists"),
-    sandbox: bool = typer.Option(False, "--sandbox", "-s", help="write a sandbox directory (definition files, "
-                                 "docker:// and OCI sources; a SIF source always gives one)"),
+    source: str = typer.Argument(..., help="a definition file, a sandbox directory, a SIF/squashfs image, or "
+                                 "docker://REF, oci:DIR, oci-archive:FILE, docker-archive:FILE"),
+    force: bool = typer.Option(False, "--force", "-F", help="overwrite TARGET if it exists",
+                               envvar=variables("FORCE"), show_envvar=False),
+    sandbox: bool = typer.Option(False, "--sandbox", "-s", help="write a sandbox directory instead of a SIF "
+                                 "file, whatever the source",
+                                 envvar=variables("SANDBOX"), show_envvar=False),
     fakeroot: bool = typer.Option(False, "--fakeroot", "-f", help="run %post as root of a user namespace (what "
-                                  "an unprivileged build always does)"),
-    notest: bool = typer.Option(False, "--notest", "-T", help="do not run the %test section"),
+                                  "an unprivileged build always does)",
+                                  envvar=variables("FAKEROOT"), show_envvar=False),
+    notest: bool = typer.Option(False, "--notest", "-T", help="do not run the %test section",
+                                envvar=variables("NOTEST"), show_envvar=False),
     build_arg: list[str] = BUILD_ARG,
     build_arg_file: str = typer.Option("", "--build-arg-file", help="a file of KEY=VALUE lines, one per build "
                                        "argument (--build-arg wins)", metavar="FILE"),
     warn_unused_build_args: bool = typer.Option(False, "--warn-unused-build-args", help="a --build-arg the "
                                                 "definition file does not use is a warning, not an error"),
     bind: list[str] = BIND,
-    arch: str = ARCH,
+    arch: str = BUILD_ARCH,
     docker_login: bool = DOCKER_LOGIN,
     authfile: str = AUTHFILE,
     no_https: bool = NO_HTTPS,
@@ -45,6 +52,11 @@ def build_command(
     from singpy.oci.ref import is_image_uri
 
     options = pull_options(arch, docker_login, authfile, no_https or _nohttps_env())
+    if not is_image_uri(source) and not os.path.lexists(source):  # not "image X does not exist": it may be a recipe
+        from singpy.errors import ImageError
+        from singpy.hostfiles import shown
+
+        raise ImageError(f"{shown(source)} does not exist (the definition file or image to build from)")
     if is_image_uri(source):
         from singpy import host
         from singpy.oci.pull import build_from
@@ -64,7 +76,7 @@ def build_command(
         return
     from singpy.image.builder import build as build_image
 
-    console.info(build_image(target, source, force=force, env=os.environ))
+    console.info(build_image(target, source, force=force, env=os.environ, sandbox=sandbox))
 
 
 def _nohttps_env() -> bool:

@@ -73,12 +73,13 @@ def clean_command(
     if not doomed and not pulled and not trees and not store.blobs_usage(location)[0]:
         print(f"nothing to remove in {location}")
         return
-    if dry_run:
+    if dry_run:  # the same entries, counted as the real clean counts them: its "removed N" is this N
         for digest in doomed:
             print(f"would remove {digest}")
         for name in trees:
             print(f"would remove the base unpacked for builds {name}")
-        _clean_pulled(location, days, dry_run=True)
+        count = len(doomed) + len(trees) + _clean_pulled(location, days, dry_run=True)
+        print(f"would remove {count} cache entries from {location}")
         return
     if not force and not _confirm(f"Remove the cached images from {location}?"):
         console.info("nothing removed")
@@ -145,9 +146,10 @@ def _clean_pulled(location: str, days: int, dry_run: bool) -> int:
     if dry_run:
         for digest in doomed:
             print(f"would remove the pulled image {digest}")
-        if limit is None and store.blobs_usage(location)[0]:
-            print("would remove the layer blobs")
-        return 0
+        blobs = _blob_count(location) if limit is None else 0
+        if blobs:
+            print(f"would remove {blobs} layer blob(s)")
+        return len(doomed) + blobs
     removed = 0
     for digest in doomed:
         if store.remove_pulled(location, digest):
@@ -157,6 +159,17 @@ def _clean_pulled(location: str, days: int, dry_run: bool) -> int:
     if limit is None:
         removed += store.remove_blobs(location)
     return removed
+
+
+def _blob_count(location: str) -> int:
+    """The blobs store.remove_blobs would remove and count (one a file; a download in progress included)."""
+    from singpy.oci import store
+
+    try:
+        names = os.listdir(f"{location}/{store.BLOBS}")
+    except OSError:
+        return 0
+    return sum(1 for name in names if not name.startswith(".") and store.is_hex(name.split(".")[0]))
 
 
 def _selected(location: str, days: int) -> list[str]:

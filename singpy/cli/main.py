@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     from singpy import console
     from singpy.errors import SingpyError
 
-    debug = "-d" in args[:3] or "--debug" in args[:3]
+    debug = "-d" in args[:3] or "--debug" in args[:3] or _debug_variable()
     if debug:
         import traceback  # noqa: F401  now: see _print_traceback
     try:
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 def _dispatch(args: list[str]) -> int:
     from singpy.cli.parse import split_global
 
-    global_values, rest = split_global(args)
+    global_values, rest = split_global(args, os.environ)
     if global_values.get("version"):
         from singpy.cli.version import version_line
 
@@ -63,9 +63,22 @@ def _dispatch(args: list[str]) -> int:
         from singpy.cli.actions import run_action
 
         _exit_now(run_action(rest[0], rest[1:], global_values))
+    from singpy import console
+    from singpy.cli.actions import verbosity
     from singpy.cli.app import run_app
 
+    console.set_level(verbosity(global_values))  # APPTAINER_QUIET=1 too: the typer callback sees flags only
+    if global_values.get("config"):  # the commands typer runs (build, instance start) read the conf this way
+        os.environ["SINGPY_CONFIG"] = global_values["config"]
+    if global_values.get("nocolor"):  # the one colour singpy has: rich's progress bars of a pull, which honour it
+        os.environ["NO_COLOR"] = "1"
     return run_app(args)
+
+
+def _debug_variable() -> bool:
+    """APPTAINER_DEBUG=1 (or SINGULARITY_/SINGPY_DEBUG): as -d, known before the command line is parsed."""
+    return any(os.environ.get(prefix + "DEBUG", "").lower() in ("1", "true", "yes", "on")
+               for prefix in ("SINGULARITY_", "APPTAINER_", "SINGPY_"))
 
 
 def _print_traceback(error: BaseException) -> None:

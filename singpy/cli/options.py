@@ -64,17 +64,19 @@ ACTION_OPTIONS: tuple[Option, ...] = (
            env="UNSQUASH", group="Mounts"),
     Option("hostname", "--hostname", "set the container's hostname (implies --uts)", value="NAME",
            env="HOSTNAME", group="Isolation"),
-    Option("pid", "--pid", "run in a new PID namespace", "-p", env="PID", group="Isolation"),
+    Option("pid", "--pid", "run in a new PID namespace", "-p", env="PID", env_also=("UNSHARE_PID",),
+           group="Isolation"),
     Option("sharens", "--sharens", "share one container with the others started by the same parent process",
            env="SHARENS", group="Isolation"),
     Option("no_sharens", "--no-sharens", "in a Slurm or MPI job, give each rank a container of its own",
            env="NO_SHARENS", group="Isolation"),
     Option("no_init", "--no-init", "with --pid, the payload itself is PID 1 (no init process)", env="NOSHIMINIT",
            env_also=("NO_INIT",), group="Isolation"),
-    Option("ipc", "--ipc", "run in a new IPC namespace", "-i", env="IPC", group="Isolation"),
-    Option("uts", "--uts", "run in a new UTS namespace", env="UTS", group="Isolation"),
+    Option("ipc", "--ipc", "run in a new IPC namespace", "-i", env="IPC", env_also=("UNSHARE_IPC",),
+           group="Isolation"),
+    Option("uts", "--uts", "run in a new UTS namespace", env="UTS", env_also=("UNSHARE_UTS",), group="Isolation"),
     Option("net", "--net", "run in a new network namespace (root: bridge network; users: loopback only)", "-n",
-           env="NET", group="Network"),
+           env="NET", env_also=("UNSHARE_NET",), group="Network"),
     Option("network", "--network", "network type: bridge (root's default), ptp, or none (loopback only)",
            value="TYPE", env="NETWORK", group="Network"),
     Option("network_args", "--network-args", "network arguments: IP=ADDRESS to choose the address",
@@ -108,9 +110,9 @@ ACTION_OPTIONS: tuple[Option, ...] = (
     Option("cdi_dirs", "--cdi-dirs", "directories of CDI specs, later ones winning (default: /etc/cdi,/var/run/cdi)",
            value="DIR,...", repeat=True, group="GPU"),
     Option("docker_login", "--docker-login", "ask for the registry's username and password (docker:// images)",
-           group="Images"),
+           env="DOCKER_LOGIN", group="Images"),
     Option("authfile", "--authfile", "registry credentials in docker's config.json format", value="FILE",
-           env="AUTHFILE", group="Images"),
+           env="AUTH_FILE", env_also=("AUTHFILE",), group="Images"),
     Option("no_https", "--no-https", "talk to docker:// registries over plain HTTP", env="NOHTTPS",
            env_also=("NO_HTTPS",), group="Images"),
     # Apptainer still takes its deprecated spelling, and scripts written for Singularity 2/3 pass it
@@ -123,13 +125,17 @@ ACTION_OPTIONS: tuple[Option, ...] = (
     Option("help", "--help", "show this help and exit", "-h", group="Output"),
 )
 
-# Flags that may come before the command, as `singpy -v exec ...` (Apptainer's global flags).
+# Flags that may come before the command, as `singpy -v exec ...` (Apptainer's global flags), with
+# Apptainer's EnvKeys: APPTAINER_DEBUG=1 is -d for every command.
 GLOBAL_OPTIONS: tuple[Option, ...] = (
-    Option("quiet", "--quiet", "print only warnings and errors", "-q"),
-    Option("silent", "--silent", "print only errors (-s after run/exec/shell is --shell)", "-s"),
-    Option("verbose", "--verbose", "print each step", "-v"),
-    Option("debug", "--debug", "print debugging messages and tracebacks", "-d"),
-    Option("config", "--config", "read this singpy.conf instead of the default", value="FILE"),
+    Option("quiet", "--quiet", "print only warnings and errors", "-q", env="QUIET"),
+    Option("silent", "--silent", "print only errors (-s after run/exec/shell is --shell)", "-s", env="SILENT"),
+    Option("verbose", "--verbose", "print each step", "-v", env="VERBOSE"),
+    Option("debug", "--debug", "print debugging messages and tracebacks", "-d", env="DEBUG"),
+    Option("config", "--config", "read this singpy.conf instead of the default", "-c", value="FILE",
+           env="CONFIG_FILE"),
+    # singpy's messages have no colour; only a pull's progress bars (rich) have some, which NO_COLOR turns off
+    Option("nocolor", "--nocolor", "print without colour (a pull's progress bars)", env="NOCOLOR"),
     Option("build_config", "--build-config", "the configuration of builds: no `bind path` binds, no home "
            "directory, no devpts (as Apptainer's)"),
     Option("version", "--version", "print the version and exit"),
@@ -140,4 +146,19 @@ ACTIONS = {
     "exec": ("IMAGE COMMAND [ARGS...]", "run a command inside a container"),
     "run": ("IMAGE [ARGS...]", "run the container's runscript"),
     "shell": ("IMAGE", "start an interactive shell inside a container"),
+}
+
+# The Examples section of each command's help, as Apptainer's help has one (its docs/content.go).
+EXAMPLES = {
+    "exec": ("singpy exec image.sif cat /etc/os-release",
+             "singpy exec -B /data:/mnt image.sif ls /mnt",
+             "cat script.py | singpy exec image.sif python3",
+             "singpy exec --containall --pwd /work -B \"$PWD:/work\" docker://python:3 python3 run.py",
+             "singpy exec instance://web ps"),
+    "run": ("singpy run image.sif one two three",
+            "singpy run --app foo image.sif",
+            "SINGULARITY_BIND=/scratch singpy run image.sif"),
+    "shell": ("singpy shell image.sif",
+              "singpy shell -C image.sif",
+              "singpy shell --shell /bin/ash instance://web"),
 }

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from singpy.cli.pull import variables
+
 overlay_app = typer.Typer(name="overlay", help="Manage writable overlay images (ext3).", no_args_is_help=True)
 
 
@@ -12,11 +14,12 @@ def create_command(
     image: str = typer.Argument(..., metavar="FILE", help="the overlay image to create, or a SIF image to "
                                 "add a writable overlay partition to"),
     size: int = typer.Option(64, "--size", "-s", metavar="MiB", help="size of the ext3 overlay in MiB (64 at least)"),
-    sparse: bool = typer.Option(False, "--sparse", "-S", help="create a sparse file (blocks allocated when written)"),
+    sparse: bool = typer.Option(False, "--sparse", "-S", help="create a sparse file (blocks allocated when written)",
+                                envvar=variables("SPARSE"), show_envvar=False),
     create_dir: list[str] = typer.Option([], "--create-dir", metavar="DIR",  # noqa: B008
                                          help="a directory to create in the overlay, writable by you (repeatable)"),
     fakeroot: bool = typer.Option(False, "--fakeroot", "-f", help="make the overlay layout root's, for "
-                                  "containers run with --fakeroot"),
+                                  "containers run with --fakeroot", envvar=variables("FAKEROOT"), show_envvar=False),
 ) -> None:
     """Create a writable ext3 overlay image (FILE.img), or add one as a partition to a SIF image.
 

@@ -13,9 +13,9 @@ come before the image, and everything after the image belongs to the payload.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, GLOBAL_OPTIONS, Option
+from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, EXAMPLES, GLOBAL_OPTIONS, Option
 from singpy.errors import UsageError
 
 TYPE_CHECKING = False  # see singpy.record
@@ -38,12 +38,19 @@ _ACTION_INDEX = _index(ACTION_OPTIONS)
 _GLOBAL_INDEX = _index(GLOBAL_OPTIONS)
 
 
-def split_global(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
-    """Consume the global flags before the command; return them and the rest."""
+def split_global(argv: list[str], env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Consume the global flags before the command; return them and the rest.
+
+    With `env`, the flags not given are read from Apptainer's variables of the
+    global flags (APPTAINER_DEBUG, ..._CONFIG_FILE: GLOBAL_OPTIONS' env), as
+    Apptainer reads them for every command.
+    """
     values: dict[str, Any] = {}
     rest = list(argv)
     while rest and rest[0].startswith("-") and rest[0] != "--":
         _take(rest, _GLOBAL_INDEX, values, "")
+    if env is not None and not values.get("help") and not values.get("version"):
+        _apply_env(values, env, GLOBAL_OPTIONS)
     return values, rest
 
 
@@ -72,7 +79,7 @@ def _take(rest: list[str], index: dict[str, Option], values: dict[str, Any], com
             inline = inline[1:]  # -B=/data means /data, as with Apptainer's flag parser
     option = index.get(name)
     if option is None:
-        raise UsageError(f"unknown flag: {name}", hint=f"Run '{_command_line(command)} --help' for usage.")
+        raise UsageError(unknown("flag", name, index), hint=f"Run '{_command_line(command)} --help' for usage.")
     if not option.value:
         if eq:
             raise UsageError(f"flag {name} takes no value")
@@ -90,6 +97,25 @@ def _take(rest: list[str], index: dict[str, Option], values: dict[str, Any], com
     _store(values, option, value)
 
 
+def unknown(kind: str, name: str, known: Iterable[str]) -> str:
+    """The one wording of every "unknown" mistake: `unknown flag: --bnd (did you mean --bind?)`.
+
+    The suggestion is made only here, on the error path, so difflib is never
+    imported by a command line that parses (start-up time).
+    """
+    return f"unknown {kind}: {name}{suggestion(name, known)}"
+
+
+def suggestion(name: str, known: Iterable[str]) -> str:
+    """` (did you mean --bind?)` for the known word nearest to `name`, "" when none is near."""
+    import difflib
+
+    # compared without their dashes, which every flag shares; 0.75 keeps `--bogus` from suggesting `--uts`
+    words = {word.lstrip("-"): word for word in known if word.startswith("--") == name.startswith("--")}
+    close = difflib.get_close_matches(name.lstrip("-"), list(words), n=1, cutoff=0.75)
+    return f" (did you mean {words[close[0]]}?)" if close else ""
+
+
 def _command_line(command: str) -> str:
     return f"singpy {command}" if command else "singpy"
 
@@ -101,7 +127,7 @@ def _store(values: dict[str, Any], option: Option, value: str) -> None:
         values[option.dest] = value
 
 
-def _apply_env(values: dict[str, Any], env: Mapping[str, str]) -> None:
+def _apply_env(values: dict[str, Any], env: Mapping[str, str], options: tuple[Option, ...] = ACTION_OPTIONS) -> None:
     """Options not given on the command line may come from the environment.
 
     As in Apptainer, `SINGULARITY_BIND` adds to the --bind values rather than
@@ -109,7 +135,7 @@ def _apply_env(values: dict[str, Any], env: Mapping[str, str]) -> None:
     of an option is read, the first one set wins for an option that is not
     repeated: `--pwd` reads `*_PWD` then `*_TARGET_PWD`).
     """
-    for option in ACTION_OPTIONS:
+    for option in options:
         for suffix in (option.env, *option.env_also) if option.env else ():
             if option.dest in values and not option.env_appends:
                 break
@@ -130,16 +156,37 @@ def _apply_variable(values: dict[str, Any], option: Option, env: Mapping[str, st
 
 def action_help(action: str) -> str:
     usage, summary = ACTIONS[action]
-    lines = [f"Usage: singpy {action} [options] {usage}", "", summary.capitalize() + "."]
-    groups: dict[str, list[Option]] = {}
-    for option in ACTION_OPTIONS:
-        groups.setdefault(option.group, []).append(option)
-    for group, options in groups.items():
-        lines += ["", f"{group}:"]
-        for option in options:
-            names = ", ".join(n for n in (option.short, option.long) if n)
-            if option.value:
-                names += f" {option.value}"
-            env = f" [${ENV_PREFIXES[1]}{option.env}]" if option.env else ""
-            lines.append(f"  {names:<28} {option.help}{env}")
+    return help_text(f"singpy {action} [options] {usage}", summary.capitalize() + ".",
+                     [(option.group, help_row(option.short, option.long, option.value, option.help,
+                                              option.env and ENV_PREFIXES[1] + option.env))
+                      for option in ACTION_OPTIONS],
+                     EXAMPLES.get(action, ()))
+
+
+def help_row(short: str, long: str, value: str, text: str, variable: str = "") -> str:
+    """One option of a help text, the same for every command: `  -B, --bind SPEC   text [$APPTAINER_BIND]`."""
+    names = ", ".join(name for name in (short, long) if name) if short else f"    {long}"
+    if value:
+        names += f" {value}"
+    return f"  {names:<28} {text}" + (f" [${variable}]" if variable else "")
+
+
+def help_text(usage: str, summary: str, rows: list[tuple[str, str]], examples: Iterable[str] = (),
+              sections: Iterable[tuple[str, list[str]]] = ()) -> str:
+    """Every help of singpy, in one plain-text layout: usage, summary, grouped options, examples.
+
+    `rows` are (group, help_row) pairs, shown by group in first-seen order;
+    `sections` are further (title, lines) blocks (a group's commands).
+    """
+    lines = [f"Usage: {usage}", "", summary]
+    for title, block in sections:
+        lines += ["", f"{title}:", *block]
+    groups: dict[str, list[str]] = {}
+    for group, row in rows:
+        groups.setdefault(group, []).append(row)
+    for group, block in groups.items():
+        lines += ["", f"{group}:", *block]
+    examples = list(examples)
+    if examples:
+        lines += ["", "Examples:", *(f"  $ {example}" for example in examples)]
     return "\n".join(lines) + "\n"

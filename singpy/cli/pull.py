@@ -9,44 +9,45 @@ TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from singpy.oci.pull import PullOptions
 
+
+
+def variables(*keys: str) -> list[str]:
+    """Apptainer's EnvKeys as typer's envvar list, SINGPY_ first: click takes the first one set, and
+    singpy's rule is SINGPY_ over APPTAINER_ over SINGULARITY_ (docs/usage.md)."""
+    return [prefix + key for key in keys for prefix in ("SINGPY_", "APPTAINER_", "SINGULARITY_")]
+
+
 ARCH = typer.Option("", "--arch", help="the platform to pull from a multi-architecture image (amd64, arm64, "
-                    "arm64/v8, linux/arm/v7...; default: this host's)", metavar="ARCH")
-DOCKER_LOGIN = typer.Option(False, "--docker-login", help="ask for the registry's username and password")
+                    "arm64/v8, linux/arm/v7...; default: this host's)", metavar="ARCH",
+                    envvar=variables("PULL_ARCH"), show_envvar=False)
+# Shared by pull, build and inspect, with Apptainer's EnvKeys (and AUTHFILE, which singpy read before)
+DOCKER_LOGIN = typer.Option(False, "--docker-login", help="ask for the registry's username and password",
+                            envvar=variables("DOCKER_LOGIN"), show_envvar=False)
 AUTHFILE = typer.Option("", "--authfile", help="registry credentials in docker's config.json format",
-                        metavar="FILE")
+                        metavar="FILE", envvar=variables("AUTH_FILE", "AUTHFILE"), show_envvar=False)
 WORDS = typer.Argument(..., metavar="[OUT.sif] REF", show_default=False,
                        help="the file to write (default: NAME_TAG.sif), then the image")
-# --nohttps: Apptainer's deprecated spelling, still passed by scripts written for Singularity 3
+# --nohttps: Apptainer's deprecated spelling, still passed by scripts written for Singularity 3. Its variables
+# matter: a workflow engine (cwltool, Snakemake, spython) runs `pull` without flags of the user's.
 NO_HTTPS = typer.Option(False, "--no-https", "--nohttps", help="talk to the registry over plain HTTP (a local "
-                        "registry; also $APPTAINER_NOHTTPS or $APPTAINER_NO_HTTPS)")
-# Apptainer's EnvKeys of --no-https ("NOHTTPS", "NO_HTTPS"), under each prefix: a workflow engine (cwltool,
-# Snakemake, spython) runs `pull` without flags of the user's, so a plain-HTTP registry is named this way.
-NO_HTTPS_VARIABLES = tuple(prefix + suffix for prefix in ("SINGPY_", "APPTAINER_", "SINGULARITY_")
-                           for suffix in ("NOHTTPS", "NO_HTTPS"))
+                        "registry)", envvar=variables("NOHTTPS", "NO_HTTPS"), show_envvar=False)
 NAME = typer.Option("", "--name", help="the file to write (as Apptainer's --name; the same as giving OUT.sif)",
-                    metavar="FILE", envvar=["SINGPY_PULL_NAME", "APPTAINER_PULL_NAME", "SINGULARITY_PULL_NAME"],
-                    show_envvar=False)
+                    metavar="FILE", envvar=variables("PULL_NAME"), show_envvar=False)
 DIR = typer.Option("", "--dir", help="write the file into this directory", metavar="DIR",
-                   envvar=["SINGPY_PULLDIR", "APPTAINER_PULLDIR", "SINGULARITY_PULLDIR", "SINGPY_PULLFOLDER",
-                           "APPTAINER_PULLFOLDER", "SINGULARITY_PULLFOLDER"], show_envvar=False)
+                   envvar=variables("PULLDIR", "PULLFOLDER"), show_envvar=False)
 
 
 def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool) -> PullOptions:
-    """The PullOptions of these flags, the environment's spellings (APPTAINER_AUTHFILE...) filling in."""
-    import os
-
+    """The PullOptions of these flags (their variables are read by typer: envvar= above)."""
     from singpy.oci.pull import PullOptions
 
-    env = os.environ
-    authfile = authfile or next((env[f"{prefix}AUTHFILE"] for prefix in ("SINGPY_", "APPTAINER_", "SINGULARITY_")
-                                 if env.get(f"{prefix}AUTHFILE")), "")
-    no_https = no_https or any(env.get(name, "").lower() in ("1", "true", "yes", "on") for name in NO_HTTPS_VARIABLES)
     return PullOptions(arch=arch, login=docker_login, authfile=authfile, https=not no_https)
 
 
 def pull_command(
     words: list[str] = WORDS,
-    force: bool = typer.Option(False, "--force", "-F", help="overwrite OUT.sif if it exists"),
+    force: bool = typer.Option(False, "--force", "-F", help="overwrite OUT.sif if it exists",
+                               envvar=variables("FORCE"), show_envvar=False),
     arch: str = ARCH,
     docker_login: bool = DOCKER_LOGIN,
     authfile: str = AUTHFILE,

@@ -110,6 +110,9 @@ def cases(bad: Path, image: Path) -> dict[str, tuple[list[str], str]]:
 
 
 CASES = list(cases(Path("/b"), Path("/i")))
+# A --bind whose text is refused is a command-line mistake: exit 1, as --env's (issue 26, docs/usage.md).
+USAGE = {"long bind destination", "too long bind destination", "bind onto root", "bind onto root dot",
+         "bind onto root slashes"}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -118,7 +121,7 @@ def test_bad_input_is_one_fatal_line(singpy: Singpy, bad: Path, image: Path, wor
     listing = sorted(os.listdir(bad))
     before = traces(image, workdir)
     result = singpy.run(*args, timeout=TIMEOUT)
-    assert_one_fatal(result, message)
+    assert_one_fatal(result, message, 1 if case in USAGE else 255)
     assert len(result.stderr.splitlines()[0]) < 400  # a long path is shortened in the message
     assert settled(before, image, workdir) == before
     assert sorted(os.listdir(bad)) == listing
@@ -126,7 +129,7 @@ def test_bad_input_is_one_fatal_line(singpy: Singpy, bad: Path, image: Path, wor
 
 def test_bind_onto_root_from_the_environment(singpy: Singpy, image: Path) -> None:
     result = singpy.run("exec", str(image), "true", env=singpy.env(APPTAINER_BIND="/tmp:/"), timeout=TIMEOUT)
-    assert_one_fatal(result, "--bind can't replace the container's root")
+    assert_one_fatal(result, "--bind can't replace the container's root", code=1)
 
 
 def test_a_good_hostname_is_set(singpy: Singpy, image: Path) -> None:

@@ -57,7 +57,7 @@ def test_unknown_command_is_a_usage_error(as_root: Singpy) -> None:
 def test_help_command_matches_dash_dash_help(singpy: Singpy) -> None:
     for command in (["exec"], ["run"], ["shell"], ["pull"], ["build"], ["cache", "clean"], []):
         assert singpy.ok("help", *command) == singpy.ok(*command, "--help"), command
-    assert_one_fatal(singpy.run("help", "nonsense"), "unknown command 'nonsense'", code=1)
+    assert_one_fatal(singpy.run("help", "nonsense"), "unknown command: nonsense", code=1)
 
 
 def test_conf_mount_settings(singpy: Singpy, image: Path, workdir: Path) -> None:

@@ -8,10 +8,14 @@ scripts are checked for the commands and flags they must offer.
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
+
+REPO = Path(__file__).resolve().parents[2]
 
 CASES = [
     (["singpy", "ex"], "0 exec"),
@@ -53,4 +57,24 @@ def test_zsh_and_fish_scripts_offer_every_command_and_flag(as_user: Singpy) -> N
 
 
 def test_unknown_shell_is_a_usage_error(as_user: Singpy) -> None:
-    assert_one_fatal(as_user.run("completion", "tcsh"), "no completion for 'tcsh'", code=1)
+    assert_one_fatal(as_user.run("completion", "tcsh"), "unknown shell: tcsh", code=1)
+    assert_one_fatal(as_user.run("completion", "bsh"), "unknown shell: bsh (did you mean bash?)", code=1)
+
+
+def test_completion_alone_lists_the_shells(singpy: Singpy) -> None:
+    """`singpy completion` without a shell (issue 26): the shells it has a script for, not a usage error."""
+    assert [line.split()[0] for line in singpy.ok("completion").splitlines()] == ["bash", "zsh", "fish"]
+
+
+@pytest.mark.skipif(not (REPO / ".venv" / "bin" / "singpy").exists(), reason="needs the clone's .venv (make setup)")
+def test_make_install_installs_bash_completion(as_user: Singpy, tmp_path: Path) -> None:
+    """Where bash-completion loads it from on first Tab: PREFIX/share/bash-completion/completions/singpy
+    (PREFIX/share is in XDG_DATA_DIRS for /usr/local; ~/.local/share is its user directory)."""
+    if Path(sys.executable).parent != REPO / ".venv" / "bin":
+        pytest.skip("the suite runs outside the clone's .venv: `make install` would use another one")
+    done = subprocess.run(["make", "-s", "-C", str(REPO), "install", f"PREFIX={tmp_path}"], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    installed = (tmp_path / "share" / "bash-completion" / "completions" / "singpy").read_text()
+    assert installed == as_user.ok("completion", "bash")
+    assert complete_in_bash(installed, ["singpy", "exec", "--bi"]) == "0 --bind"

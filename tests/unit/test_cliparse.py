@@ -206,11 +206,11 @@ def test_split_global(argv: list[str], values: dict[str, Any], rest: list[str]) 
     ("argv", "message"),
     [
         (["--bind", "/a", "exec"], "unknown flag: --bind"),
-        (["-c", "exec"], "unknown flag: -c"),
+        (["-x", "exec"], "unknown flag: -x"),
         (["--config"], "flag needs an argument: --config"),
         (["--version=2"], "flag --version takes no value"),
     ],
-    ids=["action-flag-before-command", "short-action-flag", "config-missing-value", "boolean-with-value"],
+    ids=["action-flag-before-command", "unknown-short-flag", "config-missing-value", "boolean-with-value"],
 )
 def test_split_global_errors(argv: list[str], message: str) -> None:
     with pytest.raises(UsageError) as caught:
@@ -256,7 +256,7 @@ def test_action_help_groups_in_table_order() -> None:
     lines = action_help("exec").splitlines()
     groups = list(dict.fromkeys(option.group for option in ACTION_OPTIONS))
     headings = [line[:-1] for line in lines if line.endswith(":") and not line.startswith(" ")]
-    assert headings == groups
+    assert headings == [*groups, "Examples"]  # Examples last, as in Apptainer's help
 
 
 def test_option_tables_have_unique_names() -> None:
@@ -289,10 +289,13 @@ def test_typer_global_flags_come_from_the_table() -> None:
     [
         (["version"], 0, None),
         (["-v", "--config", "/x.conf", "version"], 0, None),
-        (["inspect"], 1, "FATAL:   Missing argument 'image'."),
-        (["inspect", "--bogus", "img"], 1, "FATAL:   No such option: --bogus"),
-        (["cache", "clean", "--days", "x"], 1, "FATAL:   Invalid value for '--days': 'x' is not a valid int."),
-        (["frobnicate"], 1, "FATAL:   No such command 'frobnicate'."),
+        (["inspect"], 1, "FATAL:   Missing argument 'image'.\nHINT:    Run 'singpy inspect --help' for usage."),
+        (["inspect", "--bogus", "img"], 1, "FATAL:   unknown flag: --bogus\n"
+         "HINT:    Run 'singpy inspect --help' for usage."),
+        (["cache", "clean", "--days", "x"], 1, "FATAL:   Invalid value for '--days': 'x' is not a valid int.\n"
+         "HINT:    Run 'singpy cache clean --help' for usage."),
+        (["frobnicate"], 1, "FATAL:   unknown command: frobnicate\n"
+         "HINT:    Run 'singpy --help' for the list of commands."),
     ],
     ids=["version", "global-flags-accepted", "missing-argument", "unknown-option", "bad-value", "unknown-command"],
 )
@@ -303,3 +306,103 @@ def test_run_app_errors_are_one_line(argv: list[str], status: int, fatal: str | 
     assert run_app(argv) == status
     err = capsys.readouterr().err
     assert err == ("" if fatal is None else fatal + "\n")
+
+
+# --- issue 26: one wording for mistakes, global -c and --nocolor, the global flags' variables -----------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["exec", "--bnd", "/a", "img"], "unknown flag: --bnd (did you mean --bind?)"),
+        (["run", "--writeable", "img"], "unknown flag: --writeable (did you mean --writable?)"),
+        (["exec", "--bogus", "img"], "unknown flag: --bogus"),  # nothing near: no suggestion
+        (["--verbos", "exec"], "unknown flag: --verbos (did you mean --verbose?)"),
+    ],
+    ids=["action-flag", "action-flag-2", "nothing-near", "global-flag"],
+)
+def test_unknown_flag_suggests_the_near_one(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        rest = split_global(argv)[1]
+        parse_action(rest[0], rest[1:], {})
+    assert caught.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("argv", "fatal"),
+    [
+        (["pul"], "FATAL:   unknown command: pul (did you mean pull?)\nHINT:    Run 'singpy --help' for the list of "
+         "commands."),
+        (["pull", "--forc", "x"], "FATAL:   unknown flag: --forc (did you mean --force?)\nHINT:    Run 'singpy pull "
+         "--help' for usage."),
+        (["cache", "clen"], "FATAL:   unknown command: clen (did you mean clean?)\nHINT:    Run 'singpy cache --help' "
+         "for usage."),
+        (["help", "exce"], "FATAL:   unknown command: exce (did you mean exec?)\nHINT:    Run 'singpy --help' for the "
+         "list of commands."),
+    ],
+    ids=["command", "typer-flag", "subcommand", "help-command"],
+)
+def test_typer_mistakes_have_the_same_wording(argv: list[str], fatal: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from singpy.cli.main import main
+
+    assert main(argv) == 1
+    assert capsys.readouterr().err == fatal + "\n"
+
+
+def test_global_short_config_and_nocolor() -> None:
+    """Apptainer's `-c` is --config before the command (after run/exec/shell it is --contain)."""
+    assert split_global(["-c", "/x.conf", "--nocolor", "exec", "-c", "img"]) == (
+        {"config": "/x.conf", "nocolor": True}, ["exec", "-c", "img"])
+
+
+def test_global_variables_fill_in_flags_not_given() -> None:
+    env = {"APPTAINER_DEBUG": "1", "SINGULARITY_CONFIG_FILE": "/s.conf", "APPTAINER_CONFIG_FILE": "/a.conf",
+           "APPTAINER_QUIET": "0"}
+    assert split_global(["exec"], env) == ({"debug": True, "config": "/a.conf"}, ["exec"])
+    assert split_global(["-c", "/mine.conf", "exec"], env)[0]["config"] == "/mine.conf"
+
+
+def test_debug_wins_over_quiet_whoever_set_them() -> None:
+    """Apptainer's precedence: debug, verbose, quiet, silent (APPTAINER_DEBUG=1 with -q is debug)."""
+    from singpy import console
+    from singpy.cli.actions import verbosity
+
+    assert verbosity({"quiet": True}, console.DEBUG) == console.DEBUG
+    assert verbosity({"silent": True}, console.QUIET) == console.QUIET
+    assert verbosity({"quiet": True}, console.SILENT) == console.QUIET
+    assert verbosity({"silent": True}) == console.SILENT
+
+
+def test_every_help_has_one_layout_and_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    """No typer/rich panels: the typer commands' help is laid out as run/exec/shell's, Examples included."""
+    from singpy.cli.main import main
+
+    for command in (["pull"], ["build"], ["inspect"], ["cache", "clean"], ["overlay", "create"], ["instance", "stop"],
+                    ["exec"], []):
+        if command == ["exec"]:  # main would leave the process at once (os._exit) after the fast path
+            out = action_help("exec")
+        else:
+            assert main([*command, "--help"]) == 0
+            out = capsys.readouterr().out
+        assert out.startswith(f"Usage: singpy {' '.join(command)}".rstrip()), (command, out[:200])
+        assert "\nExamples:\n  $ singpy " in out, command
+        assert not any(box in out for box in "╭│╰─") and "<str>" not in out and "\x1b" not in out, command
+
+
+def test_bare_singpy_prints_a_short_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    """As Apptainer: the usage and the commands on stderr, exit 1 (not the whole help)."""
+    from singpy.cli.main import main
+
+    assert main([]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("Usage: singpy [global options] <command>\n\nCommands:\n  exec ")
+    assert "Global options" not in captured.err and captured.err.endswith(
+        "Run 'singpy --help' for more detailed usage information.\n")
+
+
+def test_completion_without_a_shell_lists_them(capsys: pytest.CaptureFixture[str]) -> None:
+    from singpy.cli.main import main
+
+    assert main(["completion"]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["bash", "zsh", "fish"]

@@ -32,7 +32,7 @@ PULL = ("singpy.oci", "http", "ssl", "zstandard", "tarfile")
 # the definition-file builder only with `singpy build`.
 NOT_ON_PLAIN_PATH = (*NEVER, *PULL, "dataclasses", "typing", "pathlib", "json", "singpy.envfile", "singpy.policy",
                      "singpy.overlay", "singpy.overlayfs", "singpy.image.extfs", "singpy.recipe", "singpy.deffile",
-                     "singpy.shared", "hashlib", "socket")
+                     "singpy.shared", "hashlib", "socket", "difflib")  # difflib: the "did you mean" of a mistake
 # Runs the console script's code (singpy.cli.main:main) with the given arguments.
 ENTRY = "import sys; from singpy.cli.main import main; sys.argv[0] = 'singpy'; sys.exit(main())"
 MARK = "hot-path-ok"
