@@ -96,11 +96,12 @@ def _diagnose(name: str, error: int) -> str | None:
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None, *,
-          shown: str | None = None) -> None:
+          shown: str | None = None, source_shown: str | None = None) -> None:
     """mount(2); `source` None for pseudo filesystems and flag-only changes.
 
     `shown` names the target in an error message when `target` is a descriptor's
-    path (`fd_path`), which would mean nothing to a user.
+    path (`fd_path`), which would mean nothing to a user; `source_shown` the
+    source, when `source` is where the staging root sees it (/oldroot/...).
     """
     global _fresh_userns
     result = _libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data))
@@ -108,7 +109,7 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     if result == 0:
         return
     error = ctypes.get_errno()
-    name = source or fstype
+    name = source_shown or source or fstype
     what = f"{f'mount {name} on' if name else 'change the mount flags of'} {shown or target}: {os.strerror(error)}"
     why = _diagnose("in_userns_failure", error) if fresh else None
     if why is not None:

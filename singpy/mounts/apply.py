@@ -203,10 +203,12 @@ class _Applier:
         source, info = host
         found, target = self._target(spec.dest, directory=stat.S_ISDIR(info.st_mode), asked=spec.asked)
         try:
+            _check_kinds(spec, info, os.fstat(target))
             _say_binding(spec)
             flags = k.MS_NOSUID | (0 if spec.dev else k.MS_NODEV) | (k.MS_RDONLY if spec.readonly else 0)
             view = self._read_only_view(spec.source, source) if spec.readonly and not spec.dev else None
-            k.mount(view or source, k.fd_path(target, PROC), None, k.MS_BIND | k.MS_REC, shown=spec.dest)
+            k.mount(view or source, k.fd_path(target, PROC), None, k.MS_BIND | k.MS_REC, shown=spec.dest,
+                    source_shown=spec.source)
             if view is None:
                 self._remount(found, flags, spec.dest)
         finally:
@@ -405,6 +407,15 @@ class _Applier:
             remount(k.fd_path(mounted, PROC), flags, shown=shown)
         finally:
             os.close(mounted)
+
+
+def _check_kinds(spec: MountSpec, source: os.stat_result, target: os.stat_result) -> None:
+    """A directory binds only on a directory, anything else only on a non-directory: said in the user's words
+    (the kernel's ENOTDIR/EISDIR would name the staging root's path)."""
+    if stat.S_ISDIR(source.st_mode) != stat.S_ISDIR(target.st_mode):
+        what, where = ("a directory", "not a directory") if stat.S_ISDIR(source.st_mode) else ("not a directory",
+                                                                                          "a directory")
+        raise PathError(f"{spec.source} is {what}, and {spec.dest} is {where} in the container")
 
 
 def _say_binding(spec: MountSpec) -> None:

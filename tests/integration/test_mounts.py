@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Singpy
+from tests.conftest import Singpy, assert_one_fatal
 from tests.support.images import tree_digest
 
 
@@ -233,3 +233,15 @@ def test_the_binds_in_effect_are_in_apptainer_bind(singpy: Singpy, image: Path, 
     assert out == "/x,/y,/from-env,/z|/x,/y,/from-env,/z\n"  # --bind, then the variable's, then --mount
     bare = singpy.ok("exec", str(image), "sh", "-c", 'echo "${APPTAINER_BIND-unset}|${SINGULARITY_BIND-unset}"')
     assert bare == "|\n"
+
+
+def test_a_bind_of_the_wrong_kind_is_said_in_the_users_words(singpy: Singpy, image: Path, workdir: Path) -> None:
+    """`-B ~/f.txt:/usr`: the user's paths in one line (never the staging root's /oldroot/...)."""
+    base = _owned_dir(singpy, workdir / f"wrong-kind-{singpy.profile}")
+    (base / "f.txt").write_text("x\n")
+    result = singpy.run("exec", "-B", f"{base}/f.txt:/usr", str(image), "true")
+    assert_one_fatal(result, f"can't bind {base}/f.txt on /usr: {base}/f.txt is not a directory, and /usr is a "
+                             "directory in the container")
+    result = singpy.run("exec", "-B", f"{base}:/bin/sh", str(image), "true")
+    assert_one_fatal(result, f"can't bind {base} on /bin/sh: {base} is a directory, and /bin/sh is not a directory")
+    assert "/oldroot" not in result.stderr
