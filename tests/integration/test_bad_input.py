@@ -284,8 +284,8 @@ def test_interrupted_unpack_keeps_the_old_sandbox(singpy: Singpy, workdir: Path,
     (target / "old-content").write_text("kept\n")
     os.chown(target, singpy.uid, singpy.gid)
     before = traces(workdir)
-    result, child, command = interrupt_while(singpy, ["build", "--force", str(target), str(slow_squashfs)],
-                                             "unsquashfs", number)
+    result, child, command = interrupt_while(singpy, ["build", "--force", "--sandbox", str(target),
+                                                      str(slow_squashfs)], "unsquashfs", number)
     assert_one_fatal(result, f"build of {target} interrupted by {number.name}: nothing was written")
     assert os.listdir(out) == ["sandbox"] and os.listdir(target) == ["old-content"]
     assert alive([child], command) == []
@@ -354,7 +354,9 @@ def test_full_disk_during_build_says_so(singpy: Singpy, workdir: Path, slow_tree
     target = small / ("out.sif" if direction == "sif" else "out")
     source = slow_tree if direction == "sif" else slow_squashfs
     before = traces(workdir, small)
-    result, left = in_small_tmpfs(singpy, small, "1m", ["build", str(target), str(source)], env=singpy.env())
+    sandbox = ["--sandbox"] if direction == "sandbox" else []
+    result, left = in_small_tmpfs(singpy, small, "1m", ["build", *sandbox, str(target), str(source)],
+                                  env=singpy.env())
     assert_one_fatal(result, f"can't build {target}: no space left on device in {small}")
     assert left == []  # neither the scratch directory nor a partial image
     assert settled(before, workdir, small) == before
