@@ -9,6 +9,7 @@ import time
 import typer
 
 from singpy import console
+from singpy.cli.pull import variables
 from singpy.errors import SingpyError, UsageError
 
 instance_app = typer.Typer(name="instance", help="Manage background containers (instances).",
@@ -83,8 +84,10 @@ def _start(argv: list[str]) -> int:
 @instance_app.command(name="list", help="List your running instances.")
 def list_command(
     name: str = typer.Argument("", metavar="[NAME]", help="only this instance (a glob pattern)"),
-    as_json: bool = typer.Option(False, "--json", "-j", help="print as JSON"),
-    logs: bool = typer.Option(False, "--logs", "-l", help="show the paths of the log files"),
+    as_json: bool = typer.Option(False, "--json", "-j", help="print as JSON", envvar=variables("JSON"),
+                                 show_envvar=False),
+    logs: bool = typer.Option(False, "--logs", "-l", help="show the paths of the log files",
+                              envvar=variables("LOGS"), show_envvar=False),
 ) -> None:
     import fnmatch
     import json
@@ -115,9 +118,12 @@ def list_command(
 @instance_app.command(name="stop", help="Stop running instances.")
 def stop_command(
     names: list[str] = typer.Argument(None, metavar="[NAME]...", help="instances to stop (glob patterns)"),  # noqa: B008
-    stop_all: bool = typer.Option(False, "--all", "-a", help="stop all your instances"),
-    signal_name: str = typer.Option("TERM", "--signal", "-s", help="signal to send (number or name)"),
-    force: bool = typer.Option(False, "--force", "-F", help="kill at once (SIGKILL)"),
+    stop_all: bool = typer.Option(False, "--all", "-a", help="stop all your instances", envvar=variables("ALL"),
+                                  show_envvar=False),
+    signal_name: str = typer.Option("TERM", "--signal", "-s", help="signal to send (number or name)",
+                                    envvar=variables("SIGNAL"), show_envvar=False),
+    force: bool = typer.Option(False, "--force", "-F", help="kill at once (SIGKILL)", envvar=variables("FORCE"),
+                               show_envvar=False),
     timeout: float = typer.Option(10.0, "--timeout", "-t", help="seconds before SIGKILL"),
 ) -> None:
     import fnmatch
@@ -134,7 +140,7 @@ def stop_command(
     chosen = [record for record in running
               if stop_all or any(fnmatch.fnmatchcase(record.name, pattern) for pattern in names or [])]
     if not chosen:
-        raise SingpyError(f"no instance found with name {' '.join(names or [])}".rstrip())
+        raise SingpyError("no instance found" if stop_all else f"no instance found with name {' '.join(names or [])}")
     for record in chosen:
         instance.stop(records, record, host.uid, signum=signum, timeout=timeout, force=force)
         console.info(f"stopping {record.name} instance of {record.image} (PID={record.pid})")

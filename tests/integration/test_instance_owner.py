@@ -242,3 +242,9 @@ def test_state_directories_are_made_private_whatever_the_umask(singpy: Singpy, i
     deadline = time.monotonic() + 5
     while own_host.run("instance", "stop", f"{SESSION}-umask").returncode != 0 and time.monotonic() < deadline:
         time.sleep(0.1)
+
+
+def test_stop_all_with_no_instance_says_so(own_host: OwnHost) -> None:
+    """`instance stop --all` with nothing running: one line, not "no instance found with name" and nothing."""
+    assert_one_fatal(own_host.run("instance", "stop", "--all"), "no instance found")
+    assert own_host.run("instance", "stop", "--all").stderr.rstrip() == "FATAL:   no instance found"

@@ -41,8 +41,7 @@ SAMPLES = {"--bind": "/a:/b", "--mount": "type=bind,src=/a,dst=/b", "--no-mount"
            "--authfile": "auth.json", "--config": "/x.conf", "--arch": "arm64", "--name": "x.sif",
            "--dir": "/images", "--signal": "KILL"}
 # Flags singpy has whose variables live in a file this change could not edit (reported to the lead).
-PENDING = {("instance list", "--json"), ("instance list", "--logs"), ("instance stop", "--all"),
-           ("instance stop", "--force"), ("instance stop", "--signal")}
+PENDING: set[tuple[str, str]] = set()  # flags whose variable is not read yet (strict xfail): none
 
 
 def _rows() -> list[tuple[str, str, list[str]]]:
