@@ -13,7 +13,7 @@ from singpy import jobs
 from singpy.config.sysconf import IMAGE_LIMITS, SysConfig, confdir
 from singpy.constants import DEFAULT_PATH
 from singpy.environ import EnvPlan, host_passthrough, injected_from_host, split_path_rules
-from singpy.errors import BindSpecError, SingpyError
+from singpy.errors import BindSpecError, SingpyError, UsageError
 from singpy.host import HostInfo
 from singpy.hostfiles import path_problem, shown
 from singpy.kernel import caps
@@ -299,15 +299,19 @@ def _home(request: LaunchRequest, host: HostInfo) -> tuple[str, str]:
         return host.home, "/root" if request.fakeroot else host.home
     bad = f"bad --home {shown(request.home)!r}"
     parts = request.home.split(":")
+    # Mistakes in the flag's own text are the command line's (exit 1, docs/usage.md), as --bind's are.
     if len(parts) > 2 or not parts[0]:
-        raise BindSpecError(f"{bad}: expected src[:dest]")
+        raise UsageError(f"{bad}: expected src[:dest]")
     source, dest = parts[0], parts[-1] or parts[0]
     if len(parts) == 2 and parts[1] and not os.path.isabs(parts[1]):
-        raise BindSpecError(f"{bad}: destination must be an absolute path")
+        raise UsageError(f"{bad}: destination must be an absolute path")
     from singpy.mounts.parse import checked_pair  # only for --home: not on a plain run's path
 
-    return checked_pair(source, dest, host.cwd, bad=bad,
-                        onto_root="--home can't use the container's root directory / as the home directory")
+    try:
+        return checked_pair(source, dest, host.cwd, bad=bad,
+                            onto_root="--home can't use the container's root directory / as the home directory")
+    except BindSpecError as error:
+        raise UsageError(error.message, hint=error.hint) from None
 
 
 def _check_hostname(name: str) -> None:
@@ -318,14 +322,14 @@ def _check_hostname(name: str) -> None:
     """
     bad = f"bad --hostname {shown(name)!r}"
     if not name or len(os.fsencode(name)) > _HOSTNAME_MAX:  # fsencode: argv may hold undecodable bytes
-        raise SingpyError(f"{bad}: a host name has 1 to {_HOSTNAME_MAX} characters")
+        raise UsageError(f"{bad}: a host name has 1 to {_HOSTNAME_MAX} characters")
     for label in name.split("."):
         if not label or len(label) > 63:
-            raise SingpyError(f"{bad}: each dot-separated label has 1 to 63 characters")
+            raise UsageError(f"{bad}: each dot-separated label has 1 to 63 characters")
         if not label.isascii() or not label.replace("-", "").replace("_", "").isalnum():
-            raise SingpyError(f"{bad}: only letters, digits, '-', '_' and '.' may be used")
+            raise UsageError(f"{bad}: only letters, digits, '-', '_' and '.' may be used")
         if label.startswith("-") or label.endswith("-"):
-            raise SingpyError(f"{bad}: a label can't start or end with '-'")
+            raise UsageError(f"{bad}: a label can't start or end with '-'")
 
 
 def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespaces: Namespaces,
@@ -452,6 +456,6 @@ def _cwd(request: LaunchRequest, host: HostInfo, home_dest: str) -> str:
     if request.pwd:
         problem = path_problem(request.pwd)
         if problem:
-            raise SingpyError(f"bad --pwd {shown(request.pwd)!r}: {problem}")
+            raise UsageError(f"bad --pwd {shown(request.pwd)!r}: {problem}")
         return request.pwd
     return home_dest if request.contain else host.cwd

@@ -112,7 +112,8 @@ def cases(bad: Path, image: Path) -> dict[str, tuple[list[str], str]]:
 CASES = list(cases(Path("/b"), Path("/i")))
 # A --bind whose text is refused is a command-line mistake: exit 1, as --env's (issue 26, docs/usage.md).
 USAGE = {"long bind destination", "too long bind destination", "bind onto root", "bind onto root dot",
-         "bind onto root slashes"}
+         "bind onto root slashes", "long home", "long pwd", "home onto root", "hostname newline", "hostname slash",
+         "hostname control", "hostname too long", "hostname label"}
 
 
 @pytest.mark.parametrize("case", CASES)
