@@ -15,12 +15,9 @@ from singpy.errors import SingpyError, UsageError
 instance_app = typer.Typer(name="instance", help="Manage background containers (instances).",
                            no_args_is_help=True)
 
-_START_USAGE = """Usage: singpy instance start [options] IMAGE NAME [ARGS...]
-
-Start a named instance of IMAGE in the background: its startscript
-(/.singularity.d/startscript) runs with ARGS, and `singpy exec|run|shell
-instance://NAME` run in its container. The options are those of `singpy run`.
-"""
+_START_SUMMARY = ("Start a named instance of IMAGE in the background: its startscript (/.singularity.d/startscript) "
+                  "runs with ARGS, and `singpy exec|run|shell instance://NAME` run in its container. The options are "
+                  "those of `singpy run`.")
 
 
 @instance_app.command(name="start", help="Start a named instance of an image. Options as for `singpy run`.",
@@ -42,7 +39,10 @@ def _start(argv: list[str]) -> int:
     env = os.environ
     values, positionals = parse_action("run", argv, env)
     if values.get("help"):
-        print(_START_USAGE, end="")
+        from singpy.cli.parse import action_help
+
+        print(action_help("run", command="instance start", usage="IMAGE NAME [ARGS...]", summary=_START_SUMMARY),
+              end="")
         return 0
     console.set_level(verbosity(values, console.level()))
     if len(positionals) < 2:

@@ -161,4 +161,7 @@ EXAMPLES = {
     "shell": ("singpy shell image.sif",
               "singpy shell -C image.sif",
               "singpy shell --shell /bin/ash instance://web"),
+    "instance start": ("singpy instance start image.sif web",
+                       "singpy instance start --containall -B /data image.sif db --port 5432",
+                       "singpy exec instance://web ps"),
 }

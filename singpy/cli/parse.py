@@ -154,13 +154,16 @@ def _apply_variable(values: dict[str, Any], option: Option, env: Mapping[str, st
         return
 
 
-def action_help(action: str) -> str:
-    usage, summary = ACTIONS[action]
-    return help_text(f"singpy {action} [options] {usage}", summary.capitalize() + ".",
+def action_help(action: str, *, command: str = "", usage: str = "", summary: str = "") -> str:
+    """The help of run/exec/shell, or (`command`, `usage`, `summary`) of a command taking their options."""
+    action_usage, action_summary = ACTIONS[action]
+    command = command or action
+    return help_text(f"singpy {command} [options] {usage or action_usage}",
+                     summary or action_summary.capitalize() + ".",
                      [(option.group, help_row(option.short, option.long, option.value, option.help,
                                               option.env and ENV_PREFIXES[1] + option.env))
                       for option in ACTION_OPTIONS],
-                     EXAMPLES.get(action, ()))
+                     EXAMPLES.get(command, ()))
 
 
 def help_row(short: str, long: str, value: str, text: str, variable: str = "") -> str:

@@ -48,6 +48,14 @@ def test_action_help_lists_flags(as_root: Singpy) -> None:
         assert flag in out
 
 
+def test_instance_start_help_has_the_one_layout(as_root: Singpy) -> None:
+    """Usage, summary, the options of run with their variables, Examples: as every other command's help."""
+    out = as_root.ok("instance", "start", "--help")
+    assert out.startswith("Usage: singpy instance start [options] IMAGE NAME [ARGS...]\n")
+    assert "  -B, --bind SPEC" in out and "[$APPTAINER_BIND]" in out
+    assert "\nExamples:\n  $ singpy instance start image.sif web\n" in out
+
+
 def test_unknown_command_is_a_usage_error(as_root: Singpy) -> None:
     result = as_root.run("frobnicate")
     assert result.returncode == 1
