@@ -173,12 +173,18 @@ def _platform(options: PullOptions) -> Any:
 
 
 def _registry(ref: Reference, options: PullOptions, env: Mapping[str, str], home: str) -> Any:
-    from singpy.oci import auth
-    from singpy.oci.registry import Registry
+    """The client of `ref`'s registry, or of its mirrors and location from registries.conf (singpy.oci.mirrors)."""
+    from singpy.oci import auth, mirrors
 
-    credentials = auth.prompt_credentials(ref.registry) if options.login else \
-        auth.find_credentials(ref.registry, env, authfile=options.authfile or None, home=home)
-    return Registry(ref, env=env, credentials=credentials, https=options.https and not nohttps(env))
+    login = auth.prompt_credentials(ref.registry) if options.login else None
+
+    def credentials(endpoint: Reference, endpoint_env: Mapping[str, str]) -> Any:
+        if login is not None and endpoint.registry == ref.registry:  # typed for this registry: never a mirror's
+            return login
+        return auth.find_credentials(endpoint.registry, endpoint_env, authfile=options.authfile or None, home=home)
+
+    return mirrors.registry_for(ref, env=env, home=home, https=options.https and not nohttps(env),
+                                credentials=credentials)
 
 
 def _local(ref: Reference) -> Any:
@@ -480,7 +486,8 @@ class Steps:
 
     def step(self, message: str) -> None:
         if self.bar is not None:
-            self.bar.console.print(console.escape(message), highlight=False, markup=False)
+            # the prefix console.info gives the same line without a terminal
+            self.bar.console.print(f"INFO:    {console.escape(message)}", highlight=False, markup=False)
         else:
             console.info(message)
 

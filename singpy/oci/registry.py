@@ -47,7 +47,7 @@ from singpy.errors import ImageError
 from singpy.oci.auth import LOGIN_HINT, Authenticator, AuthFailure, Credentials, parse_challenges
 from singpy.oci.limits import RETRIES, Limits, parse_json
 from singpy.oci.ref import Reference, valid_digest, valid_tag
-from singpy.oci.transport import Origin, Transport, TransportError
+from singpy.oci.transport import Origin, Transport, TransportError, _failure
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
@@ -74,17 +74,15 @@ MAX_REDIRECTS = 10
 _RETRY_STATUSES = frozenset((429, 500, 502, 503, 504))
 _REDIRECT_STATUSES = frozenset((301, 302, 303, 307, 308))
 _ERROR_BODY_LIMIT = 1 << 16  # bytes of an error response read for its message
-def _hasher(algorithm: str) -> Any:
+def _hasher(algorithm: str, data: bytes = b"") -> Any:
     """A new hash object (hashlib is imported when a digest is computed: not for a HEAD request)."""
     import hashlib
 
-    return hashlib.new(algorithm)
+    return hashlib.new(algorithm, data)
 
 
 def _hex(algorithm: str, data: bytes) -> str:
-    hasher = _hasher(algorithm)
-    hasher.update(data)
-    return str(hasher.hexdigest())
+    return str(_hasher(algorithm, data).hexdigest())
 _ROOM_HINT = "set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a directory on a filesystem with room"
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
 
@@ -94,6 +92,14 @@ class Unreachable(ImageError):
 
     Distinct from a refusal or a missing image: a cached image may still run (singpy.oci.pull).
     """
+
+
+class DigestMismatch(ImageError):
+    """Bytes that are not what their digest names (singpy.oci.mirrors tells a lying mirror from a down one)."""
+
+
+class CantWrite(ImageError):
+    """The cache could not be written: another endpoint would not help (singpy.oci.mirrors)."""
 
 
 class Manifest(Record):
@@ -113,7 +119,7 @@ class Registry:
     """One repository of one registry (`ref`), with credentials found by the caller (or None: anonymous)."""
 
     def __init__(self, ref: Reference, *, env: Mapping[str, str], credentials: Credentials | None,
-                 https: bool = True) -> None:
+                 https: bool = True, transport: Transport | None = None) -> None:
         if ref.transport != "docker":
             raise ValueError(f"not a registry reference: {ref}")
         self.ref = ref
@@ -121,7 +127,7 @@ class Registry:
         self.base = f"{'https' if https else 'http'}://{self.host}"
         self._origin = Origin(self.base).key
         self.limits = Limits.from_env(env)
-        self._transport = Transport(env, self.limits)
+        self._transport = transport or Transport(env, self.limits)  # mirrors.py's skips TLS checks
         self._auth = Authenticator(credentials=credentials, scope=f"repository:{ref.repository}:pull",
                                    fetch=self._fetch_small, secure=https)
         self.sleep: Callable[[float], None] = time.sleep  # how retries wait
@@ -166,9 +172,9 @@ class Registry:
         algorithm = reference.partition(":")[0] if valid_digest(reference) else "sha256"
         digest = f"{algorithm}:{_hex(algorithm, data)}"
         if valid_digest(reference) and digest != reference:
-            raise ImageError(f"digest mismatch for manifest {reference} from {self.host}: it has {digest}")
+            raise DigestMismatch(f"digest mismatch for manifest {reference} from {self.host}: it has {digest}")
         if valid_digest(sent_digest) and sent_digest.partition(":")[0] == algorithm and sent_digest != digest:
-            raise ImageError(f"digest mismatch for the manifest of {image} from {self.host}: the registry says "
+            raise DigestMismatch(f"digest mismatch for the manifest of {image} from {self.host}: the registry says "
                              f"{sent_digest}, the content has {digest}")
         body = parse_json(data, f"the manifest of {image} from {self.host}", limit=MANIFEST_LIMIT)
         if not isinstance(body, dict):
@@ -192,7 +198,7 @@ class Registry:
         data, _, source = self._get_small(self._blob_path(digest), {}, what=self._blob(digest), limit=limit)
         algorithm, _, expected = digest.partition(":")
         if _hex(algorithm, data) != expected:
-            raise ImageError(f"digest mismatch for blob {digest} from {source}: the download was discarded")
+            raise DigestMismatch(f"digest mismatch for blob {digest} from {source}: the download was discarded")
         return data
 
     def fetch_blob(self, digest: str, target: str, *, size: int | None,
@@ -208,7 +214,7 @@ class Registry:
         try:
             fd = os.open(partial, _FILE_FLAGS, 0o644)
         except OSError as error:
-            raise ImageError(f"can't write {partial}: {error.strerror}") from None
+            raise CantWrite(f"can't write {partial}: {error.strerror}") from None
         try:
             _Download(self, digest, fd, partial, size, progress).run()
             os.fsync(fd)
@@ -216,13 +222,13 @@ class Registry:
             full = error.errno in (errno.ENOSPC, errno.EDQUOT)
             if full:
                 _remove(partial)  # the space goes back; a resume would fail the same way
-            raise ImageError(f"can't write {partial}: {error.strerror}", hint=_ROOM_HINT if full else None) from None
+            raise CantWrite(f"can't write {partial}: {error.strerror}", hint=_ROOM_HINT if full else None) from None
         finally:
             os.close(fd)
         try:
             os.rename(partial, target)
         except OSError as error:
-            raise ImageError(f"can't rename {partial} to {target}: {error.strerror}") from None
+            raise CantWrite(f"can't rename {partial} to {target}: {error.strerror}") from None
 
     # --- requests ----------------------------------------------------------------------------------------------
 
@@ -369,7 +375,7 @@ class Registry:
                 total += len(chunk)
         except (OSError, http.client.HTTPException) as error:
             self._transport.close_connection(url)
-            raise _read_failure(Origin(url).netloc, error) from None
+            raise _failure(Origin(url).netloc, error, connecting=False) from None
         if total > limit:
             self._transport.close_connection(url)
             raise ImageError(f"{what} from {Origin(url).netloc} is larger than {limit >> 20} MiB")
@@ -545,7 +551,7 @@ class _Download:
                     count = response.readinto(buffer)
                 except (OSError, http.client.HTTPException) as error:
                     self.registry._transport.close_connection(url)
-                    raise _read_failure(Origin(url).netloc, error) from None
+                    raise _failure(Origin(url).netloc, error, connecting=False) from None
                 if not count:
                     return
                 chunk = view[:count]
@@ -588,7 +594,7 @@ class _Download:
 
     def _mismatch(self) -> None:
         _remove(self.partial)
-        raise ImageError(f"digest mismatch for blob {self.digest} from {self.source}: the download was discarded")
+        raise DigestMismatch(f"digest mismatch for blob {self.digest} from {self.source}: the download was discarded")
 
 
 def _ignore(count: int) -> None:
@@ -633,12 +639,6 @@ def _retry_after(response: http.client.HTTPResponse) -> float | None:
     if when.tzinfo is None:
         return None
     return max(0.0, min(when.timestamp() - time.time(), RETRY_AFTER_CAP))
-
-
-def _read_failure(host: str, error: OSError | http.client.HTTPException) -> TransportError:
-    from singpy.oci.transport import _failure
-
-    return _failure(host, error, connecting=False)
 
 
 def _error_codes(body: bytes) -> set[str]:

@@ -502,7 +502,8 @@ def test_a_full_disk_is_named_right(singpy: Singpy, workdir: Path, full: str) ->
     assert not (base / "out.sif").exists() and os.listdir(tmp) == []
 
 
-def test_on_a_terminal_the_squash_bar_shows_counts_not_a_stuck_zero(singpy: Singpy, workdir: Path) -> None:
+def test_on_a_terminal_the_squash_bar_shows_counts_not_a_stuck_zero(singpy: Singpy, plain: RegistryServer,
+                                                                    workdir: Path) -> None:
     """mksquashfs draws its progress only on a terminal: singpy gives it one, and shows no "0/?" meanwhile."""
     from tests.conftest import SINGPY
 
@@ -517,3 +518,10 @@ def test_on_a_terminal_the_squash_bar_shows_counts_not_a_stuck_zero(singpy: Sing
     assert "Squashing oci-archive:" in screen and re.search(r"Squashing oci-archive:\S+\s+\S*\s*(\d+)/\1 ", screen)
     assert "0/?" not in screen
     assert (base / "out.sif").is_file()
+    # two images on the same busybox layer: the second's cached layer is an INFO line on a terminal too
+    for number, name in enumerate(("pull/no-media-type", "pull/main")):
+        command = f"{SINGPY} pull --no-https {base}/{number}.sif {plain.ref(name)}"
+        again = subprocess.run(["script", "-q", "-e", "-c", command, "/dev/null"], capture_output=True, text=True,
+                               env=env, timeout=120, check=False, **singpy.switch())  # type: ignore[call-overload]
+        assert again.returncode == 0, again.stdout + again.stderr
+    assert "INFO:    Using cached layer sha256:" in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", again.stdout)
