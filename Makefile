@@ -87,7 +87,7 @@ bench: bench-packages setup
 
 # A link to the venv's command: it keeps working as long as this clone and its .venv stay where they are.
 # DROP_IN=yes also installs it as `apptainer` and `singularity` (what workflow engines call), never over a
-# command of those names that is not already such a link.
+# command of those names that is not already such a link (singpy/cli/dropin.py, which pip/pipx users run too).
 DROP_IN ?= no
 install: setup
 	mkdir -p $(PREFIX)/bin
@@ -97,12 +97,7 @@ install: setup
 	@# ~/.local/share otherwise): written, not linked, so a new flag needs `make install` again, as the link does
 	mkdir -p $(PREFIX)/share/bash-completion/completions
 	$(BIN)/singpy completion bash > $(PREFIX)/share/bash-completion/completions/singpy
-	@if [ "$(DROP_IN)" = yes ]; then for name in apptainer singularity; do \
-		link=$(PREFIX)/bin/$$name; \
-		if [ -e "$$link" ] && [ "$$(readlink "$$link")" != "$(CURDIR)/$(BIN)/singpy" ]; then \
-			echo "$$link exists and is not singpy: left as it is" >&2; exit 1; fi; \
-		ln -sfn $(CURDIR)/$(BIN)/singpy "$$link" && echo "installed $$link -> $(CURDIR)/$(BIN)/singpy"; \
-	done; fi
+	@if [ "$(DROP_IN)" = yes ]; then $(CURDIR)/$(BIN)/python -m singpy.cli.dropin $(PREFIX)/bin; fi
 	@case ":$$PATH:" in *":$(PREFIX)/bin:"*) ;; *) echo "add $(PREFIX)/bin to your PATH";; esac
 
 clean:

@@ -99,3 +99,19 @@ def test_pipx_install_gives_a_working_singpy(singpy: Singpy, pipx_installed: Pat
         assert f"configuration: {shipped}" in result.stderr
     shown = subprocess.run([str(command), "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0 and shown.stdout.startswith("singpy version "), shown.stderr
+
+
+def test_pipx_install_offers_the_drop_in_names_on_request(pipx_installed: Path, tmp_path: Path) -> None:
+    """A pipx or pip installation gets `apptainer` and `singularity` with `python -m singpy.cli.dropin`."""
+    venv = pipx_installed / "home" / "venvs" / "singpy"
+    assert not (pipx_installed / "bin" / "apptainer").exists()  # only on request
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    done = subprocess.run([str(venv / "bin" / "python"), "-m", "singpy.cli.dropin", str(bin_dir)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    for name in ("apptainer", "singularity"):
+        assert os.readlink(bin_dir / name) == str(venv / "bin" / "singpy")
+        shown = subprocess.run([str(bin_dir / name), "--version"], capture_output=True, text=True, timeout=60,
+                               check=False)
+        assert shown.stdout == "apptainer version 1.5.3\n", shown.stderr
