@@ -220,7 +220,7 @@ def _check_one(current: str, me: int, what: str, *, strict: bool, sticky_ok: boo
         from singpy.hostfiles import shown
 
         parent = os.path.dirname(current)
-        raise ImageError(f"can't use the {what} {shown(parent)}: {error.strerror.lower()}",
+        raise ImageError(f"can't use the {what} {shown(parent)}: {(error.strerror or str(error)).lower()}",
                          hint=f"give yourself access to it (chmod u+rwx {shown(parent)})") from None
     if info.st_uid not in (me, 0):
         _refuse(current, what, f"it belongs to uid {info.st_uid}, not to you or root")
