@@ -210,7 +210,8 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
             console.verbose("--unsquash (or `unsquash = yes`) applies to squashfs images only: mounting the ext3 "
                             "image")
         return extfs.choose_root(image, uid=host.uid, user_namespace=request.fakeroot or request.userns,
-                                 writable=request.writable, env=host.env)
+                                 writable=request.writable, env=host.env,
+                                 allow_kernel=config.flag("allow kernel extfs"))
     from singpy import cachefiles
     from singpy.image import squashfs
 

@@ -72,10 +72,12 @@ def split_values(values: tuple[str, ...]) -> list[str]:
 
 def plan_overlays(*, image: ImageSpec, writable: bool, overlays: tuple[str, ...], writable_tmpfs: bool,
                   enable: str, uid: int, user_namespace: bool, cwd: str, env: Mapping[str, str],
-                  partition: tuple[int, int] | None, kernel_avoided: bool = False) -> OverlayChoice:
+                  partition: tuple[int, int] | None, kernel_avoided: bool = False,
+                  kernel_extfs: bool = True) -> OverlayChoice:
     """The layers over `image`, checked; `partition` is the SIF's overlay partition (offset, size), if any.
 
     `kernel_avoided`: `avoid kernel features = userns_overlay` in a user namespace, so fuse-overlayfs.
+    `kernel_extfs`: `allow kernel extfs` (no: ext3 overlay images through fuse2fs, root's too).
     """
     choice = OverlayChoice()
     given = split_values(overlays)
@@ -95,7 +97,8 @@ def plan_overlays(*, image: ImageSpec, writable: bool, overlays: tuple[str, ...]
                                     size=partition[1]))
     specs = [_usable(spec, choice) for spec in specs]
     choice.overlays = _ordered(specs, writable_tmpfs)
-    choice.overlays = [_strategy(spec, uid=uid, user_namespace=user_namespace, env=env) for spec in choice.overlays]
+    choice.overlays = [_strategy(spec, uid=uid, user_namespace=user_namespace, env=env, kernel_extfs=kernel_extfs)
+                       for spec in choice.overlays]
     if choice.overlays or writable_tmpfs:
         _choose_driver(choice, image, enable="avoided" if kernel_avoided and enable != "driver" else enable,
                        uid=uid, env=env)
@@ -193,12 +196,13 @@ def _ordered(specs: list[OverlaySpec], writable_tmpfs: bool) -> list[OverlaySpec
     return [spec for spec in specs if spec.readonly] + writable
 
 
-def _strategy(spec: OverlaySpec, *, uid: int, user_namespace: bool, env: Mapping[str, str]) -> OverlaySpec:
+def _strategy(spec: OverlaySpec, *, uid: int, user_namespace: bool, env: Mapping[str, str],
+              kernel_extfs: bool) -> OverlaySpec:
     if spec.kind == "dir":
         return spec
     from singpy.image import extfs
 
-    return extfs.choose(spec, uid=uid, user_namespace=user_namespace, env=env)
+    return extfs.choose(spec, uid=uid, user_namespace=user_namespace, env=env, allow_kernel=kernel_extfs)
 
 
 def _choose_driver(choice: OverlayChoice, image: ImageSpec, *, enable: str, uid: int,

@@ -200,7 +200,7 @@ def _layers(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Im
     return plan_overlays(image=image, writable=request.writable, overlays=request.overlays,
                          writable_tmpfs=request.writable_tmpfs, enable=enable, uid=host.uid,
                          user_namespace=user_namespace, cwd=host.cwd, env=host.env, partition=partition,
-                         kernel_avoided=avoided)
+                         kernel_avoided=avoided, kernel_extfs=config.flag("allow kernel extfs"))
 
 
 def _no_userns_overlay(config: SysConfig) -> bool:

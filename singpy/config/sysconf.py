@@ -83,6 +83,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("network ptp subnet", STRING, "10.23.0.0/16",
               "IPv4 subnet of --network ptp; its first address is the host end's"),
     Directive("unsquash", BOOL, False, "always extract SIF/squashfs images instead of mounting them"),
+    Directive("allow kernel extfs", BOOL, True, "let root mount ext3 images (overlays, Singularity 2.x images) with "
+              "the kernel's ext3 on a loop device (no: fuse2fs, as for users; SingularityCE's directive)"),
     Directive("allow kernel squashfs", BOOL, True, "let root mount SIF/squashfs images with the kernel's "
               "squashfs on a loop device (no: squashfuse or extraction)"),
     # Apptainer's own directives (docs/configuration.md says how singpy applies each).
@@ -136,7 +138,7 @@ APPTAINER_IGNORED: frozenset[str] = frozenset({
     # Apptainer 1.0 (from Singularity) and Singularity/SingularityCE only:
     "mksquashfs path", "unsquashfs path", "cryptsetup path", "go path", "autofs bug path",
     "allow root capabilities", "allow user capabilities", "root search path", "user search path",
-    "oci mode", "sif fuse", "tmp sandbox", "allow kernel extfs", "allow kernel overlay",
+    "oci mode", "sif fuse", "tmp sandbox", "allow kernel overlay",
 })
 
 _BY_NAME = {directive.name: directive for directive in DIRECTIVES}

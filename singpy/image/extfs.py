@@ -66,13 +66,16 @@ _F_OFD_SETLK = 37  # fcntl.h; Python's fcntl module has the constant from 3.12 o
 _locks: list[int] = []  # descriptors holding the image locks, open as long as the launcher (or its exec) lives
 
 
-def choose(spec: OverlaySpec, *, uid: int, user_namespace: bool, env: Mapping[str, str]) -> OverlaySpec:
-    """Check the image and pick how to mount it; raises ImageError when it can't be used here."""
+def choose(spec: OverlaySpec, *, uid: int, user_namespace: bool, env: Mapping[str, str],
+           allow_kernel: bool = True) -> OverlaySpec:
+    """Check the image and pick how to mount it; raises ImageError when it can't be used here.
+
+    `allow_kernel`: `allow kernel extfs` (SingularityCE's directive): no makes root use fuse2fs too."""
     from singpy.image.tools import find_tool
 
     fd = _open_checked(spec)
     _lock(fd, spec)
-    if uid == 0 and not user_namespace and os.path.exists("/dev/loop-control"):
+    if _kernel_ext3(uid, user_namespace, allow_kernel):
         console.verbose(f"overlay image {spec.path}: kernel ext3 on a loop device (running as root)")
         return spec.replace(strategy="loop")
     tool = find_tool(FUSE_TOOL, env)
@@ -268,7 +271,7 @@ def _wait_mounted(what: str, mount_point: str, pid: int, errors: int) -> None:
 
 
 def choose_root(image: ImageSpec, *, uid: int, user_namespace: bool, writable: bool,
-                env: Mapping[str, str]) -> ImageSpec:
+                env: Mapping[str, str], allow_kernel: bool = True) -> ImageSpec:
     """Check and lock the image (shared, exclusive with --writable), and pick how to mount it: loop or fuse."""
     from singpy.image.tools import find_tool
 
@@ -277,7 +280,7 @@ def choose_root(image: ImageSpec, *, uid: int, user_namespace: bool, writable: b
     where = f"filesystem at offset {image.offset}, after its launch line" if image.offset else "whole file"
     console.verbose(f"image {image.path}: Singularity 2.x ext3 image ({where}, {image.size} bytes)"
                     f"{', read-write (--writable)' if writable else ''}")
-    if uid == 0 and not user_namespace and os.path.exists("/dev/loop-control"):
+    if _kernel_ext3(uid, user_namespace, allow_kernel):
         console.verbose("mounting it with the kernel's ext3 on a loop device (running as root)")
         return image.replace(strategy="loop")
     tool = find_tool(FUSE_TOOL, env)
@@ -295,6 +298,15 @@ def choose_root(image: ImageSpec, *, uid: int, user_namespace: bool, writable: b
                          hint=_convert_hint(image))
     console.verbose(f"mounting it with {tool} (FUSE)")
     return image.replace(strategy="fuse", tool=tool)
+
+
+def _kernel_ext3(uid: int, user_namespace: bool, allow_kernel: bool) -> bool:
+    """Whether the kernel's ext3 on a loop device mounts the image: root outside a user namespace, allowed."""
+    if uid != 0 or user_namespace or not os.path.exists("/dev/loop-control"):
+        return False
+    if not allow_kernel:
+        console.verbose("`allow kernel extfs = no` in the configuration: fuse2fs, as for a user")
+    return allow_kernel
 
 
 def _convert_hint(image: ImageSpec) -> str:

@@ -130,6 +130,16 @@ def test_allow_container_extfs(singpy: Singpy, ext3_images: dict[str, Path], wor
                                  f"= no): can't run {image}")
 
 
+def test_allow_kernel_extfs_no_means_fuse2fs_for_root_too(as_root: Singpy, ext3_images: dict[str, Path],
+                                                          workdir: Path, fuse_open: str) -> None:
+    """SingularityCE's `allow kernel extfs = no`: root mounts the image with fuse2fs, as a user does."""
+    conf = readable_config(workdir, "singularity2-no-kernel-extfs", "allow kernel extfs = no\n")
+    result = as_root.run("--config", str(conf), "-v", "exec", str(ext3_images["bare"]), "cat", "/etc/marker")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == MARKER
+    assert NOTE["user"] in result.stderr and NOTE["root"] not in result.stderr
+
+
 def test_ext4_is_one_fatal(singpy: Singpy, workdir: Path, rootfs: Path) -> None:
     place = workdir / "singularity2-ext4"
     place.mkdir(mode=0o755, exist_ok=True)

@@ -43,6 +43,7 @@ EXPECTED_DEFAULTS = {
     "network bridge subnet": "10.22.0.0/16",
     "network ptp subnet": "10.23.0.0/16",
     "unsquash": False,
+    "allow kernel extfs": True,
     "allow kernel squashfs": True,
     "allow ipc ns": True,
     "allow uts ns": True,
