@@ -381,8 +381,8 @@ def parse_options(argv: list[str] | None) -> Options:
 
 
 def tool_versions() -> dict[str, str]:
-    return {"registry": startup._version("docker-registry", "--version"),
-            "mksquashfs": startup._version("mksquashfs", "-version")}
+    return {"registry": startup.tool_version("docker-registry", "--version"),
+            "mksquashfs": startup.tool_version("mksquashfs", "-version")}
 
 
 def benchmark(options: Options, workdir: Path, singpy: str) -> None:

@@ -271,7 +271,7 @@ def parse_options(argv: list[str] | None) -> Options:
 
 
 def tool_versions() -> dict[str, str]:
-    return {"slurm": startup._version("slurmd", "-V"), "mpirun": startup._version("mpirun", "--version")}
+    return {"slurm": startup.tool_version("slurmd", "-V"), "mpirun": startup.tool_version("mpirun", "--version")}
 
 
 def account_dirs(workdir: Path, account: Account) -> tuple[Path, Path, Path]:

@@ -1,0 +1,113 @@
+"""The pull benchmark's measure 3: `singpy exec` of a cached docker:// image against the same image as a SIF."""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+from typing import TYPE_CHECKING, TypedDict
+
+from pull_commands import Dirs, base_env, run
+from startup_imports import parse_importtime
+from startup_runner import Runner
+
+if TYPE_CHECKING:
+    from tests.support.registry import RegistryServer
+
+
+class ExecRow:
+    """One `singpy exec` command of the cached-image comparison, times in ms."""
+
+    def __init__(self, key: str, label: str, argv: list[str], display: str) -> None:
+        self.key, self.label, self.argv, self.display = key, label, argv, display
+        self.times: list[float] = []
+        self.failures = 0
+        self.na = ""
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.times) if self.times and not self.na else None
+
+    def quartiles(self) -> str:
+        if len(self.times) < 4:
+            return ""
+        low, _, high = statistics.quantiles(self.times, n=4)
+        return f"{low:.1f}-{high:.1f}"
+
+
+def exec_rows(runner: Runner, dirs: Dirs, singpy: str, registry: RegistryServer, digest: str) -> list[ExecRow]:
+    """The small image pulled (caching it) and copied to SMALL.sif; the rows, n/a where setting up failed."""
+    env = exec_env(dirs)
+    sif = dirs.out / "small.sif"
+    tag, pinned = registry.ref("small"), registry.ref("small", digest)
+    rows = [
+        ExecRow("sif", "singpy exec SMALL.sif true", [singpy, "exec", str(sif), "true"], "singpy exec SMALL.sif true"),
+        ExecRow("docker", "singpy exec docker://…:latest true (cached)", [singpy, "exec", tag, "true"],
+                "singpy exec docker://HOST/small:latest true"),
+        ExecRow("digest", "singpy exec docker://…@sha256 true (cached, no request)", [singpy, "exec", pinned, "true"],
+                "singpy exec docker://HOST/small@sha256:… true"),
+    ]
+    _, error = run(runner, [singpy, "-q", "pull", str(sif), tag], env, timeout=300)
+    for row in rows:
+        if error:
+            row.na = f"pull failed: {error}"
+            continue
+        done = runner.capture(row.argv, env)
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if line.strip()]
+            row.na = f"exit {done.returncode}: {lines[-1] if lines else 'no output'}"
+    return rows
+
+
+def exec_env(dirs: Dirs) -> dict[str, str]:
+    # --no-https as APPTAINER_NOHTTPS, for every row alike: the command lines differ in the image only.
+    return {**base_env(dirs), "SINGPY_CACHEDIR": str(dirs.exec_cache), "APPTAINER_NOHTTPS": "1"}
+
+
+def measure_exec(runner: Runner, rows: list[ExecRow], env: dict[str, str], rounds: int, seed: int) -> None:
+    live = [row for row in rows if not row.na]
+    rng = random.Random(seed)
+    print(f"exec: {len(live)} commands x {rounds} rounds ...", file=sys.stderr)
+    for number in range(rounds + 2):  # two warm-up rounds, as startup.py
+        rng.shuffle(live)
+        for row in live:
+            elapsed, status = runner.timed(row.argv, env)
+            if number < 2:
+                continue
+            if status != 0:
+                row.failures += 1
+            else:
+                row.times.append(elapsed)
+
+
+class ImportExtra(TypedDict):
+    modules: list[str]  # in import order
+    self_ms: float  # their self time, summed
+    heavy_ms: dict[str, float]  # cumulative time of those of HEAVY imported
+
+
+# Standard-library modules whose import the docker:// path may add, each with what it imports in turn.
+HEAVY = ("http.client", "email.parser", "ssl", "socket", "urllib.parse", "typing", "hashlib", "json", "re",
+         "threading")
+
+
+def import_extras(runner: Runner, python: str, rows: list[ExecRow], env: dict[str, str]) -> dict[str, ImportExtra]:
+    """By row key: the modules a docker:// run imports beyond `singpy exec SMALL.sif` (one `-X importtime` run
+    each), and their self time: where part of the docker:// path's extra milliseconds go."""
+    profiles: dict[str, dict[str, tuple[int, int]]] = {}
+    for row in rows:
+        if row.na:
+            continue
+        done = runner.capture([python, "-X", "importtime", *row.argv], env)
+        if done.returncode == 0:
+            profiles[row.key] = parse_importtime(done.stderr)
+    base = profiles.get("sif")
+    if base is None:
+        return {}
+    extras: dict[str, ImportExtra] = {}
+    for key, modules in profiles.items():
+        if key != "sif":
+            names = [name for name in modules if name not in base]
+            extras[key] = {"modules": names, "self_ms": sum(modules[name][0] for name in names) / 1000,
+                           "heavy_ms": {name: modules[name][1] / 1000 for name in HEAVY if name in names}}
+    return extras
