@@ -391,7 +391,7 @@ class Mirrored:
 
     def _each(self, call: Callable[[Any], Any], *, manifest: bool) -> Any:
         from singpy.image.tools import Interrupted
-        from singpy.oci.registry import CantWrite, DigestMismatch
+        from singpy.oci.regerrors import CantWrite, DigestMismatch
 
         failures: list[tuple[Source, ImageError]] = []
         for index, source in enumerate(self.endpoints):
@@ -447,7 +447,7 @@ class Mirrored:
 
 def _combined(ref: Reference, failures: list[tuple[Source, ImageError]]) -> ImageError:
     """One error for every endpoint's: the last one's (the primary's), the mirrors' in parentheses."""
-    from singpy.oci.registry import Unreachable
+    from singpy.oci.regerrors import Unreachable
 
     source, last = failures[-1]
     if len(failures) == 1:

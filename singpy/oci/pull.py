@@ -2,8 +2,9 @@
 
 The one orchestrator of singpy.oci: it resolves a reference to the manifest
 of one platform (ref, registry or local, platform), fetches the layers into
-the cache (store), applies them to a fresh tree (layers), writes Apptainer's
-/.singularity.d (convert) and squashes the tree into a SIF in the cache.
+the cache (layercache, on store; its progress: progress.Steps), applies them
+to a fresh tree (layers), writes Apptainer's /.singularity.d (convert) and
+squashes the tree into a SIF in the cache.
 
 `run`, `exec`, `shell` and `inspect` call `cached_image` before anything
 else: the launch itself only ever sees a SIF file. A SIF is cached under the
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from singpy import __version__, console
 from singpy.errors import ImageError
@@ -26,8 +27,7 @@ from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time (a cached image starts fast)
 if TYPE_CHECKING:
-    import threading
-    from typing import Any, BinaryIO, Protocol
+    from typing import Any, Protocol
 
     class Source(Protocol):
         """A registry (singpy.oci.registry.Registry) or a local layout/archive (singpy.oci.local.LocalSource)."""
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
         def blob_bytes(self, digest: str, limit: int = ...) -> bytes: ...
 
-MAX_DOWNLOADS = 4  # layers fetched at once: enough to fill a link, few enough for a registry's limits
 # gzip at level 6: the same size as level 9 (mksquashfs's default) on the images measured, at 2.6x the speed
 # (docs/performance.md). gzip because every kernel and squashfuse reads it.
 SQUASH_COMPRESSION = ("-comp", "gzip", "-Xcompression-level", "6")
@@ -58,7 +57,7 @@ class Resolved(Record):
     reference: Reference
     platform: str  # "linux/amd64"
     top: str  # the digest the reference names now (an index, or the manifest itself)
-    manifest: Any  # singpy.oci.registry.Manifest of the platform's image
+    manifest: Any  # singpy.oci.manifest.Manifest of the platform's image
     source: Any  # Source
 
 
@@ -195,9 +194,9 @@ def _local(ref: Reference) -> Any:
 
 def _unreachable(error: ImageError) -> bool:
     """Whether `error` says the registry could not be reached at all (not: it refused or lacks the image)."""
-    from singpy.oci import registry
+    from singpy.oci.regerrors import Unreachable
 
-    return isinstance(error, registry.Unreachable)
+    return isinstance(error, Unreachable)
 
 
 def resolve(ref: Reference, source: Source, want: Any) -> Resolved:
@@ -258,9 +257,9 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
 
 def _ownership() -> Any:
     """None as root (owners, modes and devices applied for real), else a record of what could not be."""
-    from singpy.oci import layers
+    from singpy.oci.owners import Ownership
 
-    return None if os.getuid() == 0 else layers.Ownership()
+    return None if os.getuid() == 0 else Ownership()
 
 
 def _config(resolved: Resolved) -> dict[str, Any]:
@@ -292,18 +291,21 @@ def _layer_list(resolved: Resolved) -> list[dict[str, Any]]:
 def _assemble(resolved: Resolved, tree: str, location: str, *, ownership: Any) -> dict[str, Any]:
     """The image's root filesystem at `tree` (new), with Apptainer's /.singularity.d. Returns the config."""
     from singpy.oci import convert, layers
+    from singpy.oci.layercache import Blobs
+    from singpy.oci.progress import Steps
+    from singpy.oci.streams import open_layer
 
     config = _config(resolved)
     descriptors = _layer_list(resolved)
     os.mkdir(tree, 0o755)
     with Steps(f"Getting {resolved.reference}") as steps:
-        blobs = _Blobs(resolved.source, descriptors, location, steps)
+        blobs = Blobs(resolved.source, descriptors, location, steps)
         for number, descriptor in enumerate(descriptors, 1):
             digest = descriptor["digest"]
             with blobs.open(digest) as stream:
                 steps.extracting(number, len(descriptors), digest)
                 what = f"layer {digest} of {resolved.reference}"
-                layers.apply_layer(tree, layers.open_layer(stream, source=what), ownership=ownership, source=what)
+                layers.apply_layer(tree, open_layer(stream, source=what), ownership=ownership, source=what)
     written = convert.install(tree, config, _labels(resolved, config), deffile=_deffile(resolved.reference))
     for path, mode in written.items() if ownership is not None else ():
         ownership.record(path, mode, 0, 0)  # root's, over whatever a layer had recorded at that path
@@ -327,9 +329,9 @@ def _labels(resolved: Resolved, config: dict[str, Any]) -> dict[str, str]:
 
 
 def _deffile(ref: Reference) -> bytes:
-    from singpy.oci import convert
+    from singpy.oci.singularityd import deffile_for
 
-    return convert.deffile_for(str(ref))
+    return deffile_for(str(ref))
 
 
 def _from(ref: Reference) -> str:
@@ -341,11 +343,11 @@ def _squash(resolved: Resolved, config: dict[str, Any], tree: str, work: str, si
     from singpy.image.detect import host_arch
     from singpy.image.metadata import read_tree
     from singpy.image.sifwrite import build_sif_from_squashfs
-    from singpy.oci import layers
+    from singpy.oci.owners import squash_options
 
     mksquashfs = tools.require_tool("mksquashfs", env=os.environ, purpose="convert an image to SIF")
     squashfs = f"{work}/rootfs.squashfs"
-    extra = layers.squash_options(ownership, f"{work}/pseudo")
+    extra = squash_options(ownership, f"{work}/pseudo")
     tools.run_tool([mksquashfs, tree, squashfs, "-noappend", *SQUASH_COMPRESSION, *extra],
                    label=f"Squashing {resolved.reference}", failure=f"can't convert {resolved.reference} to SIF")
     arch = config.get("architecture")
@@ -385,129 +387,6 @@ def _copy(sif: str, target: str) -> None:
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
-
-
-class _Blobs:
-    """The layers of one image, opened in order while the later ones still download.
-
-    From a registry, up to MAX_DOWNLOADS blobs download at once into the
-    cache (daemon threads: an interrupted pull ends at once, leaving
-    `.partial` files the next pull resumes); a local source is read in place.
-    """
-
-    def __init__(self, source: Any, descriptors: list[dict[str, Any]], location: str, steps: Steps) -> None:
-        self.source = source
-        self.location = location
-        self.steps = steps
-        import threading
-
-        self.remote = hasattr(source, "fetch_blob")
-        self.done: dict[str, threading.Event] = {}
-        self.errors: dict[str, BaseException] = {}
-        self.verified: dict[str, BinaryIO] = {}  # cached blobs, opened as their bytes were checked
-        if self.remote:
-            store.ensure(location, store.BLOBS)
-            pending = list({d["digest"]: d for d in descriptors}.values())
-            self.done = {d["digest"]: threading.Event() for d in pending}
-            self.queue = pending
-            self.lock = threading.Lock()
-            for _ in range(min(MAX_DOWNLOADS, len(pending))):
-                threading.Thread(target=self._work, daemon=True).start()
-
-    def _work(self) -> None:
-        while True:
-            with self.lock:
-                if not self.queue:
-                    return
-                descriptor = self.queue.pop(0)
-            digest = descriptor["digest"]
-            try:
-                self._fetch(digest, descriptor.get("size"))
-            except BaseException as error:  # handed to the main thread, which raises it
-                self.errors[digest] = error
-            self.done[digest].set()
-
-    def _fetch(self, digest: str, size: object) -> None:
-        path = store.blob_path(self.location, digest)
-        if (handle := store.cached_blob(path, digest)) is not None:
-            self.verified[digest] = handle
-            self.steps.step(f"Using cached layer {digest[:19]}")
-            return
-        lock = f"{os.path.dirname(path)}/.{store.hex_of(digest)}.lock"
-        with store.locked(lock, waiting_for=f"another singpy to finish downloading {digest[:19]}"):
-            if (handle := store.cached_blob(path, digest)) is not None:
-                self.verified[digest] = handle
-                return
-            total = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
-            advance = self.steps.transfer(f"Downloading {digest[:19]}", total)
-            self.source.fetch_blob(digest, path, size=total, progress=advance)
-
-    def open(self, digest: str) -> BinaryIO:
-        if not self.remote:
-            from singpy.oci.layers import VerifyingReader
-
-            return VerifyingReader(self.source.open_blob(digest), digest)  # type: ignore[return-value]
-        while not self.done[digest].wait(0.5):  # a timeout keeps the main thread open to signals
-            pass
-        if digest in self.errors:
-            raise self.errors[digest]
-        return self.verified.pop(digest, None) or store.open_blob(self.location, digest)
-
-
-class Steps:
-    """Progress of a pull: rich bars on a terminal, one line per step elsewhere, nothing with -q."""
-
-    def __init__(self, title: str) -> None:
-        self.title = title
-        self.bar: Any = None
-        self.layers: Any = None  # the bar's task counting the layers applied
-
-    def __enter__(self) -> Steps:
-        if tools.show_progress():
-            from rich.console import Console
-            from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn
-
-            sizes, counts = DownloadColumn(), MofNCompleteColumn()
-
-            class Amount(TextColumn):  # bytes for a download, "2/5" for the layers
-                def render(self, task: Any) -> Any:
-                    return (counts if task.fields.get("counted") else sizes).render(task)
-
-            # markup=False: a description may quote a registry's names, never read as rich markup
-            self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), Amount(""),
-                                console=Console(stderr=True), transient=True)
-            self.bar.start()
-        console.info(self.title)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-    def step(self, message: str) -> None:
-        if self.bar is not None:
-            # the prefix console.info gives the same line without a terminal
-            self.bar.console.print(f"INFO:    {console.escape(message)}", highlight=False, markup=False)
-        else:
-            console.info(message)
-
-    def extracting(self, number: int, total: int, digest: str) -> None:
-        """Layer `number` of `total` is being applied: a bar on a terminal, a line elsewhere."""
-        if self.bar is None:
-            console.info(f"Extracting layer {number}/{total} ({digest[:19]})")
-            return
-        if self.layers is None:
-            self.layers = self.bar.add_task("Extracting layers", total=total, counted=True)
-        self.bar.update(self.layers, completed=number - 1, description=f"Extracting layer {number}/{total}")
-
-    def transfer(self, description: str, total: int | None) -> Callable[[int], None] | None:
-        """A callback for each chunk's byte count (several threads call theirs at once)."""
-        if self.bar is None:
-            console.info(description + (f" ({console.human_size(total)})" if total is not None else ""))
-            return None
-        task = self.bar.add_task(console.escape(description), total=total)
-        return lambda count: self.bar.update(task, advance=count)
-
 
 
 def wait_single_threaded() -> None:

@@ -32,13 +32,13 @@ ODD_NAME = 'with space & "quotes" \\ and\ttab'
 # The child, as the profile's user: apply the layers, squash the tree with the options singpy would use.
 _BUILD = """
 import os, subprocess, sys
-from singpy.oci import layers
+from singpy.oci import layers, owners, streams
 root, squashfs, pseudo, *files = sys.argv[1:]
-ownership = None if os.getuid() == 0 else layers.Ownership()
+ownership = None if os.getuid() == 0 else owners.Ownership()
 for path in files:
     with open(path, "rb") as stream:
-        layers.apply_layer(root, layers.open_layer(stream), ownership=ownership, source="layer " + path)
-options = layers.squash_options(ownership, pseudo)
+        layers.apply_layer(root, streams.open_layer(stream), ownership=ownership, source="layer " + path)
+options = owners.squash_options(ownership, pseudo)
 done = subprocess.run(["mksquashfs", root, squashfs, "-noappend", "-no-progress", "-quiet", *options],
                       capture_output=True, text=True)
 sys.stderr.write(done.stderr)

@@ -26,16 +26,11 @@ import pytest
 from singpy.errors import ImageError
 from singpy.oci import transport
 from singpy.oci.auth import Credentials
+from singpy.oci.manifest import DOCKER_LIST, DOCKER_MANIFEST, OCI_INDEX, OCI_MANIFEST
 from singpy.oci.ref import parse
-from singpy.oci.registry import (
-    DOCKER_LIST,
-    DOCKER_MANIFEST,
-    MAX_TRIES,
-    OCI_INDEX,
-    OCI_MANIFEST,
-    Registry,
-    Unreachable,
-)
+from singpy.oci.regerrors import Unreachable
+from singpy.oci.registry import Registry
+from singpy.oci.retries import MAX_TRIES
 from singpy.oci.transport import bypasses_proxy
 from tests.support.oci import Image, Index, Layer, busybox_image, file, multiarch_index, sha256
 

@@ -25,7 +25,7 @@ import pytest
 
 from singpy.errors import ImageError
 from singpy.image import sif
-from singpy.oci import convert
+from singpy.oci import convert, gotemplate, singularityd
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "sif-golden" / "real" / "busybox_arm64.sif"
 SHELLS = [shell for shell in (["dash"], ["busybox", "sh"], ["bash", "--posix"]) if shutil.which(shell[0])]
@@ -48,7 +48,7 @@ def sh(shell: list[str], script: str, *args: str, env: dict[str, str] | None = N
 
 
 def test_env_script_text_is_apptainers() -> None:
-    script = convert.environment_script(["PATH=/opt/bin:/usr/bin", "A=1", 'B=say "hi" $X `y` \\z', "ONLY_NAME",
+    script = singularityd.environment_script(["PATH=/opt/bin:/usr/bin", "A=1", 'B=say "hi" $X `y` \\z', "ONLY_NAME",
                                          "EMPTY=", "1BAD=x", "BAD-NAME=x", "C=d=e"])
     assert script == ('#!/bin/sh\n'
                       'export PATH="/opt/bin:/usr/bin"\n'
@@ -57,7 +57,7 @@ def test_env_script_text_is_apptainers() -> None:
                       'export ONLY_NAME="${ONLY_NAME:-}"\n'
                       'export EMPTY="${EMPTY:-""}"\n'
                       'export C="${C:-"d=e"}"\n')
-    assert convert.environment_script(None) == "#!/bin/sh\n"
+    assert singularityd.environment_script(None) == "#!/bin/sh\n"
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=[shell[0] for shell in SHELLS])
@@ -65,7 +65,7 @@ def test_env_values_survive_every_shell(shell: list[str], tmp_path: Path) -> Non
     """Sourced with nothing set, each variable is exactly the image's value, whatever characters it holds."""
     env = [f"V{position}={value}" for position, value in enumerate(TRICKY)]
     script = tmp_path / "10-docker2singularity.sh"
-    script.write_text(convert.environment_script(["PATH=/usr/bin:/bin", *env]))
+    script.write_text(singularityd.environment_script(["PATH=/usr/bin:/bin", *env]))
     names = " ".join(f"V{position}" for position in range(len(TRICKY)))
     out = sh(shell, f'. {script}; for n in {names}; do eval "v=\\"\\${{$n}}\\""; printf "%s<END>" "$v"; done')
     assert out.split("<END>")[:-1] == TRICKY
@@ -75,7 +75,7 @@ def test_env_values_survive_every_shell(shell: list[str], tmp_path: Path) -> Non
 def test_env_values_are_defaults_and_path_is_set(shell: list[str], tmp_path: Path) -> None:
     """`${NAME:-value}`: a value already set stays (an empty one does not), PATH is the image's."""
     script = tmp_path / "env.sh"
-    script.write_text(convert.environment_script(["PATH=/image/bin", "KEPT=image", "EMPTIED=image", "NEW=image"]))
+    script.write_text(singularityd.environment_script(["PATH=/image/bin", "KEPT=image", "EMPTIED=image", "NEW=image"]))
     out = sh(shell, f'. {script}; printf "%s|%s|%s|%s" "$PATH" "$KEPT" "$EMPTIED" "$NEW"',
              env={"KEPT": "before", "EMPTIED": ""})
     assert out == "/image/bin|before|image|image"
@@ -100,15 +100,15 @@ def _golden_config() -> dict[str, Any]:
 
 def test_same_files_as_a_real_singularity_build(tmp_path: Path) -> None:
     golden = _golden_tree(tmp_path)
-    files = convert.singularity_files(_golden_config(), labels={})
+    files = singularityd.singularity_files(_golden_config(), labels={})
     # The env script and runscript head are written by the same code today as in 3.8.1.
-    assert files[convert.DOCKER_ENV][0] == (golden / "env" / "10-docker2singularity.sh").read_bytes()
+    assert files[singularityd.DOCKER_ENV][0] == (golden / "env" / "10-docker2singularity.sh").read_bytes()
     head = b"#!/bin/sh\nOCI_ENTRYPOINT=''\nOCI_CMD='\"sh\"'\n"
-    assert files[convert.RUNSCRIPT][0].startswith(head) and (golden / "runscript").read_bytes().startswith(head)
-    assert files[convert.RUNSCRIPT][0].endswith(b'eval "set ${SINGULARITY_OCI_RUN}"\nexec "$@"\n')
+    assert files[singularityd.RUNSCRIPT][0].startswith(head) and (golden / "runscript").read_bytes().startswith(head)
+    assert files[singularityd.RUNSCRIPT][0].endswith(b'eval "set ${SINGULARITY_OCI_RUN}"\nexec "$@"\n')
     # labels.json: Go's MarshalIndent bytes, reproduced from the same map.
     labels = json.loads((golden / "labels.json").read_bytes())
-    assert convert.labels_json(labels) == (golden / "labels.json").read_bytes()
+    assert singularityd.labels_json(labels) == (golden / "labels.json").read_bytes()
     # The scripts Apptainer has not changed since have the same code (Apptainer added license comments).
     for name in ("actions/exec", "actions/start", "env/01-base.sh", "env/90-environment.sh", "env/99-runtimevars.sh",
                  "startscript"):
@@ -135,7 +135,7 @@ QUOTED = ["'quotes'", '"quotes"', "$DOLLAR", "s p a c e s"]  # [A] e2e/docker/do
 def run_script(shell: list[str], tmp_path: Path, entrypoint: list[str] | None, cmd: list[str] | None,
                *args: str, no_eval: bool = False) -> str:
     script = tmp_path / "runscript"
-    script.write_text(convert.runscript(entrypoint, cmd))
+    script.write_text(singularityd.runscript(entrypoint, cmd))
     env = {"HOME": "/home/someone", **({"SINGULARITY_NO_EVAL": "1"} if no_eval else {})}
     return sh(shell, f". {script}", *args, env=env)
 
@@ -188,7 +188,7 @@ def test_runscript_without_entrypoint_or_cmd(shell: list[str], tmp_path: Path) -
 
 def test_template_rendering_follows_go() -> None:
     """text/template: `{{-` eats the white space before it; an empty field leaves its line's indentation."""
-    script = convert.runscript(["/bin/ep"], None)
+    script = singularityd.runscript(["/bin/ep"], None)
     assert ("    if [ -z \"$OCI_CMD\" ] && [ -n \"$OCI_ENTRYPOINT\" ]; then\n"
             "        set -- '/bin/ep' \"$@\"\n\n"
             "        exec \"$@\"\n"
@@ -207,57 +207,57 @@ def test_template_rendering_follows_go() -> None:
             "    fi\n"
             "    exec \"$@\"\nfi\n") in script
     assert script.startswith("#!/bin/sh\nOCI_ENTRYPOINT='\"/bin/ep\"'\nOCI_CMD=''\n\n# When SINGULARITY_NO_EVAL")
-    neither = convert.runscript(None, None)
+    neither = singularityd.runscript(None, None)
     assert "    # override with user provided args\n    exec \"$@\"\nfi\n" in neither
-    assert convert.render_template("a {{- if .X }} x {{- else if .Y }} y {{- else }} z {{- end }} b",
+    assert gotemplate.render_template("a {{- if .X }} x {{- else if .Y }} y {{- else }} z {{- end }} b",
                                    {"X": "", "Y": "1"}) == "a y b"
-    assert convert.render_template("{{ .X -}}   \n c", {"X": "x"}) == "xc"
+    assert gotemplate.render_template("{{ .X -}}   \n c", {"X": "x"}) == "xc"
 
 
 def test_quoting_helpers_are_apptainers() -> None:
     """[A] internal/pkg/util/shell/escape.go and its escape_test.go cases."""
-    assert convert.escape('"$`\\') == '\\"\\$\\`\\\\'
-    assert convert.escape_single_quotes("it's") == "it'\"'\"'s"
-    assert convert.args_quoted(["a", "b c", 'd"e']) == '"a" "b c" "d\\"e"'
-    assert convert.args_quoted([]) == ""
+    assert singularityd.escape('"$`\\') == '\\"\\$\\`\\\\'
+    assert singularityd.escape_single_quotes("it's") == "it'\"'\"'s"
+    assert singularityd.args_quoted(["a", "b c", 'd"e']) == '"a" "b c" "d\\"e"'
+    assert singularityd.args_quoted([]) == ""
 
 
 # --- labels.json ---------------------------------------------------------------------------------------------------
 
 
 def test_labels_json_is_gos_marshal_indent() -> None:
-    assert convert.labels_json({}) == b"{}"
-    assert convert.labels_json({"b": "1", "a": "<x> & y", "c": "é\u2028\x01\n\t\"\\"}) == (
+    assert singularityd.labels_json({}) == b"{}"
+    assert singularityd.labels_json({"b": "1", "a": "<x> & y", "c": "é\u2028\x01\n\t\"\\"}) == (
         b'{\n\t"a": "\\u003cx\\u003e \\u0026 y",\n\t"b": "1",\n'
         b'\t"c": "\xc3\xa9\\u2028\\u0001\\n\\t\\"\\\\"\n}')
-    assert convert.labels_json({"bad": "\ud800"}) == '{\n\t"bad": "\ufffd"\n}'.encode()
+    assert singularityd.labels_json({"bad": "\ud800"}) == '{\n\t"bad": "\ufffd"\n}'.encode()
 
 
 def test_build_labels_win_over_the_images() -> None:
-    files = convert.singularity_files(config(Labels={"maintainer": "me", "org.label-schema.build-arch": "x"}),
+    files = singularityd.singularity_files(config(Labels={"maintainer": "me", "org.label-schema.build-arch": "x"}),
                                       labels={"org.label-schema.build-arch": "amd64"})
-    assert json.loads(files[convert.LABELS][0]) == {"maintainer": "me", "org.label-schema.build-arch": "amd64"}
-    assert files[convert.LABELS][1] == 0o644
+    assert json.loads(files[singularityd.LABELS][0]) == {"maintainer": "me", "org.label-schema.build-arch": "amd64"}
+    assert files[singularityd.LABELS][1] == 0o644
 
 
 @pytest.mark.parametrize("settings", [{"Env": "A=1"}, {"Env": [1]}, {"Cmd": "sh"}, {"Entrypoint": [None]},
                                       {"Labels": ["a"]}, {"Labels": {"a": 1}}])
 def test_malformed_config_is_one_error(settings: dict[str, Any]) -> None:
     with pytest.raises(ImageError, match="malformed image config"):
-        convert.singularity_files(config(**settings), labels={})
+        singularityd.singularity_files(config(**settings), labels={})
     with pytest.raises(ImageError, match="malformed image config"):
-        convert.singularity_files({"config": "x"}, labels={})
+        singularityd.singularity_files({"config": "x"}, labels={})
 
 
 def test_config_without_settings() -> None:
-    files = convert.singularity_files({"architecture": "amd64"}, labels={})
-    assert files[convert.DOCKER_ENV][0] == b"#!/bin/sh\n"
-    assert b"OCI_ENTRYPOINT=''\nOCI_CMD=''\n" in files[convert.RUNSCRIPT][0]
+    files = singularityd.singularity_files({"architecture": "amd64"}, labels={})
+    assert files[singularityd.DOCKER_ENV][0] == b"#!/bin/sh\n"
+    assert b"OCI_ENTRYPOINT=''\nOCI_CMD=''\n" in files[singularityd.RUNSCRIPT][0]
 
 
 def test_deffile_for() -> None:
-    assert convert.deffile_for("docker://alpine") == b"bootstrap: docker\nfrom: alpine\n\n"
-    assert convert.deffile_for("oci-archive:/x/y.tar") == b"bootstrap: oci-archive\nfrom: /x/y.tar\n\n"
+    assert singularityd.deffile_for("docker://alpine") == b"bootstrap: docker\nfrom: alpine\n\n"
+    assert singularityd.deffile_for("oci-archive:/x/y.tar") == b"bootstrap: oci-archive\nfrom: /x/y.tar\n\n"
 
 
 # --- install -------------------------------------------------------------------------------------------------------
@@ -300,17 +300,17 @@ def test_install_into_an_empty_tree(tmp_path: Path) -> None:
     root.mkdir()
     convert.install(str(root), NGC, BUILD_LABELS, deffile=b"bootstrap: docker\nfrom: nvcr.io/x\n\n")
     tree = snapshot(root)
-    files = convert.singularity_files(NGC, labels=BUILD_LABELS, deffile=b"bootstrap: docker\nfrom: nvcr.io/x\n\n")
+    files = singularityd.singularity_files(NGC, labels=BUILD_LABELS, deffile=b"bootstrap: docker\nfrom: nvcr.io/x\n\n")
     for guest, (content, mode) in files.items():
         assert tree[guest.lstrip("/")] == ("file", mode, content.decode()), guest
-    for guest, target in convert.singularity_links().items():
+    for guest, target in singularityd.singularity_links().items():
         assert tree[guest.lstrip("/")] == ("link", 0, target)
         assert (root / guest.lstrip("/")).exists()  # every link leads to a file just written
-    for guest in convert.skeleton_dirs():
+    for guest in singularityd.skeleton_dirs():
         assert tree[guest.lstrip("/")][0] == "dir"
     assert tree["etc/hosts"] == tree["etc/resolv.conf"] == ("file", 0o644, "")
-    assert set(tree) == {*(g.lstrip("/") for g in files), *(g.lstrip("/") for g in convert.singularity_links()),
-                         *(g.lstrip("/") for g in convert.skeleton_dirs()), ".singularity.d", "var"}
+    assert set(tree) == {*(g.lstrip("/") for g in files), *(g.lstrip("/") for g in singularityd.singularity_links()),
+                         *(g.lstrip("/") for g in singularityd.skeleton_dirs()), ".singularity.d", "var"}
     convert.install(str(root), NGC, BUILD_LABELS, deffile=b"bootstrap: docker\nfrom: nvcr.io/x\n\n")
     again = snapshot(root)
     assert again.pop(".singularity.d/bootstrap_history/Apptainer0")[2] == "bootstrap: docker\nfrom: nvcr.io/x\n\n"
@@ -349,7 +349,8 @@ def test_links_out_of_the_tree_lead_inside_it(tmp_path: Path) -> None:
     convert.install(str(root), NGC, BUILD_LABELS)
     assert list(outside.iterdir()) == []
     inside = root / str(outside.relative_to("/"))
-    assert (inside / "runscript").read_bytes() == convert.singularity_files(NGC, labels={})[convert.RUNSCRIPT][0]
+    assert (inside / "runscript").read_bytes() == (
+        singularityd.singularity_files(NGC, labels={})[singularityd.RUNSCRIPT][0])
     assert (inside / "etc" / "hosts").read_text() == ""
 
 

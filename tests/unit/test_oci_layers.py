@@ -29,7 +29,7 @@ import pytest
 import zstandard
 
 from singpy.errors import ImageError
-from singpy.oci import layers
+from singpy.oci import layers, owners, streams
 from tests.support.users import ensure_test_user, is_root
 
 MTIME = 1_600_000_000
@@ -42,14 +42,14 @@ os.umask(0o077)  # modes on disk must be the image's, whatever the umask
 # Fewer descriptors than a shell's usual 1024: an applier that keeps one per directory fails here.
 resource.setrlimit(resource.RLIMIT_NOFILE, (512, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 from singpy.errors import ImageError
-from singpy.oci import layers
+from singpy.oci import layers, owners, streams
 root, profile, *files = sys.argv[1:]
-ownership = layers.Ownership() if profile == "user" else None
+ownership = owners.Ownership() if profile == "user" else None
 try:
     for path in files:
         with open(path, "rb") as stream:
             source = "layer " + path.rsplit("/", 1)[-1]
-            layers.apply_layer(root, layers.open_layer(stream, source=source), ownership=ownership, source=source)
+            layers.apply_layer(root, streams.open_layer(stream, source=source), ownership=ownership, source=source)
 except ImageError as error:
     print(json.dumps({"error": error.message}))
     sys.exit(0)
@@ -677,48 +677,48 @@ def test_opaque_directory_with_many_kept_directories(applier: Applier) -> None:
 def test_verifying_reader() -> None:
     data = os.urandom(300_000)
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    reader = layers.VerifyingReader(io.BytesIO(data), digest)
+    reader = streams.VerifyingReader(io.BytesIO(data), digest)
     assert reader.read(1000) + reader.read() == data
     assert reader.read(10) == b""
-    with layers.VerifyingReader(io.BytesIO(data), digest) as reader:
+    with streams.VerifyingReader(io.BytesIO(data), digest) as reader:
         reader.read(10)  # the rest is read and checked when the block ends
     changed = data[:-1] + bytes([data[-1] ^ 1])  # not `+ b"?"`: random data ends in "?" once in 256 runs
-    bad = layers.VerifyingReader(io.BytesIO(changed), digest, source="layer sha256:x of docker://x")
+    bad = streams.VerifyingReader(io.BytesIO(changed), digest, source="layer sha256:x of docker://x")
     with pytest.raises(ImageError, match="digest mismatch for layer sha256:x of docker://x"):
         bad.finish()
-    with pytest.raises(ImageError, match="digest mismatch"), layers.VerifyingReader(io.BytesIO(b"other"), digest):
+    with pytest.raises(ImageError, match="digest mismatch"), streams.VerifyingReader(io.BytesIO(b"other"), digest):
         pass
     with pytest.raises(ImageError, match="larger than"):
-        layers.VerifyingReader(io.BytesIO(data), digest, size=10).read(100)
+        streams.VerifyingReader(io.BytesIO(data), digest, size=10).read(100)
     with pytest.raises(ImageError, match="unsupported digest"):
-        layers.VerifyingReader(io.BytesIO(data), "md5:abc")
+        streams.VerifyingReader(io.BytesIO(data), "md5:abc")
 
 
 def test_verifying_reader_under_a_layer() -> None:
     """The digest is checked even though the archive ends before the compressed stream does."""
     blob = gzipped(archive(entry("a", data=b"a"))) + bytes(100)  # trailing padding, as some writers leave
     digest = "sha256:" + hashlib.sha256(blob).hexdigest()
-    with tempfile.TemporaryDirectory() as root, layers.VerifyingReader(io.BytesIO(blob), digest) as raw:
-        layers.apply_layer(root, layers.open_layer(raw), ownership=layers.Ownership(), source="layer t")
+    with tempfile.TemporaryDirectory() as root, streams.VerifyingReader(io.BytesIO(blob), digest) as raw:
+        layers.apply_layer(root, streams.open_layer(raw), ownership=owners.Ownership(), source="layer t")
         assert Path(root, "a").read_bytes() == b"a"
     tampered = blob[:-1] + b"\x01"
     with pytest.raises(ImageError, match="digest mismatch"), tempfile.TemporaryDirectory() as root, \
-            layers.VerifyingReader(io.BytesIO(tampered), digest) as raw:
-        layers.apply_layer(root, layers.open_layer(raw), ownership=layers.Ownership(), source="layer t")
+            streams.VerifyingReader(io.BytesIO(tampered), digest) as raw:
+        layers.apply_layer(root, streams.open_layer(raw), ownership=owners.Ownership(), source="layer t")
 
 
 def test_squash_options(tmp_path: Path) -> None:
-    assert layers.squash_options(None, str(tmp_path / "pseudo")) == []
+    assert owners.squash_options(None, str(tmp_path / "pseudo")) == []
     assert not (tmp_path / "pseudo").exists()
     root = tmp_path / "root"
     root.mkdir()
-    ownership = layers.Ownership()
-    layers.apply_layer(str(root), layers.open_layer(io.BytesIO(archive(
+    ownership = owners.Ownership()
+    layers.apply_layer(str(root), streams.open_layer(io.BytesIO(archive(
         entry("./", "dir", mode=0o700), entry("home/", "dir"), entry("home/u/", "dir", mode=0o700, uid=1000, gid=1000),
     ))), ownership=ownership, source="layer t")
     (root / "added-later").write_text("x")  # as convert writes /.singularity.d after the layers
     (root / "added-later").chmod(0o640)
-    options = layers.squash_options(ownership, str(tmp_path / "pseudo"))
+    options = owners.squash_options(ownership, str(tmp_path / "pseudo"))
     assert options == ["-pf", str(tmp_path / "pseudo"), "-root-mode", "700", "-root-uid", "0", "-root-gid", "0"]
     assert (tmp_path / "pseudo").read_text().splitlines() == [
         "/home m 755 0 0", "/home/u m 700 1000 1000", "/added-later m 640 0 0"]

@@ -14,7 +14,8 @@ from singpy.hostfiles import shown
 from singpy.oci import mirrors
 from singpy.oci.auth import Credentials
 from singpy.oci.ref import Reference, parse
-from singpy.oci.registry import CantWrite, DigestMismatch, Registry, Unreachable
+from singpy.oci.regerrors import CantWrite, DigestMismatch, Unreachable
+from singpy.oci.registry import Registry
 
 
 def entries(text: str, path: str = "/etc/r.conf") -> tuple[mirrors.Entry, ...]:

@@ -1,0 +1,261 @@
+"""A blob downloaded to a file: resumed, verified, and its progress reported as the bytes arrive.
+
+A blob goes to TARGET.partial, opened for appending: a cut download (this
+run's or an earlier one's) is resumed with `Range: bytes=N-`, the bytes
+already there hashed first; a server that answers 200 instead of 206 (or
+416) restarts it from zero; tries in a row that bring no byte beyond the
+furthest one had are bounded (a registry that ignores Range and cuts every
+answer short fails the pull). It is fsynced and renamed to TARGET only once
+verified; a mismatch removes it. The requests are the registry client's
+(singpy.oci.registry, which imports this module when it fetches a blob).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import http.client
+import os
+from collections.abc import Callable
+
+from singpy.errors import ImageError
+from singpy.oci.regerrors import CantWrite, DigestMismatch, detail
+from singpy.oci.retries import backoff
+from singpy.oci.transport import Origin, TransportError, _failure
+
+TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    from singpy.oci.limits import Limits
+    from singpy.oci.transport import Transport
+
+    class Client(Protocol):
+        """What a download asks of the registry client (singpy.oci.registry.Registry)."""
+
+        host: str
+        limits: Limits
+        transport: Transport
+        sleep: Callable[[float], None]
+
+        def request(self, method: str, path: str, headers: dict[str, str], range_from: int = 0,
+                    document: bool = True) -> tuple[http.client.HTTPResponse, str]: ...
+
+        def blob_path(self, digest: str) -> str: ...
+
+        def blob_name(self, digest: str) -> str: ...
+
+        def error_body(self, response: http.client.HTTPResponse, url: str) -> bytes: ...
+
+        def raise_for(self, status: int, body: bytes, url: str, what: str, reason: str | None) -> None: ...
+
+        def unreachable(self, error: TransportError) -> ImageError: ...
+
+CHUNK = 1 << 20  # bytes per read of a blob: few Python calls per MB
+_ROOM_HINT = "set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a directory on a filesystem with room"
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW
+
+
+def _hasher(algorithm: str) -> Any:
+    """A new hash object (hashlib is imported when a digest is computed: not for a HEAD request)."""
+    import hashlib
+
+    return hashlib.new(algorithm)
+
+
+def fetch_blob(client: Client, digest: str, target: str, *, size: int | None,
+               progress: Callable[[int], None] | None = None) -> None:
+    """Download blob `digest` to `target` (atomically, verified), resuming `target`.partial if there is one.
+
+    `progress(n)` is called with the byte count of each chunk as it arrives, once at the start with the
+    bytes a resumed partial file already holds, and with a negative count when a download restarts
+    from zero (so a running sum is always the bytes held).
+    """
+    partial = f"{target}.partial"
+    try:
+        fd = os.open(partial, _FILE_FLAGS, 0o644)
+    except OSError as error:
+        raise CantWrite(f"can't write {partial}: {error.strerror}") from None
+    try:
+        Download(client, digest, fd, partial, size, progress).run()
+        os.fsync(fd)
+    except OSError as error:  # writing: reading failures are TransportErrors, handled in run()
+        full = error.errno in (errno.ENOSPC, errno.EDQUOT)
+        if full:
+            _remove(partial)  # the space goes back; a resume would fail the same way
+        raise CantWrite(f"can't write {partial}: {error.strerror}", hint=_ROOM_HINT if full else None) from None
+    finally:
+        os.close(fd)
+    try:
+        os.rename(partial, target)
+    except OSError as error:
+        raise CantWrite(f"can't rename {partial} to {target}: {error.strerror}") from None
+
+
+class Download:
+    """One blob into an open .partial file: the state a resume needs, and the loop."""
+
+    def __init__(self, registry: Client, digest: str, fd: int, partial: str, size: int | None,
+                 progress: Callable[[int], None] | None) -> None:
+        self.registry = registry
+        self.digest = digest
+        self.algorithm, _, self.expected = digest.partition(":")
+        self.fd = fd
+        self.partial = partial
+        self.size = size
+        self.progress = progress or _ignore
+        self.hasher = _hasher(self.algorithm)
+        self.held = 0  # bytes in the file, all hashed
+        self.source = registry.host  # who sent the bytes (named in a mismatch)
+        self.fresh = True  # every byte held came from this download (no partial file of an earlier run)
+        self.furthest = 0  # the most bytes held at any time: only bytes beyond it are progress
+
+    def run(self) -> None:
+        self._hash_existing()
+        self.fresh = self.held == 0
+        self.furthest = self.held
+        tries, limit = 0, self.registry.limits.retries
+        while True:
+            if self.size is not None and self.held >= self.size:
+                if self._verified():
+                    return
+                if self.fresh:
+                    self._mismatch()
+                self._restart()  # a partial file from an earlier run that was wrong: one fresh download
+                self.fresh = True
+                continue
+            try:
+                complete = self._one_request()
+            except TransportError as error:
+                tries = self._tried(tries)
+                if not error.retriable or tries >= limit:
+                    raise self.registry.unreachable(error) from None
+                self.registry.sleep(backoff(tries - 1 if tries else 0))
+                continue
+            if complete is None:  # the server ignored or refused the Range: from zero again
+                self._restart()
+                self.fresh = True
+                continue
+            if self.size is not None and self.held < self.size:  # the body ended early: go on from there
+                tries = self._tried(tries)
+                if tries >= limit:
+                    raise ImageError(f"blob {self.digest} from {self.source} ends after {self.held} of its "
+                                     f"{self.size} bytes, {limit} times in a row (the limit is SINGPY_PULL_RETRIES)")
+                if tries:
+                    self.registry.sleep(backoff(tries - 1))
+                continue
+            if self._verified():
+                return
+            if self.fresh:
+                self._mismatch()
+            self._restart()
+            self.fresh = True
+
+    def _tried(self, tries: int) -> int:
+        """The count of tries in a row without progress, after one more: a restart from zero (a registry that
+        ignores Range) brings bytes, but none beyond the furthest already had, so it is not progress."""
+        if self.held > self.furthest:
+            self.furthest = self.held
+            return 0
+        return tries + 1
+
+    def _one_request(self) -> bool | None:
+        """One GET from `held` on; True when the body ended, None when the download must restart from zero."""
+        registry = self.registry
+        response, url = registry.request("GET", registry.blob_path(self.digest), {}, range_from=self.held,
+                                          document=False)
+        self.source = Origin(url).netloc
+        status = response.status
+        if self.held and status == 416:  # the partial may already be whole (the size was not known)
+            registry.transport.discard(url, response)
+            if self._verified():
+                return True
+            if self.fresh:  # the registry's blob ends before its announced size, and is not the one asked for
+                self._mismatch()
+            return None
+        if self.held and status == 200:
+            registry.transport.discard(url, response, limit=0)
+            return None
+        if self.held and status == 206:
+            if _range_start(response.getheader("Content-Range") or "") != self.held:
+                registry.transport.discard(url, response, limit=0)
+                return None
+        elif status != 200:
+            body = registry.error_body(response, url)
+            registry.raise_for(status, body, url, registry.blob_name(self.digest), response.reason)
+            raise ImageError(f"registry {self.source} answered HTTP {status} for {registry.blob_name(self.digest)}"
+                             f"{detail(body)}")
+        self._stream(response, url)
+        return True
+
+    def _stream(self, response: http.client.HTTPResponse, url: str) -> None:
+        buffer = bytearray(CHUNK)
+        view = memoryview(buffer)
+        update, fd, progress = self.hasher.update, self.fd, self.progress
+        limit = self.size
+        try:
+            while True:
+                try:
+                    count = response.readinto(buffer)
+                except (OSError, http.client.HTTPException) as error:
+                    self.registry.transport.close_connection(url)
+                    raise _failure(Origin(url).netloc, error, connecting=False) from None
+                if not count:
+                    return
+                chunk = view[:count]
+                update(chunk)
+                written = 0
+                while written < count:  # an OSError here is the disk's: fetch_blob names the file
+                    written += os.write(fd, chunk[written:])
+                self.held += count
+                progress(count)
+                if limit is not None and self.held > limit:  # more than announced: stop here, it can't verify
+                    self.registry.transport.close_connection(url)
+                    return
+        finally:
+            view.release()
+
+    def _hash_existing(self) -> None:
+        """Hash what an earlier download left in the partial file."""
+        size = os.fstat(self.fd).st_size
+        if not size:
+            return
+        with open(self.partial, "rb", buffering=0) as existing:
+            buffer = bytearray(CHUNK)
+            while True:
+                count = existing.readinto(buffer)
+                if not count:
+                    break
+                with memoryview(buffer) as view:
+                    self.hasher.update(view[:count])
+                self.held += count
+        self.progress(self.held)
+
+    def _verified(self) -> bool:
+        return bool(self.hasher.copy().hexdigest() == self.expected)
+
+    def _restart(self) -> None:
+        os.ftruncate(self.fd, 0)
+        self.progress(-self.held)
+        self.held = 0
+        self.hasher = _hasher(self.algorithm)
+
+    def _mismatch(self) -> None:
+        _remove(self.partial)
+        raise DigestMismatch(f"digest mismatch for blob {self.digest} from {self.source}: the download was discarded")
+
+
+def _ignore(count: int) -> None:
+    pass
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _range_start(content_range: str) -> int | None:
+    """N of "bytes N-M/TOTAL" (None when it is not that)."""
+    unit, _, spec = content_range.strip().partition(" ")
+    start = spec.partition("-")[0]
+    return int(start) if unit.lower() == "bytes" and start.isdigit() and len(start) < 20 else None
