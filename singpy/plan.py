@@ -1,6 +1,6 @@
 """The launch plan: frozen data handed from the planner to the launch phases.
 
-Nothing here does I/O. A plan is built once by `singpy.planner.build_plan`
+Nothing here does I/O. A plan is built once by `singpy.launch.planner.build_plan`
 and never mutated; `--dry-run` prints it as JSON.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 
-from singpy.environ import EnvPlan
+from singpy.env.environ import EnvPlan
 from singpy.record import Record
 
 
@@ -86,7 +86,7 @@ class Privileges(Record):
 
 
 class NetworkSpec(Record):
-    """The container's network namespace (--net); see singpy.network."""
+    """The container's network namespace (--net); see singpy.launch.network."""
 
     type: str  # "none" (loopback only), "bridge" or "ptp"
     bridge: str = ""  # host bridge the container's veth joins (bridge)
@@ -95,7 +95,7 @@ class NetworkSpec(Record):
 
 
 class IdMap(Record):
-    """--fakeroot: how ids inside the user namespace map to host ids (singpy.fakeroot)."""
+    """--fakeroot: how ids inside the user namespace map to host ids (singpy.layers.fakeroot)."""
 
     uids: tuple[tuple[int, int, int], ...]  # (first id inside, first id outside, count), as in uid_map
     gids: tuple[tuple[int, int, int], ...]  # the same for groups
@@ -112,7 +112,7 @@ class ProcessSpec(Record):
 
     action: str  # "exec", "run" or "shell"
     args: tuple[str, ...]  # exec: command and arguments; run: runscript arguments
-    env: EnvPlan  # the environment rules, applied in the container (singpy.environ)
+    env: EnvPlan  # the environment rules, applied in the container (singpy.env.environ)
     cwd: str  # working directory inside the container
     cwd_required: bool = False  # --pwd: a cwd missing in the container is an error, not a fallback to the home
     shell: str | None = None  # --shell, for the shell action
@@ -160,7 +160,7 @@ class OverlaySpec(Record):
 
 
 class ShareSpec(Record):
-    """Ranks of one job step on one node in one container (singpy.shared)."""
+    """Ranks of one job step on one node in one container (singpy.launch.shared)."""
 
     socket: str  # abstract unix socket name where the ranks meet: the job step and a digest of the plan
     origin: str  # in words, for messages: "Slurm job step 12.0", "--sharens (parent 4242)", "instance web"
@@ -182,14 +182,14 @@ class LaunchPlan(Record):
     overlays: tuple[OverlaySpec, ...] = ()  # layers over the image, lowest first (--overlay, a SIF's partition)
     network: NetworkSpec | None = None  # the network namespace's set-up (with --net), None without
     fakeroot: IdMap | None = None  # --fakeroot: uid 0 inside, mapped to `uid` (and ranges) outside
-    staging_fs: str = "tmpfs"  # `memory fs type`: the staging root's filesystem (tmpfs or ramfs), see singpy.rootfs
+    staging_fs: str = "tmpfs"  # `memory fs type`: the staging root's filesystem (tmpfs or ramfs): singpy.layers.rootfs
     staging_size: int = 0  # `sessiondir max size` in MiB for it (a user's tmpfs), 0: no limit
     mount_slave: bool = True  # `mount slave`: host mounts made later (automounts) reach the container; else private
     max_loop_devices: int = 256  # `max loop devices`: loop devices numbered below this only (singpy.kernel.loop)
-    overlay_driver: str = "kernel"  # root overlay: kernel (overlayfs) or fuse (fuse-overlayfs); see singpy.overlay
+    overlay_driver: str = "kernel"  # root overlay: kernel (overlayfs) or fuse (fuse-overlayfs): layers.overlay
     overlay_tool: str = ""  # host path of fuse-overlayfs: driver fuse, or kernel's fallback should it refuse ("": none)
-    # Mount points the image lacks, without an overlay (singpy.underlay): "fallback" (where the kernel refuses the
-    # overlay), "always" (`enable underlay = preferred`, --underlay, `enable overlay = no`, an avoided userns
+    # Mount points the image lacks, without an overlay (singpy.layers.underlay): "fallback" (where the kernel refuses
+    # the overlay), "always" (`enable underlay = preferred`, --underlay, `enable overlay = no`, an avoided userns
     # overlay) or "no" (never: the overlay's failure is fatal).
     underlay: str = "fallback"
     # `avoid kernel features`: interfaces not used on this kernel, each replaced by its fallback (docs/kernels.md):

@@ -14,9 +14,9 @@ TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import Any
 
-    from singpy.host import HostInfo
+    from singpy.host.host import HostInfo
+    from singpy.launch.planner import LaunchRequest
     from singpy.mounts.parse import BindSpec
-    from singpy.planner import LaunchRequest
 
 
 def verbosity(values: Mapping[str, Any], base: int = 0) -> int:
@@ -52,9 +52,9 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
         console.warning("parameters to shell command are ignored")
         positionals = positionals[:1]
 
-    from singpy import host as host_module
-    from singpy import launch
     from singpy.config import sysconf
+    from singpy.host import host as host_module
+    from singpy.launch import launch
 
     host = host_module.capture(env)
     config = sysconf.load(global_values.get("config") or sysconf.default_path(env))
@@ -79,7 +79,7 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
 
 def _instance_image(reference: str, host: HostInfo) -> tuple[str, str]:
     """instance://NAME: the name, and the image of that running instance (its container is joined)."""
-    from singpy import instance
+    from singpy.launch import instance
 
     name = reference[len(instance.PREFIX):]
     records, _ = instance.state_dirs(host.home, host.user)
@@ -98,8 +98,8 @@ def _pulled(reference: str, values: Mapping[str, Any], env: Mapping[str, str], h
 
 
 def build_request(action: str, values: Mapping[str, Any], positionals: list[str], cwd: str) -> LaunchRequest:
-    from singpy.environ import parse_env_option
-    from singpy.planner import LaunchRequest
+    from singpy.env.environ import parse_env_option
+    from singpy.launch.planner import LaunchRequest
 
     compat = bool(values.get("compat"))  # Apptainer's --compat: these five, no more
     containall = compat or bool(values.get("containall"))
@@ -210,15 +210,15 @@ def _usage(error: SingpyError) -> UsageError:
 def _read_env_files(paths: list[str], image: str) -> list[tuple[str, str]]:
     """The files' variables, later files winning; each a regular UTF-8 file of at most 1 MiB.
 
-    Each is evaluated as shell assignments (singpy.envfile, imported only
+    Each is evaluated as shell assignments (singpy.env.envfile, imported only
     here: start-up time) seeing the host's environment and APPTAINER_IMAGE,
     as Apptainer evaluates it; one file's variables are not seen by the next.
     """
     if not paths:
         return []
-    from singpy.envfile import evaluate
+    from singpy.env.envfile import evaluate
     from singpy.errors import SingpyError
-    from singpy.hostfiles import read_text, shown
+    from singpy.host.hostfiles import read_text, shown
 
     scope = {**os.environ, "APPTAINER_IMAGE": os.path.abspath(image)}
     merged: dict[str, str] = {}

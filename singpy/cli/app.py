@@ -136,7 +136,7 @@ def completion_command(shell: str = typer.Argument("", metavar="[SHELL]", show_d
 
         raise UsageError(unknown("shell", shell, SHELLS) + f"; singpy completes {', '.join(SHELLS)}",
                          hint="Run 'singpy completion' for the list of shells.")
-    print(script(shell), end="")
+    print(script(shell, typer.main.get_command(app)), end="")
 
 
 @app.command()

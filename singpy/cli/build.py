@@ -54,18 +54,18 @@ def build_command(
     options = pull_options(arch, docker_login, authfile, no_https or _nohttps_env())
     if not is_image_uri(source) and not os.path.lexists(source):  # not "image X does not exist": it may be a recipe
         from singpy.errors import ImageError
-        from singpy.hostfiles import shown
+        from singpy.host.hostfiles import shown
 
         raise ImageError(f"{shown(source)} does not exist (the definition file or image to build from)")
     if is_image_uri(source):
-        from singpy import host
+        from singpy.host import host
         from singpy.oci.pull import build_from
 
         console.info(build_from(source, target, options, os.environ, host.capture().home,
                                 sandbox=sandbox, force=force))
         return
     if is_definition_file(source):
-        from singpy import host
+        from singpy.host import host
         from singpy.recipe.engine import build
 
         info = host.capture()
@@ -116,7 +116,7 @@ def _arg_file(path: str) -> list[tuple[str, str]]:
         return []
     from singpy import console
     from singpy.errors import UsageError
-    from singpy.hostfiles import read_text
+    from singpy.host.hostfiles import read_text
 
     text = read_text(path, what="the build arg file", error=UsageError)
     pairs = []

@@ -8,8 +8,8 @@ import time
 
 import typer
 
-from singpy import cachefiles
 from singpy.console import escape, human_size
+from singpy.host import cachefiles
 from singpy.image import cache
 
 cache_app = typer.Typer(name="cache", help="Manage the cache of unpacked and pulled images.",
@@ -19,7 +19,7 @@ cache_app = typer.Typer(name="cache", help="Manage the cache of unpacked and pul
 def _location() -> str:
     """The user's cache, refused (one FATAL line) if it, a directory above it or one of its own directories
     fails cachefiles.check_owned: listing or cleaning what someone else could have put there is not done."""
-    from singpy import host
+    from singpy.host import host
     from singpy.oci import store
     from singpy.recipe.layered import BUILD_TREES
 

@@ -2,7 +2,7 @@
 
 Each check tries the real thing where it can (a user namespace, an overlay
 mount in one: in a forked child, so this process changes nothing) and
-otherwise reads what the host shows (singpy.hostcheck). The result is a
+otherwise reads what the host shows (singpy.host.hostcheck). The result is a
 table on a terminal, plain lines in a pipe, or JSON (`--json`): a list of
 {"check", "status", "detail", "fix"}, status one of ok, warn, fail, info.
 
@@ -23,9 +23,9 @@ from collections.abc import Callable
 
 import typer
 
-from singpy import hostcheck
 from singpy.constants import FUSE_DEVICE, SYSTEM_PATH
-from singpy.hostfiles import which
+from singpy.host import hostcheck
+from singpy.host.hostfiles import which
 
 OK, WARN, FAIL, INFO = "ok", "warn", "fail", "info"
 Result = dict[str, str]
@@ -203,7 +203,7 @@ def check_loop() -> Result:
 def check_fakeroot() -> list[Result]:
     import pwd
 
-    from singpy import fakeroot
+    from singpy.layers import fakeroot
 
     uid = os.getuid()
     try:

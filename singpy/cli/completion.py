@@ -22,14 +22,13 @@ def _names(options: tuple[Option, ...]) -> list[str]:
     return [name for option in options for name in (option.long, option.short) if name]
 
 
-def table() -> tuple[dict[str, list[str]], list[str]]:
-    """Each command (`cache clean` too) -> its flags; and the global flags."""
-    import typer.main
+def table(group: object) -> tuple[dict[str, list[str]], list[str]]:
+    """Each command (`cache clean` too) -> its flags; and the global flags.
 
-    from singpy.cli.app import app
-
+    `group` is the typer app's click group (singpy.cli.app passes it: this
+    module is below the app and never imports it).
+    """
     commands: dict[str, list[str]] = {action: _names(ACTION_OPTIONS) for action in ACTIONS}
-    group = typer.main.get_command(app)
     for name, command in getattr(group, "commands", {}).items():
         if name in ACTIONS:
             continue
@@ -40,8 +39,9 @@ def table() -> tuple[dict[str, list[str]], list[str]]:
     return commands, _names(GLOBAL_OPTIONS)
 
 
-def script(shell: str) -> str:
-    commands, global_flags = table()
+def script(shell: str, group: object) -> str:
+    """The completion script for `shell`, from the fast parser's table and `group` (see `table`)."""
+    commands, global_flags = table(group)
     valued = [name for option in GLOBAL_OPTIONS if option.value for name in (option.long, option.short) if name]
     if shell == "fish":
         return _fish(commands, global_flags)

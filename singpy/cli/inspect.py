@@ -54,7 +54,7 @@ def inspect_command(
     from singpy.oci.ref import is_image_uri
 
     if is_image_uri(image):  # pulled into the cache first, as by `run`
-        from singpy import host
+        from singpy.host import host
         from singpy.oci.pull import cached_image
 
         options = pull_options("", docker_login, authfile, no_https)

@@ -1,4 +1,4 @@
-"""`singpy instance start|list|stop`: named background containers (singpy.instance, singpy.shared)."""
+"""`singpy instance start|list|stop`: named background containers (singpy.launch.instance, singpy.launch.shared)."""
 
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ def start_command(ctx: typer.Context) -> None:
 
 
 def _start(argv: list[str]) -> int:
-    from singpy import holder, instance, launch
-    from singpy import host as host_module
     from singpy.cli.actions import _pulled, build_request, verbosity
     from singpy.cli.parse import parse_action
     from singpy.config import sysconf
     from singpy.constants import IMAGE_URI_PREFIXES
+    from singpy.host import host as host_module
+    from singpy.launch import holder, instance, launch
     from singpy.plan import ShareSpec
 
     env = os.environ
@@ -92,9 +92,9 @@ def list_command(
     import fnmatch
     import json
 
-    from singpy import host as host_module
-    from singpy import instance
     from singpy.console import escape  # a path may hold anything; a name is checked (check_name)
+    from singpy.host import host as host_module
+    from singpy.launch import instance
 
     host = host_module.capture(os.environ)
     records, _ = instance.state_dirs(host.home, host.user)
@@ -128,8 +128,8 @@ def stop_command(
 ) -> None:
     import fnmatch
 
-    from singpy import host as host_module
-    from singpy import instance
+    from singpy.host import host as host_module
+    from singpy.launch import instance
 
     if not names and not stop_all:
         raise UsageError("singpy instance stop needs a NAME or --all")

@@ -59,7 +59,9 @@ def pull_command(
     an image file (SIF) from an http:// or https:// URL."""
     import os
 
-    from singpy import console, host, netpull
+    from singpy import console
+    from singpy.host import host
+    from singpy.oci import netpull
     from singpy.oci.pull import pull
 
     target, reference = pull_target(words, name, directory)
@@ -85,7 +87,7 @@ def pull_target(words: list[str], name: str, directory: str) -> tuple[str, str]:
     target = name or (words[0] if len(words) == 2 else "")
     if directory:
         if not target:
-            from singpy import netpull
+            from singpy.oci import netpull
             from singpy.oci.pull import default_name
             from singpy.oci.ref import parse
 

@@ -51,7 +51,7 @@ def parse_liblist(text: str) -> LibList:
 
 def load_liblist(path: str) -> LibList:
     """Read and parse a liblist file; an unreadable file is a `ConfigError`."""
-    from singpy.hostfiles import read_text
+    from singpy.host.hostfiles import read_text
 
     try:  # a regular UTF-8 file of at most 1 MiB: never a FIFO that blocks, nor a device without end
         text = read_text(path, what="GPU library list", error=ConfigError, unreadable=f"could not read {path}")

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 from singpy import console
 from singpy.errors import ConfigError
-from singpy.hostfiles import path_problem, read_text, shown
+from singpy.host.hostfiles import path_problem, read_text, shown
 from singpy.record import Record
 
 BOOL, CHOICE, STRING, LIST, INT = "bool", "choice", "string", "list", "int"
@@ -142,7 +142,7 @@ APPTAINER_IGNORED: frozenset[str] = frozenset({
 })
 
 _BY_NAME = {directive.name: directive for directive in DIRECTIVES}
-# What limits the images and overlays users may run (singpy.policy, loaded only when one of them is set).
+# What limits the images and overlays users may run (singpy.host.policy, loaded only when one of them is set).
 IMAGE_LIMITS = ("limit container owners", "limit container groups", "limit container paths", "allow container sif",
                 "allow container squashfs", "allow container extfs", "allow container dir")
 _PROGRAM_PATHS = ("nvidia-container-cli path", "ldconfig path")  # run by singpy: checked like bind paths
@@ -207,7 +207,7 @@ def load(path: str) -> SysConfig:
     """Read and check `path` ("": the built-in defaults); a missing file is an error (an admin pointed at it).
 
     A FIFO, a device, a file over 1 MiB or one that is not UTF-8 text is
-    refused with one line (singpy.hostfiles), never read without end.
+    refused with one line (singpy.host.hostfiles), never read without end.
     """
     console.verbose(f"configuration: {path or 'built-in defaults'}")
     if not path:

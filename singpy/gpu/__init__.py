@@ -18,6 +18,9 @@ from singpy.constants import LIBS_DIR
 from singpy.plan import MountOp, MountSpec
 from singpy.record import Record
 
+CDI_DIRS = ("/etc/cdi", "/var/run/cdi")  # where CDI specs are looked for (--device), by default
+CDI_SPEC_SUFFIXES = (".json", ".yaml", ".yml")  # the files of those directories that are specs
+
 
 class GpuHost(Record):
     """The host as --nv and --rocm look at it, read by `singpy.gpu.request.gpu_host`.

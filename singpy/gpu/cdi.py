@@ -37,8 +37,7 @@ from collections.abc import Iterable, Mapping
 
 from singpy.constants import LIBS_DIR
 from singpy.errors import GpuError
-from singpy.gpu import GpuContribution
-from singpy.gpu.cdicache import DEFAULT_DIRS, SPEC_SUFFIXES
+from singpy.gpu import CDI_DIRS, CDI_SPEC_SUFFIXES, GpuContribution
 from singpy.gpu.libsdir import libs_dir_mounts, link_notes
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
@@ -103,7 +102,7 @@ def _is_word(text: str, more: frozenset[str]) -> bool:
         char.isascii() and (char.isalnum() or char in more) for char in text)
 
 
-def discover(values: Iterable[str], dirs: Iterable[str] = DEFAULT_DIRS, *, cache: str | None = None) -> GpuContribution:
+def discover(values: Iterable[str], dirs: Iterable[str] = CDI_DIRS, *, cache: str | None = None) -> GpuContribution:
     """What the requested CDI devices add to the launch; a GpuError for anything that can't be applied.
 
     `cache`: the user's cache directory, where the libraries' sonames are kept (singpy.gpu.sonames).
@@ -154,7 +153,7 @@ def load_specs(dirs: Iterable[str]) -> list[_Spec]:
             continue
         except OSError as error:
             raise GpuError(f"can't read the CDI directory {directory}: {error.strerror}") from None
-        specs += [read_spec(os.path.join(directory, name)) for name in names if name.endswith(SPEC_SUFFIXES)]
+        specs += [read_spec(os.path.join(directory, name)) for name in names if name.endswith(CDI_SPEC_SUFFIXES)]
     return specs
 
 

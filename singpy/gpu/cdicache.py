@@ -4,7 +4,7 @@ Reading the CDI specs, checking each of their ~70 edits and making the mounts
 is ~4 ms of every `--device` launch here (the JSON scan, a stat and a check
 per mount, the sonames, ~200 mount records, the modules that do it), for a
 result that changes only when a spec or what it points at does. So what
-singpy.gpu.cdi.discover returns is kept in one small file (singpy.cachefiles)
+singpy.gpu.cdi.discover returns is kept in one small file (singpy.host.cachefiles)
 named after the request: the devices asked for, the spec directories and
 every spec file in them (name, device, inode, size, mtime). It is used only
 while everything it binds is as it was then: each device node of the same
@@ -19,16 +19,14 @@ from __future__ import annotations
 import os
 import stat
 
-from singpy.cachefiles import identity, read_fields, write_fields
-from singpy.gpu import GpuContribution
+from singpy.gpu import CDI_SPEC_SUFFIXES, GpuContribution
+from singpy.host.cachefiles import identity, read_fields, write_fields
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-DEFAULT_DIRS = ("/etc/cdi", "/var/run/cdi")
-SPEC_SUFFIXES = (".json", ".yaml", ".yml")
 _FORMAT = "1"  # in the file name: a singpy writing another layout misses, it never misreads
 _MOUNT_FIELDS = 9  # after the tag: op, dest, source, readonly, dev, missing, stage, mode, what the source was
 
@@ -53,7 +51,7 @@ def _request_key(values: Sequence[str], dirs: Sequence[str]) -> str | None:
     listings: list[tuple[str, tuple[tuple[str, str], ...]]] = []
     for directory in dirs:
         try:
-            names = sorted(name for name in os.listdir(directory) if name.endswith(SPEC_SUFFIXES))
+            names = sorted(name for name in os.listdir(directory) if name.endswith(CDI_SPEC_SUFFIXES))
             listings.append((directory, tuple((name, identity(os.stat(os.path.join(directory, name))))
                                               for name in names)))
         except FileNotFoundError:

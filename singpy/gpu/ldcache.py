@@ -29,7 +29,7 @@ from singpy.errors import GpuError
 from singpy.gpu import GpuHost, binding_note
 from singpy.gpu.libsdir import libs_dir_mounts, link_notes, link_target
 from singpy.gpu.versions import major_minor
-from singpy.hostfiles import which
+from singpy.host.hostfiles import which
 from singpy.plan import MountOp, MountSpec, Stage
 from singpy.record import Record
 

@@ -31,8 +31,8 @@ _FORMAT = "2"  # in the file name: a singpy reading another layout misses, it ne
 
 def entry(cli: str, host: GpuHost) -> str | None:
     """The cache file for this tool and driver; None when a part of the key can't be read (no driver: no cache)."""
-    from singpy import cachefiles
-    from singpy.gpu.nvidia import driver_version_text
+    from singpy.gpu.versions import driver_version_text
+    from singpy.host import cachefiles
 
     version = driver_version_text(host.proc_driver_version)
     directory = cachefiles.cache_dir(host.env, host.env.get("HOME", ""))
@@ -48,7 +48,7 @@ def entry(cli: str, host: GpuHost) -> str | None:
 
 
 def load(path: str, cli: str) -> HostFiles | None:
-    from singpy.cachefiles import read_fields
+    from singpy.host.cachefiles import read_fields
 
     fields = read_fields(path)
     if fields is None:
@@ -64,8 +64,8 @@ def load(path: str, cli: str) -> HostFiles | None:
 
 
 def save(path: str, files: HostFiles) -> None:
-    from singpy.cachefiles import write_fields
     from singpy.gpu.ldcache import glibc_needs
+    from singpy.host.cachefiles import write_fields
 
     records = ((_LIBRARY, files.libraries), (_BINARY, files.binaries), (_GLIBC, files.glibc or glibc_needs(files)))
     write_fields(path, (field for kind, pairs in records for name, value in pairs for field in (kind, name, value)))

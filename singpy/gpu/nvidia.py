@@ -30,8 +30,8 @@ from singpy.gpu.ldcache import (
     glibc_needs,
     so_links,
 )
-from singpy.gpu.versions import after, dotted, major_minor
-from singpy.hostfiles import which
+from singpy.gpu.versions import after, dotted, driver_version_text, major_minor
+from singpy.host.hostfiles import which
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
 
@@ -367,21 +367,6 @@ def check_cuda_version(
 def image_cuda_version(image_env: Mapping[str, str]) -> tuple[int, int] | None:
     """From NVIDIA_REQUIRE_CUDA ("cuda>=12.4 brand=...") or else CUDA_VERSION ("12.4.1")."""
     return after(image_env.get("NVIDIA_REQUIRE_CUDA", ""), "cuda>=") or major_minor(image_env.get("CUDA_VERSION", ""))
-
-
-def driver_version_text(proc_driver_version: str) -> str | None:
-    """The version in "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 ...".
-
-    The open kernel module says "... Open Kernel Module for x86_64  570.86.15  Release Build ...".
-    """
-    try:
-        with open(proc_driver_version, encoding="utf-8", errors="replace") as handle:
-            text = handle.read(4096)
-    except OSError:
-        return None
-    start = text.find("NVRM version:")
-    line = text[start:].partition("\n")[0] if start >= 0 else ""
-    return next((token for token in line.split()[2:] if dotted(token)), None)
 
 
 def driver_version(proc_driver_version: str) -> tuple[int, ...] | None:

@@ -18,7 +18,7 @@ from singpy.constants import ENV_DIR
 from singpy.errors import GpuError, PathError
 from singpy.gpu import GpuContribution, GpuHost, ImageHints, merge
 from singpy.gpu.versions import major_minor
-from singpy.hostfiles import which
+from singpy.host.hostfiles import which
 from singpy.mounts.rootpath import Tree
 from singpy.plan import ImageSpec
 
@@ -135,7 +135,7 @@ def squashfs_hints(image: ImageSpec, host_env: Mapping[str, str]) -> ImageHints:
 def _saved_hints(image: ImageSpec, host_env: Mapping[str, str]) -> str | None:
     """Where the hints of this image file are kept: the user's cache, keyed by the file's identity (a rewrite of
     the image changes it), so that only the first --nv run of an image pays for `unsquashfs` (15-25 ms here)."""
-    from singpy import cachefiles
+    from singpy.host import cachefiles
     from singpy.image import cache
 
     try:
@@ -147,14 +147,14 @@ def _saved_hints(image: ImageSpec, host_env: Mapping[str, str]) -> str | None:
 
 
 def _read_hints(path: str) -> dict[str, str]:
-    """NAME=VALUE pairs (singpy.cachefiles.read_fields)."""
-    from singpy.cachefiles import read_fields
+    """NAME=VALUE pairs (singpy.host.cachefiles.read_fields)."""
+    from singpy.host.cachefiles import read_fields
 
     return dict(field.split("=", 1) for field in read_fields(path) or () if "=" in field)
 
 
 def _save_hints(path: str, hints: dict[str, str]) -> None:
-    from singpy.cachefiles import write_fields
+    from singpy.host.cachefiles import write_fields
 
     write_fields(path, (f"{name}={value}" for name, value in hints.items()))
 

@@ -3,7 +3,7 @@
 update-ldcache (singpy.gpu.cdi) needs the soname of every library a spec
 mounts in its folders: some 64 ELF headers, ~2 ms of every `--device` launch
 here, for answers that change only when the files do. They are kept in one
-small file per set of libraries (singpy.cachefiles), each entry with the
+small file per set of libraries (singpy.host.cachefiles), each entry with the
 library's identity (device, inode, size, mtime: a driver update replaces the
 files), and used only when every identity still matches. A miss reads the
 files and saves; a cache that can't be read or written is no error, one
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import stat
 
-from singpy.cachefiles import identity, read_fields, write_fields
+from singpy.host.cachefiles import identity, read_fields, write_fields
 
 _FORMAT = "1"  # in the file name: a singpy reading another layout misses, it never misreads
 _SEPARATOR = "\x01"  # between a library's path and its identity (no NUL in a path; the identity has none)

@@ -35,3 +35,18 @@ def _leading_digits(text: str) -> str:
     while end < len(text) and text[end].isdigit():
         end += 1
     return text[:end]
+
+
+def driver_version_text(proc_driver_version: str) -> str | None:
+    """The version in "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 ...".
+
+    The open kernel module says "... Open Kernel Module for x86_64  570.86.15  Release Build ...".
+    """
+    try:
+        with open(proc_driver_version, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(4096)
+    except OSError:
+        return None
+    start = text.find("NVRM version:")
+    line = text[start:].partition("\n")[0] if start >= 0 else ""
+    return next((token for token in line.split()[2:] if dotted(token)), None)

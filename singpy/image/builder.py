@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from singpy import __version__, console
 from singpy.errors import ImageError
-from singpy.hostfiles import path_problem, shown
+from singpy.host.hostfiles import path_problem, shown
 from singpy.image import cache, tools
 from singpy.image.detect import classify, host_arch, sif_partition
 

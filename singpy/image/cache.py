@@ -37,8 +37,8 @@ import os
 from collections.abc import Iterator, Mapping
 
 from singpy import console
-from singpy.cachefiles import check_owned, identity, make_private_dirs, publish, read_private
 from singpy.errors import ImageError
+from singpy.host.cachefiles import check_owned, identity, make_private_dirs, publish, read_private
 
 ROOTFS, INDEX = "rootfs", "index"
 _HASH_CHUNK = 1 << 20
@@ -241,7 +241,7 @@ def lock_file(path: str, *, wait: str | None, create: bool = True) -> int | None
 def _digest(path: str, offset: int, length: int) -> str:
     import hashlib
 
-    from singpy.hostfiles import open_regular
+    from singpy.host.hostfiles import open_regular
 
     digest = hashlib.sha256()
     fd = open_regular(path, what="image", error=ImageError)

@@ -18,9 +18,15 @@ import os
 import stat
 import struct
 
-from singpy import hostfiles
-from singpy.constants import ARCHES, MACHINE_ARCH
 from singpy.errors import ImageError, SifError
+from singpy.host import hostfiles
+from singpy.image.sifscan import _open as _open
+from singpy.image.sifscan import _overlay as _overlay
+from singpy.image.sifscan import _partitions as _partitions
+from singpy.image.sifscan import _scan as _scan
+from singpy.image.sifscan import arch_name as arch_name
+from singpy.image.sifscan import host_arch as host_arch
+from singpy.image.sifscan import overlay_partition as overlay_partition
 from singpy.plan import ImageSpec
 
 SQUASHFS_MAGIC = b"hsqs"
@@ -40,12 +46,6 @@ _EXT_HAS_JOURNAL = 0x4
 _EXT_INCOMPAT = 0x2 | 0x4 | 0x10  # filetype, needs recovery, meta_bg
 _EXT_ROCOMPAT = 0x1 | 0x2 | 0x4  # sparse_super, large_file, btree_dir
 _SIF_MAGIC_AT = 32  # after the 32-byte launch script
-_HEADER = struct.Struct("<32s10s3s3s16s8q")  # as singpy.image.sif.HEADER
-_DESCRIPTOR = struct.Struct("<i?III7q128s384s")  # as singpy.image.sif.DESCRIPTOR
-_PARTITION = 0x4004
-_PRIMSYS = 2
-_OVERLAY = 4  # part type Overlay
-_FS_EXT3 = 2
 _FS_NAMES = {1: "squashfs", 2: "ext3", 3: "immutable object", 4: "raw", 5: "encrypted squashfs",
              6: "gocryptfs squashfs"}
 
@@ -156,98 +156,6 @@ def sif_partition(path: str, *, check_arch: bool = True) -> ImageSpec:
     overlay_offset, overlay_size = _overlay(partitions) or (0, 0)
     return ImageSpec(kind="sif", path=path, offset=offset, size=size, arch=arch, overlay_offset=overlay_offset,
                      overlay_size=overlay_size)
-
-
-def overlay_partition(path: str) -> tuple[int, int] | None:
-    """(offset, size) of a SIF's writable overlay partition (ext3, part type Overlay); None without one.
-
-    What `singpy overlay create FILE.sif` and Apptainer's `overlay create`
-    add. A file that is not a readable SIF has none (its detection names
-    what is wrong with it).
-    """
-    return _overlay(_partitions(path))
-
-
-def _overlay(partitions: list[tuple[int, int, int, bytes]] | None) -> tuple[int, int] | None:
-    for datatype, offset, length, extra in partitions or ():
-        fstype, parttype = struct.unpack_from("<ii", extra)
-        if datatype == _PARTITION and parttype == _OVERLAY and fstype == _FS_EXT3:
-            return offset, length
-    return None
-
-
-def _scan(partitions: list[tuple[int, int, int, bytes]] | None) -> tuple[int, int, int, str] | None:
-    """(offset, size, fstype, arch) of the primary partition, or None if anything is amiss."""
-    for datatype, offset, length, extra in partitions or ():
-        if datatype == _PARTITION and struct.unpack_from("<i", extra, 4)[0] == _PRIMSYS:
-            return offset, length, struct.unpack_from("<i", extra)[0], arch_name(extra[8:11])
-    return None
-
-
-def _partitions(path: str) -> list[tuple[int, int, int, bytes]] | None:
-    """(datatype, offset, size, extra) of every used descriptor in slot order, or None if anything is amiss.
-
-    The checks are those of `singpy.image.sif.read_raw`: magic, version,
-    descriptor table inside the file, every used object inside the file.
-    """
-    try:
-        fd = _open(path)
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        size = info.st_size
-        head = os.pread(fd, _HEADER.size, 0)
-        if not stat.S_ISREG(info.st_mode) or len(head) < _HEADER.size:
-            return None
-        fields = _HEADER.unpack(head)
-        total, table_at, table_size = fields[8], fields[9], fields[10]
-        if (fields[1] != b"SIF_MAGIC\0" or fields[2] != b"01\0" or not 0 <= total <= 0xFFFFFFFF
-                or table_size != total * _DESCRIPTOR.size or table_at < _HEADER.size
-                or table_at + table_size > size or fields[11] < 0):
-            return None
-        table = os.pread(fd, table_size, table_at)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if len(table) != table_size:
-        return None
-    found = []
-    for datatype, used, _, _, _, offset, length, *_, extra in _DESCRIPTOR.iter_unpack(table):
-        if not used:
-            continue
-        if offset < 0 or length < 0 or offset + length > size:
-            return None
-        found.append((datatype, offset, length, extra))
-    return found
-
-
-def arch_name(code: bytes) -> str:
-    """Go arch name for a 3-byte SIF arch code ("02\\0" is amd64); "unknown" for anything else."""
-    if len(code) == 3 and code[2] == 0 and code[:2].isdigit() and int(code[:2]) < len(ARCHES):
-        return ARCHES[int(code[:2])]
-    return "unknown"
-
-
-def host_arch() -> str:
-    """This host's architecture, named as SIF partitions name it (Go's GOARCH)."""
-    machine = os.uname().machine
-    if machine in MACHINE_ARCH:
-        return MACHINE_ARCH[machine]
-    if machine.startswith("arm"):
-        return "arm"
-    if machine.startswith("mips"):
-        import sys  # only reached on MIPS hosts, where endianness picks the name
-
-        suffix = "le" if sys.byteorder == "little" else ""
-        return ("mips64" if "64" in machine else "mips") + suffix
-    return machine
-
-
-def _open(path: str) -> int:
-    """O_NONBLOCK: should a FIFO replace the file between two opens, the open does not wait for a writer."""
-    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
 
 
 def _read_at(path: str, offset: int, length: int, reference: str | None = None) -> bytes:

@@ -6,7 +6,7 @@ Also a Singularity 2.x ext3 image as the container's root (`choose_root`,
 The image holds Apptainer's layout, `upper/` and `work/` at its top (see
 singpy.image.overlaycreate). `choose` (on the host, before any namespace)
 checks the filesystem and picks one of two strategies; `attach` (in the
-staging root, singpy.rootfs) mounts it at /scratch/overlayN:
+staging root, singpy.layers.rootfs) mounts it at /scratch/overlayN:
 
 1. ``loop`` (root without a user namespace): the kernel's ext3 on a loop
    device limited to the filesystem's bytes (`singpy.kernel.loop`),
@@ -40,11 +40,13 @@ import struct
 import time
 from collections.abc import Mapping
 
-from singpy import console, process, rootfs
+from singpy import console
 from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, KernelError
 from singpy.kernel import loop
 from singpy.kernel import syscalls as k
+from singpy.launch import process
+from singpy.layers import rootfs
 from singpy.plan import ImageSpec, OverlaySpec
 
 FUSE_TOOL = "fuse2fs"
@@ -266,8 +268,9 @@ def _wait_mounted(what: str, mount_point: str, pid: int, errors: int) -> None:
 
 
 # --- a Singularity 2.x ext3 image (`.img`) as the container's root ------------------------------------------------
-# Mounted as an overlay image is, by the same strategies, on IMAGE instead of SCRATCH/overlayN; singpy.launch then
-# uses it as it uses a mounted squashfs. Read-only, unless --writable (Apptainer writes such images in place).
+# Mounted as an overlay image is, by the same strategies, on IMAGE instead of SCRATCH/overlayN;
+# singpy.launch.launch then uses it as it uses a mounted squashfs.
+# Read-only, unless --writable (Apptainer writes such images in place).
 
 
 def choose_root(image: ImageSpec, *, uid: int, user_namespace: bool, writable: bool,
@@ -286,7 +289,7 @@ def choose_root(image: ImageSpec, *, uid: int, user_namespace: bool, writable: b
     tool = find_tool(FUSE_TOOL, env)
     usable = os.access(FUSE_DEVICE, os.R_OK | os.W_OK)
     if tool is None or not usable:
-        from singpy import hostcheck
+        from singpy.host import hostcheck
 
         state = None if usable else hostcheck.fuse_state(os.getuid())
         why, fix = (("fuse2fs is not installed (not found in PATH)", hostcheck.package(FUSE_TOOL)) if tool is None

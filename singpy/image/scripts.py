@@ -29,7 +29,7 @@ from collections.abc import Callable
 from singpy import console
 from singpy.constants import ENV_DIR, RUNSCRIPT, SCIF_APPS
 from singpy.errors import ImageError, PathError
-from singpy.hostfiles import kind_name
+from singpy.host.hostfiles import kind_name
 from singpy.mounts.rootpath import Tree
 from singpy.record import Record
 

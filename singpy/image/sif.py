@@ -38,9 +38,9 @@ from singpy.constants import ARCHES
 from singpy.errors import SifError
 
 # Shared with the fast detector, which the start-up path loads anyway; re-exported for the reader's users.
-from singpy.image.detect import arch_name as arch_name
-from singpy.image.detect import host_arch as host_arch
-from singpy.image.detect import overlay_partition as overlay_partition  # (offset, size) of the ext3 overlay
+from singpy.image.sifscan import arch_name as arch_name
+from singpy.image.sifscan import host_arch as host_arch
+from singpy.image.sifscan import overlay_partition as overlay_partition  # (offset, size) of the ext3 overlay
 
 HEADER = struct.Struct("<32s10s3s3s16s8q")  # 128 bytes
 DESCRIPTOR = struct.Struct("<i?III7q128s384s")  # 585 bytes

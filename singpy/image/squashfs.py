@@ -16,13 +16,13 @@ anything is started ([1] sif.md section 13, after Apptainer and SingularityCE):
    `/dev/fd/N`, libfuse >= 3.3), so it needs no privilege and no setuid
    fusermount, as Apptainer's starter does. squashfuse must stay alive as
    long as the container, so the launcher stays as its supervisor
-   (`singpy.process.supervise`).
+   (`singpy.launch.process.supervise`).
 3. ``extract``: `unsquashfs` into the per-user cache (`singpy.image.cache`),
    reused by later runs; the tree is then used like a sandbox directory.
    Chosen with `--unsquash` or `unsquash = yes`, and whenever neither of
    the above is possible.
 
-`attach` is called in the staging root (singpy.rootfs), where the host is
+`attach` is called in the staging root (singpy.layers.rootfs), where the host is
 at /oldroot, and returns the image root as seen from there.
 """
 
@@ -31,11 +31,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from singpy import console, process, rootfs
+from singpy import console
 from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, KernelError
 from singpy.kernel import loop
 from singpy.kernel import syscalls as k
+from singpy.launch import process
+from singpy.layers import rootfs
 from singpy.plan import ImageSpec
 
 FUSE_TOOLS = ("squashfuse_ll", "squashfuse")  # the low-level one is faster (Apptainer prefers it too)
@@ -82,7 +84,7 @@ def _extract(image: ImageSpec, env: Mapping[str, str], cache: str, *, fuse_missi
 
 def _cannot_open(image: ImageSpec, env: Mapping[str, str], fuse_missing: str | None) -> ImageError:
     """No unsquashfs, and FUSE not usable either: which program or device is missing, and its package."""
-    from singpy import hostcheck
+    from singpy.host import hostcheck
     from singpy.image.tools import find_tool
 
     extract = f"{hostcheck.package('unsquashfs')} to extract images"

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 from singpy import console
 from singpy.errors import ImageError
-from singpy.hostfiles import which
+from singpy.host.hostfiles import which
 from singpy.kernel import syscalls as k
 
 TYPE_CHECKING = False  # see singpy.record

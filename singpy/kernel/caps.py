@@ -96,11 +96,11 @@ def read_capability_file(path: str, user: str) -> tuple[str, ...]:
     import json
     import os.path
 
-    from singpy.hostfiles import read_text
+    from singpy.host.hostfiles import read_text
 
     if not os.path.lexists(path):
         return ()
-    try:  # a regular UTF-8 file of at most 1 MiB (singpy.hostfiles), holding JSON
+    try:  # a regular UTF-8 file of at most 1 MiB (singpy.host.hostfiles), holding JSON
         data = json.loads(read_text(path, what="capability file", error=ConfigError))
     except (ValueError, RecursionError) as error:
         raise ConfigError(f"can't read {path}: not JSON ({error})") from None

@@ -31,9 +31,9 @@ def write_proc_file(path: str, text: str) -> None:
 
 
 def _diagnose(error: int) -> str | None:
-    """singpy.hostcheck's reading of the failure (Ubuntu's AppArmor restriction), imported only now."""
+    """singpy.host.hostcheck's reading of the failure (Ubuntu's AppArmor restriction), imported only now."""
     try:
-        from singpy.hostcheck import in_userns_failure
+        from singpy.host.hostcheck import in_userns_failure
 
         return in_userns_failure(error)
     except Exception:  # out of reach or failing: the plain message is said instead
@@ -42,7 +42,7 @@ def _diagnose(error: int) -> str | None:
 
 def _hint() -> str | None:
     try:
-        from singpy.hostcheck import HINT
+        from singpy.host.hostcheck import HINT
 
         return HINT
     except Exception:

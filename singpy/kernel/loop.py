@@ -46,7 +46,7 @@ _STATUS = struct.Struct("=" + _INFO64)
 # on one node) collide many times; a short random pause spreads them out.
 _ATTEMPTS = 64
 # `max loop devices` (singpy.conf, Apptainer's directive): only /dev/loop0 to loop{N-1} are used, as Apptainer
-# scans them; set by the launch from its plan (singpy.launch) before anything is attached.
+# scans them; set by the launch from its plan (singpy.launch.launch) before anything is attached.
 _max_devices = 256
 # `avoid kernel features = loop_configure` (singpy.conf): LOOP_SET_FD + LOOP_SET_STATUS64 even where
 # LOOP_CONFIGURE exists; set by the launch from its plan, as _max_devices.

@@ -6,12 +6,12 @@ imported only by `attach`, for root's bridge and ptp networks.
 
 `attach` (root, in the host's network namespace, before the container
 exists) does all of the netlink work in the launcher, which then stays as the
-container's supervisor (singpy.launch) so that `detach` runs however the
+container's supervisor (singpy.launch.launch) so that `detach` runs however the
 container ends:
 
 1. under an exclusive lock (/run/singpy/network.lock), so two launches never
    pick the same address: remove stale veths, list the addresses running
-   containers hold, pick one (singpy.network.pick_address);
+   containers hold, pick one (singpy.launch.network.pick_address);
 2. create the container's network namespace without entering it (unshare,
    keep a descriptor, setns back); the child joins it with `join`;
 3. create the bridge if missing, and the veth pair: the host end, named
@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import os
 
-from singpy import console, network
+from singpy import console
 from singpy.errors import KernelError, SingpyError
 from singpy.kernel import syscalls as k
+from singpy.launch import network
 from singpy.plan import NetworkSpec
 from singpy.record import Record
 

@@ -62,7 +62,7 @@ def _b(path: str | None) -> bytes | None:
 
 
 # True from a successful unshare(CLONE_NEWUSER) until the next mount(2): where that first mount fails, a host
-# policy (Ubuntu's AppArmor restriction) is the likely cause, which `mount` then names (singpy.hostcheck).
+# policy (Ubuntu's AppArmor restriction) is the likely cause, which `mount` then names (singpy.host.hostcheck).
 _fresh_userns = False
 
 
@@ -70,7 +70,7 @@ def unshare(flags: int) -> None:
     """Move this process into new namespaces (`flags` is CLONE_NEW* ORed).
 
     A refused user namespace is explained from what the host shows
-    (singpy.hostcheck: a sysctl, seccomp, a container), not by strerror alone.
+    (singpy.host.hostcheck: a sysctl, seccomp, a container), not by strerror alone.
     """
     global _fresh_userns
     error = _errno_of(_libc.unshare(ctypes.c_int(flags)))
@@ -84,10 +84,10 @@ def unshare(flags: int) -> None:
 
 
 def _diagnose(name: str, error: int) -> str | None:
-    """singpy.hostcheck's `name`(error), imported only now; None where it can't be (after a pivot_root the
+    """singpy.host.hostcheck's `name`(error), imported only now; None where it can't be (after a pivot_root the
     package is out of reach) or has nothing to add: the caller then says what it says without it."""
     try:
-        from singpy import hostcheck
+        from singpy.host import hostcheck
 
         found = getattr(hostcheck, name)
         return found if isinstance(found, str) else found(error)

@@ -1,6 +1,6 @@
 """apply_mounts: the one place that carries out a mount plan.
 
-Called in the staging root (see singpy.rootfs), with the host tree at
+Called in the staging root (see singpy.layers.rootfs), with the host tree at
 /oldroot and the container root at /newroot, holding CAP_SYS_ADMIN over the
 mount namespace. Every `MountOp` is handled in the single `match` below;
 `assert_never` makes a new op fail type-checking until it is handled here.
@@ -40,9 +40,9 @@ import stat
 from singpy import console
 from singpy.errors import BindSpecError, ImageError, KernelError, PathError
 from singpy.kernel import syscalls as k
+from singpy.layers.rootfs import HOST, NEWROOT, PROC, SCRATCH, remount
 from singpy.mounts.rootpath import Lookup, Resolver, Tree, is_under
 from singpy.plan import Missing, MountOp, MountSpec
-from singpy.rootfs import HOST, NEWROOT, PROC, SCRATCH, remount
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:

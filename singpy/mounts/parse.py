@@ -13,7 +13,7 @@ from __future__ import annotations
 import os.path
 
 from singpy.errors import BindSpecError
-from singpy.hostfiles import path_problem, shown
+from singpy.host.hostfiles import path_problem, shown
 from singpy.record import Record
 
 _OPTIONS = {"ro": True, "rw": False}

@@ -23,7 +23,7 @@ path stops, which is what a mount point needs.
 
 Host paths (bind sources) are another matter: the user chose them and sees the
 host as it is, so `resolve` only re-roots the host's absolute links below
-/oldroot in the staging root (singpy.rootfs.host_path).
+/oldroot in the staging root (singpy.layers.rootfs.host_path).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import os
 import stat
 
 from singpy.errors import BindSpecError, PathError
-from singpy.hostfiles import kind_name, read_bounded
+from singpy.host.hostfiles import kind_name, read_bounded
 from singpy.kernel.syscalls import fd_path
 
 _MAX_LINKS = 40  # as the kernel's MAXSYMLINKS

@@ -1,7 +1,7 @@
 """survey: where a plan's mounts land in the image alone, before anything is mounted.
 
-What it finds decides the layer of mount points the image lacks (singpy.rootfs,
-singpy.overlayfs) and which of the image's scripts the container will still see
+What it finds decides the layer of mount points the image lacks (singpy.layers.rootfs,
+singpy.layers.overlayfs) and which of the image's scripts the container will still see
 (singpy.image.scripts); apply_mounts (singpy.mounts.apply) then uses its resolver of
 bind sources, so each host source is looked up once.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import stat
 
 from singpy.errors import PathError
+from singpy.layers.rootfs import HOST
 from singpy.mounts.rootpath import Resolver, Tree
 from singpy.plan import MountOp, MountSpec
-from singpy.rootfs import HOST
 
 
 class Survey:

@@ -46,7 +46,7 @@ def check_no_mount(names: list[str]) -> tuple[str, ...]:
             name = "/" + os.path.normpath(name).lstrip("/")
         elif name not in NO_MOUNT_NAMES:
             from singpy.errors import BindSpecError
-            from singpy.hostfiles import shown
+            from singpy.host.hostfiles import shown
 
             raise BindSpecError(f"--no-mount: unknown mount {shown(name)!r} (expected {', '.join(NO_MOUNT_NAMES)} "
                                 "or the absolute destination of a `bind path` entry)")

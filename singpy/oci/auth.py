@@ -173,7 +173,7 @@ def _from_config(path: str, registry: str, env: Mapping[str, str]) -> Credential
 
 
 def _read_config(path: str) -> dict[str, object]:
-    from singpy.hostfiles import read_text, shown
+    from singpy.host.hostfiles import read_text, shown
 
     text = read_text(path, what="credentials file", error=ImageError, limit=_CONFIG_LIMIT)
     import json  # here: a cached image's HEAD request reads no JSON
@@ -215,7 +215,7 @@ def _from_helper(helper: str, registry: str, env: Mapping[str, str]) -> Credenti
     """What `docker-credential-HELPER get` says for `registry`; None (and a verbose note) when it can't."""
     import subprocess
 
-    from singpy.hostfiles import which
+    from singpy.host.hostfiles import which
 
     program = f"docker-credential-{helper}"
     found = which(program, env.get("PATH", os.defpath)) if "/" not in helper else None

@@ -61,7 +61,7 @@ from typing import Any
 
 from singpy.constants import SINGULARITY_D
 from singpy.errors import ImageError, PathError
-from singpy.hostfiles import write_all
+from singpy.host.hostfiles import write_all
 from singpy.kernel.syscalls import fd_path
 from singpy.mounts.rootpath import Lookup, Tree
 from singpy.oci.singularityd import (

@@ -43,7 +43,7 @@ import stat
 import tarfile
 
 from singpy.errors import ImageError, PathError
-from singpy.hostfiles import write_all
+from singpy.host.hostfiles import write_all
 from singpy.oci import whiteouts
 from singpy.oci.layertree import MAX_CACHED, OPEN_DIR, EntryError, LayerTree, clean, join, shown
 from singpy.oci.owners import Ownership

@@ -106,7 +106,7 @@ def load(env: Mapping[str, str], home: str) -> tuple[Entry, ...] | None:
     if explicit:
         main, dirs = explicit, (SYSTEM_DIR, user_dir)
         if not os.path.lexists(main):
-            from singpy.hostfiles import shown
+            from singpy.host.hostfiles import shown
 
             raise ImageError(f"{FILE_VARIABLE} names {shown(main)}, which does not exist")
     elif os.path.lexists(user_file):
@@ -136,7 +136,7 @@ def _drop_ins(directory: str) -> list[str]:
 
 
 def _read(path: str, *, drop_in: bool) -> list[Entry]:
-    from singpy.hostfiles import read_text, shown
+    from singpy.host.hostfiles import read_text, shown
 
     text = read_text(path, what="registries configuration", error=ImageError, limit=_FILE_LIMIT)
     import tomllib  # only here: a run without registries.conf never loads it

@@ -17,7 +17,7 @@ import tarfile
 from typing import Any, BinaryIO
 
 from singpy.errors import ImageError
-from singpy.hostfiles import kind_name
+from singpy.host.hostfiles import kind_name
 from singpy.oci.localfiles import CHUNK, Files
 
 MAX_MEMBERS = 1 << 16  # members of an archive: real ones hold a few per layer

@@ -13,7 +13,7 @@ import stat
 from typing import BinaryIO
 
 from singpy.errors import ImageError
-from singpy.hostfiles import kind_name
+from singpy.host.hostfiles import kind_name
 from singpy.oci.localfiles import Files
 
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -154,7 +154,7 @@ def default_name(ref: Reference) -> str:
 
 def check_target(target: str, *, force: bool) -> None:
     """The file a pull writes: refused when it exists (unless `force`), is a directory or can't be a path."""
-    from singpy.hostfiles import path_problem, shown
+    from singpy.host.hostfiles import path_problem, shown
 
     problem = path_problem(target)
     if problem:

@@ -1,4 +1,4 @@
-"""Where pulled images live in the user's cache (singpy.cachefiles.cache_dir).
+"""Where pulled images live in the user's cache (singpy.host.cachefiles.cache_dir).
 
     blobs/sha256/<hex>            a verified blob (layer, config), shared by every image that has it
     blobs/sha256/<hex>.partial    a download in progress or cut short: the next pull resumes it
@@ -31,8 +31,9 @@ import contextlib
 import os
 from collections.abc import Iterator, Mapping
 
-from singpy import cachefiles, console
+from singpy import console
 from singpy.errors import ImageError
+from singpy.host import cachefiles
 from singpy.image import cache
 from singpy.oci.ref import valid_digest
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 
-from singpy.deffile import DefinitionError, Stage, files_entries, labels
+from singpy.recipe.deffile import DefinitionError, Stage, files_entries, labels
 
 APPS_DIR = "/scif/apps"
 DATA_DIR = "/scif/data"

@@ -16,9 +16,9 @@ import os
 from collections.abc import Mapping
 
 from singpy import console
-from singpy.deffile import DefinitionError, Stage
 from singpy.errors import ImageError
 from singpy.plan import IdMap
+from singpy.recipe.deffile import DefinitionError, Stage
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ not unpacked there but lies under an overlay (singpy.recipe.layered).
 
 As root, %post runs as real root. Anyone else builds with --fakeroot: root
 in a user namespace, with the user's subordinate ids when /etc/subuid and
-/etc/subgid give a range (singpy.fakeroot). Files %post gives to those ids
+/etc/subgid give a range (singpy.layers.fakeroot). Files %post gives to those ids
 are then out of the user's own reach on the host, so what the build does
 with the tree afterwards (copies between stages, squashing, removing it)
 runs as root of a namespace with the same mapping (singpy.recipe.mapped).
@@ -24,11 +24,11 @@ import os
 from collections.abc import Mapping
 
 from singpy import console
-from singpy.deffile import Definition, DefinitionError, Section, Stage, files_entries
 from singpy.errors import ImageError
-from singpy.hostfiles import path_problem, shown
+from singpy.host.hostfiles import path_problem, shown
 from singpy.plan import IdMap
 from singpy.recipe import apps, bootstrap, layered, sections, workdir
+from singpy.recipe.deffile import Definition, DefinitionError, Section, Stage, files_entries
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
@@ -54,7 +54,7 @@ class BuildRequest(Record):
 
 def read_definition(request: BuildRequest) -> tuple[str, Definition]:
     """The definition file's text and its stages, checked before anything is fetched or written."""
-    from singpy.deffile import parse
+    from singpy.recipe.deffile import parse
 
     text = _read_recipe(request.recipe).replace("\r\n", "\n")  # a file saved on Windows: no \r in the scripts
     definition = parse(text, request.recipe, dict(request.build_args))
@@ -82,7 +82,7 @@ def read_definition(request: BuildRequest) -> tuple[str, Definition]:
 
 
 def _read_recipe(path: str) -> str:
-    from singpy.hostfiles import read_text
+    from singpy.host.hostfiles import read_text
 
     return read_text(path, what="the definition file", error=ImageError, limit=_MAX_RECIPE)
 
@@ -145,7 +145,7 @@ def _id_map(request: BuildRequest) -> IdMap | None:
         if request.fakeroot:
             console.verbose("--fakeroot: ignored as root, %post runs as real root")
         return None
-    from singpy import fakeroot
+    from singpy.layers import fakeroot
 
     idmap = fakeroot.own_id_map()
     console.verbose(idmap.note)

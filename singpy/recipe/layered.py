@@ -21,7 +21,7 @@ the build process whatever happens; `release` unmounts them before the work
 directory is removed.
 
 A user builds in the user namespace %post runs in, with the user's
-subordinate id range (singpy.fakeroot), and unpacks the cached tree there:
+subordinate id range (singpy.layers.fakeroot), and unpacks the cached tree there:
 the image's owners are kept as subordinate ids on disk, exactly as in an
 unpacked build, and read back as the image's ids in the namespace. Why not
 squashfuse: on the reference VM reading an image through FUSE cost more
@@ -134,7 +134,7 @@ class Layers:
 
 
 def _escape(path: str) -> str:
-    from singpy.rootfs import escape
+    from singpy.layers.rootfs import escape
 
     return escape(path)
 
@@ -156,7 +156,7 @@ def plan(idmap: IdMap | None, env: Mapping[str, str], home: str) -> Layers | Non
         console.verbose("single id mapping: the base image is unpacked in the work directory (its other owners "
                         "can't be kept in the cache)")
         return None
-    from singpy import cachefiles
+    from singpy.host import cachefiles
     from singpy.image import cache
     from singpy.image.tools import find_tool
 
@@ -200,7 +200,7 @@ def enter(idmap: IdMap | None) -> None:
     if idmap is None:
         k.unshare(k.CLONE_NEWNS)
     else:
-        from singpy import fakeroot
+        from singpy.layers import fakeroot
 
         fakeroot.enter_user_namespace(idmap, k.CLONE_NEWUSER | k.CLONE_NEWNS)
     k.mount(None, "/", None, k.MS_REC | k.MS_PRIVATE)
@@ -236,7 +236,7 @@ def remove_build_trees(cache: str, *, older_than: float | None = None) -> int:
     root of a user namespace with the user's mapping, as a build's work
     directory is (singpy.recipe.workdir).
     """
-    from singpy import fakeroot
+    from singpy.layers import fakeroot
     from singpy.recipe import workdir
 
     where = f"{cache}/{BUILD_TREES}"

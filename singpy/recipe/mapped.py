@@ -40,9 +40,9 @@ def _decode(text: str) -> tuple[tuple[int, int, int], ...]:
 
 
 def main(argv: list[str]) -> NoReturn:
-    from singpy import fakeroot
     from singpy.errors import SingpyError
     from singpy.kernel import syscalls as k
+    from singpy.layers import fakeroot
 
     mode, uids, gids, separator, *program = argv
     if separator != "--" or not program:

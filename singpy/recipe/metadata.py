@@ -26,10 +26,10 @@ from typing import Any
 
 from singpy import console
 from singpy.constants import ENV_DIR, SINGULARITY_D
-from singpy.deffile import Section, Stage, labels
 from singpy.errors import ImageError, PathError
-from singpy.hostfiles import write_all
+from singpy.host.hostfiles import write_all
 from singpy.mounts.rootpath import Tree
+from singpy.recipe.deffile import Section, Stage, labels
 
 BUILD_LABELS = "/.build.labels"  # where %post's $APPTAINER_LABELS lines go ([1] sLabelsPath)
 HELP_FILE = f"{SINGULARITY_D}/runscript.help"

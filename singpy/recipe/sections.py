@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 from singpy import console
 from singpy.constants import SINGULARITY_D
-from singpy.deffile import Section, Stage
-from singpy.environ import RUNTIME_PREFIXES
+from singpy.env.environ import RUNTIME_PREFIXES
 from singpy.errors import ImageError
 from singpy.plan import IdMap
+from singpy.recipe.deffile import Section, Stage
 
 ENV_SCRIPT = f"{SINGULARITY_D}/env/91-environment.sh"  # $APPTAINER_ENVIRONMENT in %post
 LABELS_FILE = "/.build.labels"  # $APPTAINER_LABELS in %post: "NAME value" lines, labels of the image

@@ -8,7 +8,7 @@ holds everything; the output is written there too and renamed into place,
 so the output appears complete or not at all.
 
 A directory named by one of those variables must pass
-singpy.cachefiles.check_owned (sticky, like /tmp, allowed): in someone else's
+singpy.host.cachefiles.check_owned (sticky, like /tmp, allowed): in someone else's
 directory the build's trees could be swapped under it (issue 24).
 """
 
@@ -33,7 +33,7 @@ def parent_dir(target: str, env: Mapping[str, str]) -> str:
     path = os.path.abspath(env[chosen])
     if not os.path.isdir(path):
         raise ImageError(f"{chosen}={env[chosen]} is not a directory: the build has nowhere to work")
-    from singpy.cachefiles import check_owned
+    from singpy.host.cachefiles import check_owned
 
     check_owned(path, what=f"work directory's parent ({chosen})", sticky_ok=True)
     return path
@@ -48,7 +48,7 @@ def make(target: str, env: Mapping[str, str]) -> str:
     except OSError as error:
         raise ImageError(f"can't create a work directory in {parent}: {error.strerror}") from None
     if any(env.get(name) for name in TMPDIR_VARIABLES):  # the output's own directory is the user's choice
-        from singpy.cachefiles import check_owned
+        from singpy.host.cachefiles import check_owned
 
         try:
             check_owned(path, what="work directory")

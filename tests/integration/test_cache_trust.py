@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from singpy import cachefiles
+from singpy.host import cachefiles
 from singpy.oci import platform, store
 from singpy.oci.ref import parse
 from tests.conftest import Singpy, assert_one_fatal

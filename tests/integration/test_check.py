@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from singpy import hostcheck
+from singpy.host import hostcheck
 from tests.conftest import SINGPY, Singpy
 from tests.support import hostsim, seccomp
 

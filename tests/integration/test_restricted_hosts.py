@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from singpy import hostcheck
 from singpy.constants import SYSTEM_PATH
+from singpy.host import hostcheck
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
 from tests.support import hostsim, seccomp, sifs
 from tests.support.leftovers import settled, traces

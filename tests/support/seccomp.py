@@ -14,7 +14,7 @@ the one command it runs, and for nothing else:
   it, or, for a sysctl this kernel lacks (kernel.unprivileged_userns_clone is
   Debian's patch, kernel.apparmor_restrict_unprivileged_userns Ubuntu's), a
   copy of the whole directory with the file added. singpy reads them where
-  an administrator's setting would show (singpy.hostcheck.sysctl).
+  an administrator's setting would show (singpy.host.hostcheck.sysctl).
 * `--fuse 600|666` binds a node of that mode over /dev/fuse (as
   tests.support.hostsim); `--fuse absent` hides /dev/fuse (a tmpfs /dev with
   only null, zero, full, random, urandom and tty bound in).

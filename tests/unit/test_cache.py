@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from singpy import cachefiles
 from singpy.errors import ImageError
+from singpy.host import cachefiles
 from singpy.image import cache
 from singpy.oci import store
 

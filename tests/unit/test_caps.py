@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from singpy import host as host_module
 from singpy.config import sysconf
 from singpy.errors import ConfigError
+from singpy.host import host as host_module
 from singpy.kernel.caps import NAMES, NUMBER, CapabilityError, parse_names, plan_privileges, read_capability_file
+from singpy.launch.planner import LaunchRequest, build_plan
 from singpy.plan import ImageSpec, Privileges
-from singpy.planner import LaunchRequest, build_plan
 
 
 def test_names_match_the_kernel() -> None:

@@ -1,10 +1,10 @@
-"""Definition files parsed as Apptainer parses them, errors with file:line (singpy.deffile)."""
+"""Definition files parsed as Apptainer parses them, errors with file:line (singpy.recipe.deffile)."""
 
 from __future__ import annotations
 
 import pytest
 
-from singpy.deffile import DefinitionError, files_entries, labels, parse
+from singpy.recipe.deffile import DefinitionError, files_entries, labels, parse
 
 RECIPE = """\
 # A CUDA application image

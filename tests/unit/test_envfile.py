@@ -1,4 +1,4 @@
-"""singpy.envfile: --env-file read as shell assignments, as Apptainer's embedded interpreter reads it.
+"""singpy.env.envfile: --env-file read as shell assignments, as Apptainer's embedded interpreter reads it.
 
 The valid cases are also run through real shells (bash, dash, busybox sh) with
 `set -a`, as Apptainer runs the file: the results must be the same.
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from singpy.envfile import evaluate
+from singpy.env.envfile import evaluate
 from singpy.errors import SingpyError
 
 SCOPE = {"HOSTV": "host value", "HOME": "/home/me", "EMPTYV": ""}

@@ -1,4 +1,4 @@
-"""singpy.environ: Apptainer's environment precedence, in Python and in the container's /bin/sh."""
+"""singpy.env.environ: Apptainer's environment precedence, in Python and in the container's /bin/sh."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from singpy.constants import DEFAULT_PATH, LIBS_DIR
-from singpy.environ import (
+from singpy.env.environ import (
     ACTION_SCRIPT,
     REDACTED,
     EnvPlan,

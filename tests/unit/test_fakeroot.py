@@ -1,14 +1,14 @@
-"""singpy.fakeroot: subordinate ranges, the mapping chosen, and what --fakeroot changes in the plan."""
+"""singpy.layers.fakeroot: subordinate ranges, the mapping chosen, and what --fakeroot changes in the plan."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from singpy import host as host_module
 from singpy.config import sysconf
-from singpy.fakeroot import plan_id_map, read_ranges
+from singpy.host import host as host_module
+from singpy.launch.planner import LaunchRequest, build_plan
+from singpy.layers.fakeroot import plan_id_map, read_ranges
 from singpy.plan import ImageSpec, MountOp
-from singpy.planner import LaunchRequest, build_plan
 
 SUBUID = "alice:100000:65536\nbob:165536:65536\n1000:300000:10\nbad line\nalice:x:1\nalice:400000:0\n"
 

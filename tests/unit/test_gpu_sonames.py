@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from singpy.cachefiles import read_fields, write_fields
 from singpy.gpu.sonames import sonames
+from singpy.host.cachefiles import read_fields, write_fields
 from tests.gpu.simhost import build_elf_library
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc to build shared objects")

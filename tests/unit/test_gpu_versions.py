@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from singpy.gpu.nvidia import driver_version_text, gpu_index, image_cuda_version
+from singpy.gpu.nvidia import gpu_index, image_cuda_version
 from singpy.gpu.request import image_hints
-from singpy.gpu.versions import after, dotted, major_minor
+from singpy.gpu.versions import after, dotted, driver_version_text, major_minor
 
 
 @pytest.mark.parametrize("text, expected", [

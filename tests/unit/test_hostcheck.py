@@ -1,4 +1,4 @@
-"""singpy.hostcheck's pure parts: version parsing, package names, and messages from what this host shows.
+"""singpy.host.hostcheck's pure parts: version parsing, package names, and messages from what this host shows.
 
 The messages for other hosts (a sysctl at 0, AppArmor, seccomp) are shown by
 tests/integration/test_restricted_hosts.py, which emulates those hosts.
@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from singpy import hostcheck
+from singpy.host import hostcheck
 
 
 @pytest.mark.parametrize(("release", "version"), [("5.14.0-362.el9.x86_64", (5, 14)), ("4.18.0", (4, 18)),

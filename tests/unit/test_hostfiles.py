@@ -1,4 +1,4 @@
-"""singpy.hostfiles: user- and admin-named files read without blocking or bounds, paths checked against the kernel."""
+"""singpy.host.hostfiles: user- and admin-named files read without blocking or bounds, paths checked by the kernel."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from singpy import hostfiles
 from singpy.errors import ConfigError, SingpyError
+from singpy.host import hostfiles
 
 
 def read(path: str | Path, limit: int = hostfiles.MAX_TEXT) -> str:

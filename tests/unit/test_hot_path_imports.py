@@ -30,9 +30,10 @@ NEVER = ("typer", "click", "rich", "pyroute2", "prctl", "singpy.image.sifwrite")
 PULL = ("singpy.oci", "http", "ssl", "zstandard", "tarfile")
 # The --env-file reader only with --env-file; site policy only when limits are set; overlay code only with overlays;
 # the definition-file builder only with `singpy build`.
-NOT_ON_PLAIN_PATH = (*NEVER, *PULL, "dataclasses", "typing", "pathlib", "json", "singpy.envfile", "singpy.policy",
-                     "singpy.overlay", "singpy.overlayfs", "singpy.image.extfs", "singpy.recipe", "singpy.deffile",
-                     "singpy.shared", "hashlib", "socket", "difflib")  # difflib: the "did you mean" of a mistake
+NOT_ON_PLAIN_PATH = (*NEVER, *PULL, "dataclasses", "typing", "pathlib", "json", "singpy.env.envfile",
+                     "singpy.host.policy", "singpy.layers.overlay", "singpy.layers.overlayfs", "singpy.image.extfs",
+                     "singpy.recipe", "singpy.recipe.deffile", "singpy.launch.shared", "hashlib", "socket",
+                     "difflib")  # difflib: the "did you mean" of a mistake
 # Runs the console script's code (singpy.cli.main:main) with the given arguments.
 ENTRY = "import sys; from singpy.cli.main import main; sys.argv[0] = 'singpy'; sys.exit(main())"
 MARK = "hot-path-ok"
@@ -63,7 +64,7 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_exec_imports_nothing_heavy(sandbox: Path, flags: list[str]) -> None:
     modules, done = imported_modules("exec", *flags, str(sandbox), "echo", MARK, cwd=sandbox.parent)
     assert done.returncode == 0 and MARK in done.stdout, f"singpy exec failed:\n{done.stderr[-2000:]}"
-    assert "singpy.launch" in modules  # the profile covers the launch path
+    assert "singpy.launch.launch" in modules  # the profile covers the launch path
     assert offenders(modules, NOT_ON_PLAIN_PATH) == []
 
 
@@ -106,11 +107,11 @@ def test_the_check_sees_a_heavy_import(sandbox: Path) -> None:
 
 
 def test_env_file_reader_comes_with_env_file_only(sandbox: Path, tmp_path: Path) -> None:
-    """The other half of the check above: with --env-file, singpy.envfile is imported (and works)."""
+    """The other half of the check above: with --env-file, singpy.env.envfile is imported (and works)."""
     env_file = tmp_path / "vars.env"
     env_file.write_text(f"export GREETING='{MARK}'\n")
     modules, done = imported_modules("exec", "--env-file", str(env_file), str(sandbox), "/bin/sh", "-c",
                                      "echo $GREETING", cwd=sandbox.parent)
     assert done.returncode == 0 and done.stdout == f"{MARK}\n", done.stderr[-2000:]
-    assert "singpy.envfile" in modules
+    assert "singpy.env.envfile" in modules
     assert offenders(modules, ("typer", "click", "rich", "dataclasses", "typing", "pathlib", "json")) == []

@@ -1,4 +1,4 @@
-"""singpy.jobs (which parallel launch started singpy, from the environment) and the planner's sharing decision."""
+"""singpy.launch.jobs (which parallel launch started singpy, from the environment) and the planner's sharing choice."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from singpy import host as host_module
-from singpy import jobs
 from singpy.config import sysconf
 from singpy.errors import SingpyError
-from singpy.host import HostInfo
+from singpy.host import host as host_module
+from singpy.host.host import HostInfo
+from singpy.launch import jobs
+from singpy.launch.planner import LaunchRequest, Planned, build_plan
 from singpy.mounts.parse import parse_bind_list
 from singpy.plan import ImageSpec
-from singpy.planner import LaunchRequest, Planned, build_plan
 
 PMIX = {"PMIX_NAMESPACE": "slurm.pmix.42.0", "PMIX_RANK": "3"}
 SLURM = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}

@@ -1,4 +1,4 @@
-"""singpy.network: types, policy, subnets, address allocation, --dns; and what the planner makes of them."""
+"""singpy.launch.network: types, policy, subnets, address allocation, --dns; and what the planner makes of them."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from singpy import host as host_module
 from singpy.config import sysconf
-from singpy.network import (
+from singpy.host import host as host_module
+from singpy.launch.network import (
     NetworkError,
     check_subnet,
     gateway,
@@ -17,8 +17,8 @@ from singpy.network import (
     pick_address,
     plan_network,
 )
+from singpy.launch.planner import LaunchRequest, build_plan
 from singpy.plan import ImageSpec, MountOp, NetworkSpec
-from singpy.planner import LaunchRequest, build_plan
 
 
 def config(text: str = "") -> sysconf.SysConfig:

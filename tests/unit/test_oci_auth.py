@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from singpy.errors import ImageError
-from singpy.hostfiles import shown
+from singpy.host.hostfiles import shown
 from singpy.oci.auth import (
     IDENTITY_TOKEN_USER,
     Authenticator,

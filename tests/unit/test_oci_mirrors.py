@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from singpy.errors import ImageError
-from singpy.hostfiles import shown
+from singpy.host.hostfiles import shown
 from singpy.oci import mirrors
 from singpy.oci.auth import Credentials
 from singpy.oci.ref import Reference, parse

@@ -1,4 +1,4 @@
-"""singpy.overlay: which layers go over the image, in which order, and what is refused (Apptainer's rules)."""
+"""singpy.layers.overlay: which layers go over the image, in which order, and what is refused (Apptainer's rules)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from singpy.errors import SingpyError
-from singpy.overlay import OverlayChoice, plan_overlays, split_values
+from singpy.layers.overlay import OverlayChoice, plan_overlays, split_values
 from singpy.plan import ImageSpec
 
 

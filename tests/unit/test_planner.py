@@ -1,4 +1,4 @@
-"""singpy.planner.build_plan: real configuration, host facts and a sandbox image in, a LaunchPlan out."""
+"""singpy.launch.planner.build_plan: real configuration, host facts and a sandbox image in, a LaunchPlan out."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from singpy import host as host_module
 from singpy.config import sysconf
 from singpy.constants import DEFAULT_PATH
 from singpy.errors import BindSpecError, UsageError
-from singpy.host import HostInfo
+from singpy.host import host as host_module
+from singpy.host.host import HostInfo
+from singpy.launch.planner import LaunchRequest, Planned, build_plan
 from singpy.mounts.parse import parse_bind_list
 from singpy.mounts.system import DEV_LINKS, MINIMAL_DEV_NODES
 from singpy.plan import ImageSpec, LaunchPlan, Missing, MountOp, MountSpec, Namespaces, Stage
-from singpy.planner import LaunchRequest, Planned, build_plan
 
 CWD = "/srv/project"  # not under /tmp or the home, not a system directory: bound by default
 HOST_ENV = {

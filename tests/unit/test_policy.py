@@ -1,4 +1,4 @@
-"""singpy.policy: the pure parts of the site's limits (the image checks run for real in
+"""singpy.host.policy: the pure parts of the site's limits (the image checks run for real in
 tests/integration/test_admin_directives.py)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from singpy import policy
 from singpy.config import sysconf
 from singpy.errors import ImageError
+from singpy.host import policy
 from singpy.plan import ImageSpec
 
 
@@ -70,7 +70,7 @@ def test_limit_container_paths_refuses(tmp_path: Path, entry: str) -> None:
                                   "allow container squashfs = no", "allow container extfs = no",
                                   "allow container dir = no"])
 def test_image_limits_are_noticed_cheaply(line: str) -> None:
-    """The launch loads singpy.policy only when one of these is set (tests/unit/test_hot_path_imports.py)."""
+    """The launch loads singpy.host.policy only when one of these is set (tests/unit/test_hot_path_imports.py)."""
     assert not sysconf.defaults().changed(sysconf.IMAGE_LIMITS)
     assert not _config("allow container dir = yes\nlimit container paths =\n").changed(sysconf.IMAGE_LIMITS)
     assert _config(line).changed(sysconf.IMAGE_LIMITS)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from singpy.deffile import DefinitionError, parse
 from singpy.recipe import apps
+from singpy.recipe.deffile import DefinitionError, parse
 
 RECIPE = """Bootstrap: scratch
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from singpy.cli.build import _arg_file, _key_value
-from singpy.deffile import DefinitionError
 from singpy.errors import ImageError, UsageError
 from singpy.image.detect import is_definition_file
 from singpy.plan import IdMap
 from singpy.recipe import bootstrap, mapped, sections, workdir
+from singpy.recipe.deffile import DefinitionError
 from singpy.recipe.engine import BuildRequest, read_definition
 
 
@@ -42,7 +42,7 @@ def test_nested_launcher_sees_only_the_apptainer_variables_apptainer_passes() ->
 
 
 def test_bootstrap_sources(tmp_path: Path) -> None:
-    from singpy.deffile import parse
+    from singpy.recipe.deffile import parse
 
     def source(header: str) -> str:
         return bootstrap.source(parse(header, "r.def").stages[0], "/here")

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from singpy.deffile import Stage, parse
 from singpy.errors import ImageError
 from singpy.image.metadata import read_tree
+from singpy.recipe.deffile import Stage, parse
 from singpy.recipe.metadata import shebang_script, write_metadata
 
 FULL = """\

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from singpy import host as host_module
 from singpy.config import sysconf
 from singpy.errors import SingpyError
-from singpy.host import HostInfo
+from singpy.host import host as host_module
+from singpy.host.host import HostInfo
+from singpy.launch.planner import LaunchRequest, build_plan
+from singpy.layers.underlay import _Node
 from singpy.plan import ImageSpec, LaunchPlan
-from singpy.planner import LaunchRequest, build_plan
-from singpy.underlay import _Node
 
 
 @pytest.fixture

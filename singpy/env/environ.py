@@ -7,7 +7,7 @@ Precedence, lowest first (Apptainer's action script and its docs,
    the APPTAINER_/SINGULARITY_ variables describing the container;
 2. the image's `/.singularity.d/env/*.sh`, sourced in lexical order;
 3. injected variables: `SINGULARITYENV_X` < `APPTAINERENV_X` < `SINGPYENV_X`
-   < `--env-file` < `--env` (singpy.envfile reads the files);
+   < `--env-file` < `--env` (singpy.env.envfile reads the files);
 4. PATH rules: `..ENV_PREPEND_PATH`, `..ENV_APPEND_PATH`, then `..ENV_PATH`,
    each evaluated like an injected value, so `$PATH` in them is the image's;
 5. LD_LIBRARY_PATH always ends with /.singularity.d/libs (where --nv/--rocm
@@ -50,7 +50,7 @@ class EnvPlan(Record):
     path: str = ""  # replaces PATH when set
     host: tuple[tuple[str, str], ...] = ()  # step 6 candidates
     evaluate: bool = False  # injected values are evaluated once by the container's shell (not --no-eval)
-    shell: str = ""  # step 7: SHELL, set inside the container by singpy.process for `singpy shell`
+    shell: str = ""  # step 7: SHELL, set inside the container by singpy.launch.process for `singpy shell`
 
 
 def is_valid_name(name: str) -> bool:

@@ -19,7 +19,7 @@ prepareContainerConfig; [2] container_linux.go, create; [3] e2e/config):
   does the same, with a warning, so a user is not left believing they got
   isolation they did not get.
 * `sessiondir max size` and `memory fs type`: the size and type of the
-  staging filesystem (singpy.rootfs.enter_staging), which holds the
+  staging filesystem (singpy.layers.rootfs.enter_staging), which holds the
   `--writable-tmpfs` upper layer, as Apptainer's session directory does. The
   size applies to users other than root, as in Apptainer; ramfs has no size.
 
@@ -34,7 +34,7 @@ from collections.abc import Iterable
 
 from singpy.config.sysconf import SysConfig
 from singpy.errors import ImageError
-from singpy.hostfiles import shown
+from singpy.host.hostfiles import shown
 from singpy.plan import ImageSpec, OverlaySpec
 
 # The directive that allows each kind of image (singpy.image.detect's kinds) or overlay, and what it is called.

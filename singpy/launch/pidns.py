@@ -1,19 +1,19 @@
 """The PID namespace of a held container: an instance (or a job's shared container) with --pid or --containall.
 
-The holder (singpy.holder) stays outside the namespace, as a --pid launcher
+The holder (singpy.launch.holder) stays outside the namespace, as a --pid launcher
 does: it must outlive everything in it to stop the image's helpers last, and
 the joiners' connections reach it there. A fresh /proc must be mounted from
 inside the namespace, so the holder forks its PID 1 (`start`), which builds
-the container (singpy.launch.build_container) and then only reaps the orphans
+the container (singpy.launch.phases.build_container) and then only reaps the orphans
 of the namespace (`_reap_orphans`) until the holder kills it: SIGKILL to a
 namespace's PID 1 ends every process in it, which is how `instance stop`
 leaves nothing behind.
 
 The holder's later children (the startscript) are in the namespace too
 (unshare(CLONE_NEWPID) moves the caller's children, never the caller), and
-every process that joins (singpy.shared) enters it with setns, which again
+every process that joins (singpy.launch.shared) enters it with setns, which again
 moves only its children: a joiner forks its payload and stays outside as its
-supervisor (singpy.process.supervise), forwarding signals.
+supervisor (singpy.launch.process.supervise), forwarding signals.
 """
 
 from __future__ import annotations
@@ -22,15 +22,16 @@ import contextlib
 import os
 import signal
 
-from singpy import process, rootfs
 from singpy.errors import SingpyError
 from singpy.kernel import syscalls as k
+from singpy.launch import process
+from singpy.layers import rootfs
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import NoReturn
 
-    from singpy.launch import PreparedRoot
+    from singpy.launch.phases import PreparedRoot
     from singpy.plan import LaunchPlan
 
 _REPORT_LIMIT = 1 << 16  # bytes of PID 1's report: "" (built) or the error's message
@@ -83,7 +84,7 @@ def _read_report(fd: int) -> str | None:
 
 def _init(plan: LaunchPlan, root: PreparedRoot, go: int, report: int) -> NoReturn:
     """PID 1: build the container, report, then reap orphans for as long as the namespace lives."""
-    from singpy.launch import build_container
+    from singpy.launch.phases import build_container
 
     if os.read(go, 1) != b"g":  # the holder died first (fork_tied's signal may not have come yet)
         os._exit(1)
@@ -107,7 +108,7 @@ def _reap_orphans() -> NoReturn:
     """Reap what is reparented to PID 1 (the children of a joiner or a startscript that ended), until killed.
 
     SIGCHLD is blocked and taken with sigwaitinfo: one that comes between the
-    wait and the sleep stays pending (singpy.process's rule). Nothing else is
+    wait and the sleep stays pending (singpy.launch.process's rule). Nothing else is
     waited for: the kernel delivers to PID 1 no signal sent from inside the
     namespace that it has no handler for, and the holder ends it with SIGKILL.
     """

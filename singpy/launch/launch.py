@@ -17,8 +17,8 @@ Process model (the open point of docs/architecture.md, settled here):
   (singpy.kernel.netns), forks the container into it and stays outside as
   its supervisor, to remove the host's veth (and bridge) however it ends.
 * --fakeroot with subordinate ranges: a helper forked before the unshare
-  runs newuidmap/newgidmap on the launcher from outside (singpy.fakeroot).
-* Signals and a killed launcher, at any moment (singpy.process): a
+  runs newuidmap/newgidmap on the launcher from outside (singpy.layers.fakeroot).
+* Signals and a killed launcher, at any moment (singpy.launch.process): a
   supervisor blocks the forwarded signals before its fork, so that one sent
   while the container is being set up stays pending (a PID namespace's init
   without a handler would drop it) until the supervisor or init takes it
@@ -56,21 +56,17 @@ from __future__ import annotations
 import os
 import sys
 
-from singpy import console, process, rootfs
+from singpy import console
 from singpy.config.sysconf import IMAGE_LIMITS, SysConfig
 from singpy.constants import LIBS_DIR
-from singpy.host import HostInfo
+from singpy.host.host import HostInfo
 from singpy.image.detect import detect
-from singpy.image.scripts import ImageScripts, find_scripts, runscript_path
-from singpy.kernel import caps
 from singpy.kernel import syscalls as k
-from singpy.kernel.idmap import write_id_maps
-from singpy.mounts.apply import apply_mounts
-from singpy.mounts.rootpath import Resolver, Tree
-from singpy.mounts.survey import survey
+from singpy.launch import process
+from singpy.launch.phases import PreparedRoot, attach_image, build_container, enter_namespaces, layered, prepare_root
+from singpy.launch.planner import LaunchRequest, Planned, build_plan
+from singpy.layers import rootfs
 from singpy.plan import ImageSpec, LaunchPlan, MountOp
-from singpy.planner import LaunchRequest, Planned, build_plan
-from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -85,7 +81,7 @@ def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: b
         _print_dry_run(planned.plan, gpu, planned.warnings, request.devices)
         return 0
     if planned.plan.share is not None:
-        from singpy import shared
+        from singpy.launch import shared
 
         return shared.run(planned.plan)
     return launch(planned.plan)
@@ -111,7 +107,7 @@ def plan_launch(request: LaunchRequest, config: SysConfig, host: HostInfo, *,
 
 
 def _gpu_notes(gpu: GpuContribution, plan: LaunchPlan) -> tuple[str, ...]:
-    """GPU discovery's notes, less the "binding" lines of binds the plan left out (singpy.planner)."""
+    """GPU discovery's notes, less the "binding" lines of binds the plan left out (singpy.launch.planner)."""
     from singpy.gpu import binding_note  # loaded already: there is a GPU contribution
 
     planned = set(plan.mounts)
@@ -140,10 +136,10 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Imag
         parts.append(discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
                                    rootfs=image.rootfs, nvccli=request.nvccli, image_spec=image))
     if request.devices:
-        from singpy.cachefiles import cache_dir
-        from singpy.gpu import cdicache
+        from singpy.gpu import CDI_DIRS, cdicache
+        from singpy.host.cachefiles import cache_dir
 
-        parts.append(cdicache.discover(tuple(request.devices), tuple(request.cdi_dirs or cdicache.DEFAULT_DIRS),
+        parts.append(cdicache.discover(tuple(request.devices), tuple(request.cdi_dirs or CDI_DIRS),
                                        cache=cache_dir(host.env, host.home)))
     return merge(*parts)
 
@@ -157,7 +153,7 @@ def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tupl
     """
     import json
 
-    from singpy.environ import redact_secrets
+    from singpy.env.environ import redact_secrets
     from singpy.gpu import GpuContribution
 
     gpu = gpu or GpuContribution()
@@ -194,13 +190,13 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
     """
     image = detect(request.image)
     if host.uid != 0 and config.changed(IMAGE_LIMITS):  # before anything is extracted from a refused image
-        from singpy import policy
+        from singpy.host import policy
 
         policy.check_image(image, config, host.uid)
     if image.kind == "sandbox":
         return image
     if request.writable:  # refused before anything is extracted
-        from singpy.overlay import check_writable_image
+        from singpy.layers.overlay import check_writable_image
 
         check_writable_image(image, image.overlay_partition())
     if image.kind == "ext3":  # Singularity 2.x: mounted as an ext3 overlay image is, on IMAGE (image.extfs)
@@ -212,7 +208,7 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
         return extfs.choose_root(image, uid=host.uid, user_namespace=request.fakeroot or request.userns,
                                  writable=request.writable, env=host.env,
                                  allow_kernel=config.flag("allow kernel extfs"))
-    from singpy import cachefiles
+    from singpy.host import cachefiles
     from singpy.image import squashfs
 
     image = squashfs.choose(image, uid=host.uid, unsquash=request.unsquash or config.flag("unsquash"),
@@ -232,10 +228,10 @@ def launch(plan: LaunchPlan, net_fd: int | None = None) -> int:
     if plan.image.strategy in ("loop", "fuse") and plan.image.kind != "ext3":
         # Imported now: after the first pivot the package is out of reach (attach_image).
         from singpy.image import squashfs  # noqa: F401
-    if _layered(plan):
-        from singpy import overlayfs  # noqa: F401  (same reason: prepare_root)
+    if layered(plan):
+        from singpy.layers import overlayfs  # noqa: F401  (same reason: prepare_root)
     elif plan.underlay == "always":
-        from singpy import underlay  # noqa: F401  (same reason; a refused overlay imports it later: rootfs)
+        from singpy.layers import underlay  # noqa: F401  (same reason; a refused overlay imports it later: rootfs)
     if plan.image.kind == "ext3" or any(layer.kind == "extfs" for layer in plan.overlays):
         from singpy.image import extfs  # noqa: F401
     _limit_loop_devices(plan)
@@ -275,22 +271,6 @@ def _container(plan: LaunchPlan, root: PreparedRoot) -> NoReturn:
     process.exec_process(plan.process, scripts)
 
 
-def attach_image(plan: LaunchPlan) -> tuple[str, tuple[int, ...]]:
-    """Called in the staging root: the image root's path there, and the helper processes serving it."""
-    if plan.image.kind == "ext3":  # a Singularity 2.x ext3 image: the kernel's ext3 (loop) or fuse2fs
-        from singpy.image import extfs
-
-        return extfs.attach_root(plan.image, plan.uid, writable=plan.writable)
-    if plan.image.strategy in ("loop", "fuse"):
-        from singpy.image import squashfs
-
-        # The FUSE mount serves ids as seen in our user namespace: the user is 0 there with --fakeroot.
-        uid, gid = (0, 0) if plan.fakeroot is not None else (plan.uid, plan.gid)
-        return squashfs.attach(plan.image, uid, gid)
-    assert plan.image.rootfs is not None
-    return rootfs.host_path(plan.image.rootfs), ()
-
-
 def attach_network(plan: LaunchPlan) -> int:
     """Root, --network bridge|ptp: wire a network namespace from the host side, run the container in it.
 
@@ -310,99 +290,3 @@ def attach_network(plan: LaunchPlan) -> int:
 
 def _attached_container(plan: LaunchPlan, net_fd: int) -> NoReturn:
     os._exit(launch(plan, net_fd))
-
-
-def enter_namespaces(plan: LaunchPlan, net_fd: int | None = None) -> None:
-    """Called first, in the launcher's only thread (the kernel refuses CLONE_NEWUSER otherwise).
-
-    The PID namespace comes later (`launch`), once the image's helpers run.
-    `net_fd`, a network namespace wired from the host (attach_network), is
-    joined before a new user namespace exists: that one would have no
-    privilege over it. Otherwise --net gets a new one with the loopback up.
-    """
-    ns = plan.namespaces
-    caps.preload(plan.process.privileges)  # python-prctl is out of reach once the container is the root
-    if net_fd is not None:
-        from singpy.kernel import netns
-
-        netns.join(net_fd)
-        os.close(net_fd)
-    flags = k.CLONE_NEWNS
-    flags |= k.CLONE_NEWUSER if ns.user else 0
-    flags |= k.CLONE_NEWIPC if ns.ipc else 0
-    flags |= k.CLONE_NEWUTS if ns.uts else 0
-    flags |= k.CLONE_NEWNET if ns.net and net_fd is None else 0
-    console.debug(f"unshare namespaces {ns}")
-    if plan.fakeroot is not None:
-        from singpy.fakeroot import enter_user_namespace
-
-        console.verbose(plan.fakeroot.note)
-        enter_user_namespace(plan.fakeroot, flags)
-    else:
-        k.unshare(flags)
-        if ns.user:
-            write_id_maps(plan.uid, plan.gid)
-    if ns.net and net_fd is None:
-        from singpy.kernel import netns
-
-        netns.loopback_up()
-
-
-class PreparedRoot(Record):
-    """The image on NEWROOT, before the plan's mounts (prepare_root), for build_container."""
-
-    image: Tree  # the image's own root, open: what is read from it is its own
-    scripts: ImageScripts  # its scripts the payload may use
-    host: Resolver  # the bind sources the survey resolved, with what it found there (for apply_mounts)
-
-
-def _layered(plan: LaunchPlan) -> bool:
-    """Whether the root is written or has layers over it: singpy.overlayfs builds it then."""
-    return plan.writable or bool(plan.overlays) or plan.overlay_driver == "fuse"
-
-
-def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple[int, ...]]:
-    """Called in the staging root before anything is forked: the image, and its layers, on NEWROOT.
-
-    `image_root` is the image's root as seen from the staging root (attach_image).
-    Returns the pids of the helpers serving layers (fuse2fs, fuse-overlayfs):
-    started here, they are the launcher's children, which its supervisor stops.
-    """
-    image = Tree(image_root, proc=rootfs.PROC)
-    try:
-        found = survey(plan.mounts, image)
-        runscript = runscript_path(plan.process.app) if plan.process.action == "run" else None
-        scripts = find_scripts(image, covered=found.covers, runscript=runscript, asked=found.asked_for)
-        missing = [] if plan.no_layer() else found.missing
-        layer = "the underlay" if plan.underlay == "always" and not _layered(plan) else "an overlay layer"
-        for path, _ in missing:
-            console.debug(f"mount point /{path} is missing from the image: adding it in {layer}")
-        helpers: tuple[int, ...] = ()
-        if _layered(plan):
-            from singpy import overlayfs
-
-            helpers = overlayfs.mount_root(plan, image, missing, plan.uid, plan.gid)
-        else:
-            rootfs.mount_image(image, mount_points=missing, writable=plan.writable_tmpfs,
-                               userns=plan.namespaces.user, underlay=plan.underlay)
-    except BaseException:
-        image.close()
-        raise
-    return PreparedRoot(image=image, scripts=scripts, host=found.host), helpers
-
-
-def build_container(plan: LaunchPlan, root: PreparedRoot) -> ImageScripts:
-    """Called in the staging root, in the new namespaces (inside the new PID namespace with --pid).
-
-    `root` is the image on NEWROOT (prepare_root). Returns the image's
-    scripts the payload may use, found in the image alone.
-    """
-    writes = plan.writable or plan.writable_tmpfs or any(not layer.readonly for layer in plan.overlays)
-    with root.image as image:
-        apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs, no_layer=plan.no_layer(),
-                     mount_setattr="mount_setattr" not in plan.avoid_features, host=root.host)
-    rootfs.finish_root(writable=writes)
-    scripts = root.scripts
-    if plan.hostname is not None:
-        k.sethostname(plan.hostname)
-    return scripts

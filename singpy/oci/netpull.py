@@ -54,7 +54,7 @@ def _download(url: str, target: str) -> str:
     import urllib.error
     import urllib.request
 
-    from singpy.cachefiles import create_new
+    from singpy.host.cachefiles import create_new
 
     try:
         fd, temporary = create_new(target)

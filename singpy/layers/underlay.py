@@ -12,7 +12,7 @@ where the image has /home) makes that directory a tmpfs level of its own,
 built the same way; what lies below a missing directory (/data/x/y) is made
 in the level holding it.
 
-Called in the staging root (singpy.rootfs.mount_image) on NEWROOT, before
+Called in the staging root (singpy.layers.rootfs.mount_image) on NEWROOT, before
 the plan's mounts. Every directory of the image is reached through its
 `Tree` (links followed inside the image only: singpy.mounts.rootpath) and
 every entry is opened O_PATH | O_NOFOLLOW relative to it; a bind's source is
@@ -22,7 +22,7 @@ is made read-only, nosuid and nodev as the image is bound, and each level is
 remounted so once it is complete: nothing in the container's root can be
 written, as with the overlay of mount points.
 
-Imported only when used (singpy.rootfs.load_underlay): a plain run never
+Imported only when used (singpy.layers.rootfs.load_underlay): a plain run never
 pays for it.
 """
 
@@ -34,11 +34,11 @@ import stat
 from singpy import console
 from singpy.errors import ImageError, PathError
 from singpy.kernel import syscalls as k
+from singpy.layers.staging import NEWROOT, remount
 from singpy.mounts.rootpath import Tree
-from singpy.rootfs import NEWROOT, remount
 
 _OPEN = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-_IMAGE_FLAGS = k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV  # as the image itself is bound (singpy.rootfs)
+_IMAGE_FLAGS = k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV  # as the image itself is bound (singpy.layers.rootfs)
 _OVERFLOW_ID = 65534
 
 

@@ -1,9 +1,9 @@
 """The container's root when the image is written or has layers over it: --writable, --overlay, a SIF's partition.
 
-Launch side of singpy.overlay, called in the staging root (singpy.rootfs)
+Launch side of singpy.layers.overlay, called in the staging root (singpy.layers.rootfs)
 before the container is forked, so that the helpers serving the layers
 (fuse2fs, fuse-overlayfs) are the launcher's children and stop with it
-(`process.supervise`). Imported by singpy.launch before the first pivot:
+(`process.supervise`). Imported by singpy.launch.launch before the first pivot:
 the package is out of reach afterwards.
 
 * `--writable` on a sandbox: the image directory is bound read-write on
@@ -11,7 +11,7 @@ the package is out of reach afterwards.
   made (singpy.mounts.apply refuses to create one in the image).
 * Otherwise an overlay on NEWROOT, its lower layers top first: the read-only
   overlays (the last given on top), the layer of missing mount points
-  (singpy.rootfs), the image. Its upper layer is the one writable overlay's
+  (singpy.layers.rootfs), the image. Its upper layer is the one writable overlay's
   `upper/` (with `work/` beside it, both made when missing, as Apptainer
   does), or a tmpfs for --writable-tmpfs, or none. A read-only overlay shows
   its `upper/`, or the whole directory when it has none (Apptainer's rule).
@@ -36,9 +36,11 @@ from __future__ import annotations
 import os
 import stat
 
-from singpy import console, process, rootfs
+from singpy import console
 from singpy.errors import ImageError, KernelError
 from singpy.kernel import syscalls as k
+from singpy.launch import process
+from singpy.layers import rootfs
 from singpy.mounts.rootpath import Tree
 from singpy.plan import LaunchPlan, OverlaySpec
 

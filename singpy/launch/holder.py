@@ -1,8 +1,8 @@
-"""The holder of a shared container (singpy.shared) or of an instance (singpy.instance).
+"""The holder of a shared container (singpy.launch.shared) or of an instance (singpy.launch.instance).
 
 Forked by the first rank of a job step (or by `instance start`) into a
 session of its own, so that it outlives that rank; it builds the container
-as a plain launch would (singpy.launch's phases), then stays in it, handing
+as a plain launch would (singpy.launch.launch's phases), then stays in it, handing
 its namespaces to every process of its user that connects, until the last
 has gone (a job's container) or until it is signalled (an instance).
 """
@@ -21,9 +21,19 @@ from singpy import console
 from singpy.constants import STARTSCRIPT
 from singpy.errors import SingpyError
 from singpy.image.scripts import ImageScripts
+from singpy.launch.rendezvous import (
+    ERROR,
+    JOIN_TIMEOUT,
+    NAMESPACES,
+    bind,
+    connect,
+    peer_pid,
+    peer_uid,
+    ready_message,
+    receive,
+)
 from singpy.plan import LaunchPlan
 from singpy.record import Record
-from singpy.shared import ERROR, JOIN_TIMEOUT, NAMESPACES, bind, connect, peer_pid, peer_uid, ready_message, receive
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -33,7 +43,7 @@ _IDLE_TIMEOUT = 30.0  # seconds a holder waits for its first rank (the one that 
 
 
 class Instance(Record):
-    """What makes a holder an instance (singpy.instance): it runs the startscript and stays until stopped."""
+    """What makes a holder an instance (singpy.launch.instance): it runs the startscript and stays until stopped."""
 
     log_out: int  # open log files for the startscript's output (and the holder's own errors)
     log_err: int
@@ -45,7 +55,7 @@ def start_instance(plan: LaunchPlan, instance: Instance) -> int:
     """Start an instance's holder (detached: it outlives us) and wait until it is ready; return its pid."""
     assert plan.share is not None
     listener = bind(plan.share.socket)
-    if listener is None:  # its name is random (singpy.instance.new_socket_name): not another instance's
+    if listener is None:  # its name is random (singpy.launch.instance.new_socket_name): not another instance's
         raise SingpyError(f"{plan.share.origin}: can't bind its socket @{plan.share.socket}")
     start(plan, listener, instance)
     connection = connect(plan.share.socket)
@@ -135,32 +145,33 @@ def _remove_record(instance: Instance | None) -> None:
 
 def _build(plan: LaunchPlan) -> tuple[list[tuple[str, int]], ImageScripts]:
     """The container, built as a plain launch builds it; the holder stays in it. Returns its namespaces."""
-    from singpy import launch, rootfs
+    from singpy.launch import phases
+    from singpy.layers import rootfs
 
     if plan.namespaces.pid:  # now: the package is out of reach once in the staging root
-        from singpy import pidns
-    launch.enter_namespaces(plan)
+        from singpy.launch import pidns
+    phases.enter_namespaces(plan)
     names = [name for name, _ in NAMESPACES if _has(plan, name)]
     fds = [(name, os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)) for name in names]
     rootfs.enter_staging(plan.staging_fs, plan.staging_size, slave=plan.mount_slave)
-    image_root, helpers = launch.attach_image(plan)
-    root, layer_helpers = launch.prepare_root(plan, image_root)
+    image_root, helpers = phases.attach_image(plan)
+    root, layer_helpers = phases.prepare_root(plan, image_root)
     _HELPERS.extend((*reversed(layer_helpers), *helpers))
     if plan.namespaces.pid:  # --pid, --containall: PID 1 builds the container, the holder stays outside
         init, namespace = pidns.start(plan, root)
         _INIT.append(init)
         return [*fds, ("pid", namespace)], root.scripts
-    return fds, launch.build_container(plan, root)
+    return fds, phases.build_container(plan, root)
 
 
 _HELPERS: list[int] = []  # squashfuse, fuse-overlayfs...: stopped when the holder ends
-_INIT: list[int] = []  # PID 1 of the container's PID namespace (singpy.pidns), while it runs
+_INIT: list[int] = []  # PID 1 of the container's PID namespace (singpy.launch.pidns), while it runs
 
 
 def _has(plan: LaunchPlan, name: str) -> bool:
     ns = plan.namespaces
     return {"user": ns.user, "mnt": True, "ipc": ns.ipc, "uts": ns.uts, "net": ns.net,
-            "pid": False}[name]  # "pid": made later, by singpy.pidns (its helpers must not be in it)
+            "pid": False}[name]  # "pid": made later, by singpy.launch.pidns (its helpers must not be in it)
 
 
 def _refuse_waiting(listener: socket.socket, message: str) -> None:
@@ -210,11 +221,11 @@ class _Members:
     def close(self, startscript: int | None = None) -> None:
         """First: a rank arriving now is refused, and makes a new container. Then everything in its PID
         namespace, and the image's helpers, which those processes may use until they are gone."""
-        from singpy import process
+        from singpy.launch import process
 
         self.listener.close()
         if _INIT:
-            from singpy import pidns  # imported already (_build): the host's files are out of reach now
+            from singpy.launch import pidns  # imported already (_build): the host's files are out of reach now
 
             pidns.end(_INIT.pop(), startscript)
         for helper in _HELPERS:
@@ -284,7 +295,7 @@ def _kill_group(leader: int | None, number: int) -> None:
 
 def _start_script(plan: LaunchPlan, scripts: ImageScripts) -> int | None:
     """Fork the instance's startscript (in a process group of its own, for `instance stop`); None without one."""
-    from singpy import process
+    from singpy.launch import process
 
     if not (os.path.isfile(STARTSCRIPT) and os.access(STARTSCRIPT, os.X_OK)):
         console.info(f"no executable {STARTSCRIPT} in the image: the instance runs nothing until joined")

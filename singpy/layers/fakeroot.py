@@ -21,11 +21,11 @@ import os
 
 from singpy.constants import SYSTEM_PATH
 from singpy.errors import KernelError
-from singpy.hostfiles import which
+from singpy.host.hostfiles import which
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_proc_file
+from singpy.launch.process import fork_tied
 from singpy.plan import IdMap
-from singpy.process import fork_tied
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -167,7 +167,7 @@ def _run_map_tool(name: str, target: int, lines: tuple[tuple[int, int, int], ...
         return ""
     said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
     report = f"can't map ids for --fakeroot with {name}: {said[-1] if said else f'exit status {done.returncode}'}"
-    from singpy.hostcheck import map_tool_failure
+    from singpy.host.hostcheck import map_tool_failure
 
     why = map_tool_failure(name, tool)
     return f"{report}: {why}" if why else report

@@ -9,14 +9,15 @@ from __future__ import annotations
 import os
 import stat
 
-from singpy import jobs
 from singpy.config.sysconf import IMAGE_LIMITS, SysConfig, confdir
 from singpy.constants import DEFAULT_PATH
-from singpy.environ import EnvPlan, host_passthrough, injected_from_host, split_path_rules
+from singpy.env.environ import EnvPlan, host_passthrough, injected_from_host, split_path_rules
 from singpy.errors import BindSpecError, SingpyError, UsageError
-from singpy.host import HostInfo
-from singpy.hostfiles import path_problem, shown
+from singpy.host.host import HostInfo
+from singpy.host.hostfiles import path_problem, shown
 from singpy.kernel import caps
+from singpy.launch import jobs
+from singpy.launch.request import LaunchRequest as LaunchRequest
 from singpy.mounts import system
 from singpy.plan import (
     IdMap,
@@ -37,59 +38,9 @@ from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
-    from singpy.mounts.parse import BindSpec
-    from singpy.overlay import OverlayChoice
+    from singpy.layers.overlay import OverlayChoice
 
 _HOSTNAME_MAX = 64  # HOST_NAME_MAX: what sethostname() takes
-
-
-class LaunchRequest(Record):
-    """What the user asked for, typed and validated by the command line."""
-
-    action: str  # "exec", "run" or "shell"
-    image: str  # image reference as given
-    args: tuple[str, ...]  # payload arguments (for exec: the command and its arguments)
-    binds: tuple[BindSpec, ...] = ()
-    contain: bool = False
-    cleanenv: bool = False
-    env: tuple[tuple[str, str], ...] = ()  # --env, in order
-    env_file: tuple[tuple[str, str], ...] = ()  # merged --env-file contents, in order
-    home: str | None = None  # --home src[:dest]
-    no_home: bool = False
-    pwd: str | None = None
-    writable_tmpfs: bool = False
-    writable: bool = False  # --writable: the image (a sandbox) or its overlay partition (a SIF) is written
-    overlays: tuple[str, ...] = ()  # --overlay values, as given (PATH[:ro], comma lists)
-    hostname: str | None = None
-    pid: bool = False
-    ipc: bool = False
-    uts: bool = False
-    shell: str | None = None
-    no_eval: bool = False  # --no-eval: injected values are not evaluated by the container's shell
-    unsquash: bool = False  # --unsquash: extract a SIF/squashfs image instead of mounting it
-    nv: bool = False  # --nv (or `always use nv`)
-    rocm: bool = False  # --rocm (or `always use rocm`)
-    net: bool = False  # --net: a new network namespace
-    network: str | None = None  # --network TYPE (implies --net)
-    network_args: tuple[str, ...] = ()  # --network-args values, as given
-    dns: tuple[str, ...] = ()  # --dns values, as given (comma lists)
-    fakeroot: bool = False  # --fakeroot: uid 0 inside a user namespace
-    keep_privs: bool = False  # --keep-privs (root)
-    no_privs: bool = False  # --no-privs
-    add_caps: tuple[str, ...] = ()  # --add-caps values, as given
-    drop_caps: tuple[str, ...] = ()  # --drop-caps values, as given
-    no_mount: tuple[str, ...] = ()  # --no-mount names, checked (singpy.mounts.system.check_no_mount)
-    no_init: bool = False  # --no-init: with --pid, the payload is PID 1
-    no_umask: bool = False  # --no-umask: the payload starts with umask 0022, not the caller's
-    userns: bool = False  # -u/--userns: a user namespace even as root (root mapped to itself)
-    nvccli: bool = False  # --nvccli: the library list must come from nvidia-container-cli
-    app: str = ""  # --app NAME: a SCIF app of the image (its environment; `run` runs its runscript)
-    instance: str = ""  # the NAME of instance://NAME: join that running instance (singpy.instance)
-    sharens: bool = False  # --sharens: share the container with the others started by the same parent process
-    no_sharens: bool = False  # --no-sharens: no shared container for the ranks of a job step (singpy.shared)
-    underlay: bool = False  # --underlay: the mount points the image lacks in an underlay, not an overlay
-    devices: tuple[str, ...] = ()  # --device values, as given (CDI names VENDOR/CLASS=NAME, comma lists)
-    cdi_dirs: tuple[str, ...] = ()  # --cdi-dirs directories, in order; () for the CDI defaults (singpy.gpu.cdi)
 
 
 class Planned(Record, kw_only=False):
@@ -131,7 +82,7 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     avoid = config.items("avoid kernel features")
     if layers is not None:
         if host.uid != 0 and config.changed(IMAGE_LIMITS):
-            from singpy import policy
+            from singpy.host import policy
 
             policy.check_overlays(layers.overlays, image.path, config, host.uid)
         warnings += layers.warnings
@@ -156,7 +107,7 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                       underlay=underlay,
                       avoid_features=avoid)
     if request.instance:
-        from singpy.instance import socket_name
+        from singpy.launch.instance import socket_name
 
         plan = plan.replace(share=ShareSpec(socket=socket_name(host.home, host.user, host.uid, request.instance),
                                             origin=f"instance {request.instance}", create=False))
@@ -186,7 +137,7 @@ def _outside_host_dev(gpu_mounts: tuple[MountSpec, ...],
 
 def _layers(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec,
             user_namespace: bool) -> OverlayChoice | None:
-    """--writable, --overlay, a SIF's overlay partition, `enable overlay` (singpy.overlay, imported only then)."""
+    """--writable, --overlay, a SIF's overlay partition, `enable overlay` (layers.overlay, imported only then)."""
     enable = config.text("enable overlay")
     partition = image.overlay_partition()
     needed = request.writable or request.overlays or partition is not None
@@ -195,7 +146,7 @@ def _layers(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Im
     avoided = user_namespace and _no_userns_overlay(config)
     if not needed and not (request.writable_tmpfs and (enable in ("no", "driver") or avoided)):
         return None
-    from singpy.overlay import plan_overlays
+    from singpy.layers.overlay import plan_overlays
 
     return plan_overlays(image=image, writable=request.writable, overlays=request.overlays,
                          writable_tmpfs=request.writable_tmpfs, enable=enable, uid=host.uid,
@@ -218,7 +169,7 @@ def _no_userns_overlay(config: SysConfig) -> bool:
 
 
 def _underlay(request: LaunchRequest, config: SysConfig, no_userns_overlay: bool) -> str:
-    """When the mount points the image lacks go in an underlay (singpy.underlay) rather than an overlay layer.
+    """When the mount points the image lacks go in an underlay (singpy.layers.underlay) rather than an overlay layer.
 
     `no_userns_overlay`: a user namespace is made, and overlayfs can't be mounted there (_no_userns_overlay).
     """
@@ -246,13 +197,13 @@ def _without_identity_files(mounts: list[MountSpec]) -> list[MountSpec]:
 
 
 def _namespaces(request: LaunchRequest, config: SysConfig) -> tuple[bool, bool, bool, str | None, tuple[str, ...]]:
-    """(pid, ipc, uts, hostname, warnings): what `allow pid/ipc/uts ns` leave (singpy.policy, loaded only then)."""
+    """(pid, ipc, uts, hostname, warnings): what `allow pid/ipc/uts ns` leave (singpy.host.policy, loaded only then)."""
     uts = request.uts or request.hostname is not None
     refused = ((request.pid and not config.flag("allow pid ns")) or (request.ipc and not config.flag("allow ipc ns"))
                or (uts and not config.flag("allow uts ns")))
     if not refused:
         return request.pid, request.ipc, uts, request.hostname, ()
-    from singpy import policy
+    from singpy.host import policy
 
     return policy.grant_namespaces(config, pid=request.pid, ipc=request.ipc, uts=uts, hostname=request.hostname)
 
@@ -265,10 +216,10 @@ def _staging_size(config: SysConfig, uid: int) -> int:
 
 
 def _network(request: LaunchRequest, host: HostInfo, config: SysConfig) -> NetworkSpec | None:
-    """--net, --network, --network-args; singpy.network is imported only then (start-up time)."""
+    """--net, --network, --network-args; singpy.launch.network is imported only then (start-up time)."""
     if not (request.net or request.network or request.network_args):
         return None
-    from singpy import network as net
+    from singpy.launch import network as net
 
     return net.plan_network(net=request.net, network=request.network, network_args=request.network_args,
                             uid=host.uid, user=host.user, config=config)
@@ -277,7 +228,7 @@ def _network(request: LaunchRequest, host: HostInfo, config: SysConfig) -> Netwo
 def _fakeroot(request: LaunchRequest, host: HostInfo) -> IdMap | None:
     if not request.fakeroot:
         return None
-    from singpy.fakeroot import plan_id_map
+    from singpy.layers.fakeroot import plan_id_map
 
     return plan_id_map(uid=host.uid, gid=host.gid, user=host.user)
 
@@ -351,7 +302,7 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
                                 resolv_conf=config.flag("config resolv_conf") and not request.dns
                                 and not skipped & {"bind-paths", "/etc/resolv.conf"})
     if request.dns:
-        from singpy import network as net
+        from singpy.launch import network as net
 
         mounts.append(net.resolv_conf(net.parse_dns(request.dns)))
     if config.flag("mount hostfs") and "hostfs" not in skipped:

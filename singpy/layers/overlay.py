@@ -21,7 +21,7 @@ loadImages, loadOverlayImages; [2] launch/launcher_linux.go):
 * `enable overlay = no` refuses all of these (--writable-tmpfs included);
   `driver` mounts them with fuse-overlayfs (Apptainer's image driver), as
   `avoid kernel features = userns_overlay` does in a user namespace. None of
-  them can use the underlay (singpy.underlay), which only adds mount points.
+  them can use the underlay (singpy.layers.underlay), which only adds mount points.
 
 The container's overlay is the kernel's overlayfs (with `userxattr` inside a
 user namespace, Linux >= 5.11) unless a layer sits where the kernel's
@@ -29,7 +29,7 @@ overlayfs is known to fail (Apptainer's list, [3] util/fs/overlay: an upper
 layer on NFS or FUSE, any layer on ecryptfs, Lustre, GPFS or PanFS), or the
 admin asked for `driver`: then fuse-overlayfs. When fuse-overlayfs is usable,
 the plan names it (`overlay_tool`) and the launch falls back to it if the
-kernel refuses the mount anyway (singpy.overlayfs).
+kernel refuses the mount anyway (singpy.layers.overlayfs).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from singpy import console
 from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, SingpyError
-from singpy.hostfiles import kind_name, reason, shown
+from singpy.host.hostfiles import kind_name, reason, shown
 from singpy.plan import ImageSpec, OverlaySpec
 
 FUSE_OVERLAYFS = "fuse-overlayfs"
@@ -153,7 +153,7 @@ def _overlay(value: str, cwd: str) -> OverlaySpec:
 
 def _image_file(path: str, readonly: bool) -> OverlaySpec:
     """An ext3 image file, or a SIF with an overlay partition; anything else is refused."""
-    from singpy.hostfiles import open_regular
+    from singpy.host.hostfiles import open_regular
 
     fd = open_regular(path, what="overlay", error=ImageError)
     try:

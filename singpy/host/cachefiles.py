@@ -47,7 +47,7 @@ def make_private_dirs(path: str, *, what: str = "cache directory") -> None:
         _make_dirs(path)
     except OSError as error:
         from singpy.errors import ImageError
-        from singpy.hostfiles import shown
+        from singpy.host.hostfiles import shown
 
         raise ImageError(f"can't create the {what} {shown(path)}: {error.strerror}",
                          hint="set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a writable directory") from None
@@ -217,7 +217,7 @@ def _check_one(current: str, me: int, what: str, *, strict: bool, sticky_ok: boo
         return False
     except OSError as error:  # a parent we may not search (chmod 000 ~/.cache/singpy): say which
         from singpy.errors import ImageError
-        from singpy.hostfiles import shown
+        from singpy.host.hostfiles import shown
 
         parent = os.path.dirname(current)
         raise ImageError(f"can't use the {what} {shown(parent)}: {(error.strerror or str(error)).lower()}",
@@ -242,7 +242,7 @@ def _check_one(current: str, me: int, what: str, *, strict: bool, sticky_ok: boo
 
 def _refuse(path: str, what: str, reason: str) -> NoReturn:
     from singpy.errors import ImageError
-    from singpy.hostfiles import shown
+    from singpy.host.hostfiles import shown
 
     elsewhere = ", or point SINGPY_CACHEDIR elsewhere" if "cache" in what else ""
     raise ImageError(f"refusing the {what} {shown(path)}: {reason}",

@@ -5,7 +5,7 @@ launch: Slurm's `srun` sets SLURM_JOB_ID and SLURM_STEP_ID in each task,
 PMIx servers (Slurm's mpi/pmix plugin, Open MPI's mpirun) set PMIX_NAMESPACE
 and PMIX_RANK, Open MPI's own launcher sets OMPI_COMM_WORLD_SIZE and the job
 id. Ranks of one step on one node find each other by the step's identity
-(singpy.shared); the variables below must reach the payload for its MPI
+(singpy.launch.shared); the variables below must reach the payload for its MPI
 library to find the launcher (a rank without them thinks it is alone:
 `rank 0/1` twice).
 """
@@ -15,14 +15,14 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from singpy.environ import EnvPlan
+from singpy.env.environ import EnvPlan
 from singpy.errors import SingpyError
 from singpy.plan import LaunchPlan, ProcessSpec, ShareSpec
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
-    from singpy.planner import LaunchRequest
+    from singpy.launch.request import LaunchRequest
 
 # Variables of the launchers, passed into the container even under --cleanenv (like CUDA_VISIBLE_DEVICES).
 # Open MPI's MCA parameters are mixed case (OMPI_MCA_btl_vader_single_copy_mechanism): matched by prefix.
@@ -87,7 +87,7 @@ def check_request(request: LaunchRequest, job: JobStep | None) -> tuple[LaunchRe
 
 
 def sharing(request: LaunchRequest, job: JobStep | None) -> tuple[tuple[str, str] | None, tuple[str, ...]]:
-    """Whether this rank shares its container (singpy.shared): (key, origin) or None; and --verbose notes.
+    """Whether this rank shares its container (singpy.launch.shared): (key, origin) or None; and --verbose notes.
 
     Ranks of one job step share by default (`--no-sharens` opts out);
     `--sharens` shares outside a job too, among the launches of one parent.

@@ -25,9 +25,9 @@ from collections.abc import Callable
 
 from singpy import console
 from singpy.constants import RUNSCRIPT, SYSTEM_PATH
-from singpy.environ import ACTION_SCRIPT, final_env, needs_shell, shell_env
+from singpy.env.environ import ACTION_SCRIPT, final_env, needs_shell, shell_env
 from singpy.errors import ExecError, SingpyError
-from singpy.hostfiles import which
+from singpy.host.hostfiles import which
 from singpy.image.scripts import ImageScripts
 from singpy.kernel import caps
 from singpy.kernel import syscalls as k
@@ -64,7 +64,7 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     """Called inside the container root, as the final step: chdir, no_new_privs, capabilities, execve.
 
     `scripts` are the image's own env scripts and runscript, found in the image
-    before anything was mounted on it (singpy.launch.build_container).
+    before anything was mounted on it (singpy.launch.phases.build_container).
 
     No PR_SET_PDEATHSIG here: when this runs in the launcher's own process
     (no --pid, no supervisor) there is no parent whose death matters, the
@@ -178,7 +178,7 @@ def supervise(child: Callable[[], NoReturn], helpers: tuple[int, ...] = ()) -> i
     Used for --pid: the parent stays outside the new PID namespace; the child
     is its PID 1 and runs `init`. Used too when `helpers` (squashfuse, see
     `spawn_helper`) serve the container's root, or a host network is wired
-    (singpy.launch.attach_network): the helpers are killed once the child is
+    (singpy.launch.launch.attach_network): the helpers are killed once the child is
     gone, whatever way it ended. The child dies with the launcher (`fork_tied`).
 
     No signal is lost at any moment: the forwarded signals are blocked before

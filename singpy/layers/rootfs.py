@@ -29,14 +29,14 @@ from singpy import console
 from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, KernelError
 from singpy.kernel import syscalls as k
+from singpy.layers.staging import HOST as HOST
+from singpy.layers.staging import IMAGE as IMAGE
+from singpy.layers.staging import NEWROOT as NEWROOT
+from singpy.layers.staging import PROC as PROC
+from singpy.layers.staging import SCRATCH as SCRATCH
+from singpy.layers.staging import STAGE as STAGE
+from singpy.layers.staging import remount as remount
 from singpy.mounts.rootpath import Tree, resolve
-
-STAGE = "/tmp"  # where the staging tmpfs is mounted before the first pivot
-HOST = "/oldroot"  # the host's root, seen from the staging root
-NEWROOT = "/newroot"  # the container's root, seen from the staging root
-SCRATCH = "/scratch"  # launcher files and overlay layers
-IMAGE = "/image"  # mount point of a squashfs image (loop or FUSE), see singpy.image.squashfs
-PROC = HOST + "/proc"  # the host's procfs, seen from the staging root (for /proc/self/fd/N)
 
 
 def enter_staging(fstype: str = "tmpfs", size_mib: int = 0, *, slave: bool = True) -> None:
@@ -78,7 +78,7 @@ def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: 
     (nodev, as Apptainer mounts an image): /dev comes from the host or a tmpfs.
 
     `underlay` (the plan's): "always" puts the mount points in an underlay
-    (singpy.underlay) instead of the overlay; "fallback" does where the kernel
+    (singpy.layers.underlay) instead of the overlay; "fallback" does where the kernel
     refuses the overlay (Linux < 5.11 in a user namespace, overlayfs missing);
     "no" makes that refusal fatal. --writable-tmpfs needs the overlay.
     """
@@ -114,17 +114,17 @@ def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: 
 
 
 def mount_underlay(image: Tree, mount_points: list[tuple[str, bool]]) -> None:
-    """singpy.underlay's mount_root, imported where it is first needed: before the first pivot (singpy.launch,
-    when the plan asks for it) or after it (the kernel refused the overlay).
+    """singpy.layers.underlay's mount_root, imported where it is first needed: before the first pivot
+    (singpy.launch.launch, when the plan asks for it) or after it (the kernel refused the overlay).
 
     After the first pivot the package's directory is below HOST: it is added
     to the package's search path, so the import finds the same file there.
     """
     import singpy
 
-    if "singpy.underlay" not in sys.modules and not os.path.isdir(singpy.__path__[0]):
+    if "singpy.layers.underlay" not in sys.modules and not os.path.isdir(singpy.__path__[0]):
         singpy.__path__.append(host_path(singpy.__path__[0]))
-    from singpy import underlay
+    from singpy.layers import underlay
 
     underlay.mount_root(image, mount_points)
 
@@ -186,30 +186,6 @@ def mount_fuse(target: str, source: str, fstype: str, flags: int, *, uid: int, g
         os.close(fd)
         raise ImageError(f"can't mount FUSE for {what}: {error.reason}", hint=hint) from None
     return fd
-
-
-def remount(target: str, flags: int, *, shown: str | None = None) -> None:
-    """Add `flags` to the bind mount at `target`, keeping the flags it already has.
-
-    Inside a user namespace the kernel refuses a remount that would clear a
-    flag locked by a more privileged namespace (nosuid, nodev, noexec, atime),
-    so the current flags are read back and kept. `shown` names a descriptor's
-    path (k.fd_path) in messages.
-    """
-    current = _mount_flags(target)
-    if current & flags == flags:
-        return
-    k.mount(None, target, None, k.MS_REMOUNT | k.MS_BIND | current | flags, shown=shown)
-
-
-_STATVFS_TO_MS = ((os.ST_RDONLY, k.MS_RDONLY), (os.ST_NOSUID, k.MS_NOSUID), (os.ST_NODEV, k.MS_NODEV),
-                  (os.ST_NOEXEC, k.MS_NOEXEC), (os.ST_NOATIME, k.MS_NOATIME),
-                  (os.ST_NODIRATIME, k.MS_NODIRATIME), (os.ST_RELATIME, k.MS_RELATIME))
-
-
-def _mount_flags(target: str) -> int:
-    flags = os.statvfs(target).f_flag
-    return sum(ms for st, ms in _STATVFS_TO_MS if flags & st)
 
 
 def escape(path: str) -> str:

@@ -34,7 +34,7 @@ import os
 from collections.abc import Mapping
 
 from singpy import console
-from singpy.environ import is_valid_name
+from singpy.env.environ import is_valid_name
 from singpy.errors import SingpyError
 
 # Set by the shell itself; Apptainer drops them from a file's results (sylabs/singularity#1263).

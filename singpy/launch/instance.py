@@ -1,6 +1,6 @@
 """Instances: named containers that run in the background (`singpy instance start|list|stop`).
 
-An instance is a shared-container holder (singpy.shared) with a name: it
+An instance is a shared-container holder (singpy.launch.shared) with a name: it
 runs the image's startscript, outlives the shell that started it, and
 `exec|run|shell instance://NAME` join its namespaces. Its state is a JSON
 record per instance, and its logs, in the user's directory laid out as
@@ -13,7 +13,7 @@ Instances belong to their owner alone. The holder's abstract socket has an
 unpredictable name (`singpy-instance/UID/` and 128 random bits), chosen at
 start and kept in the record: anyone can bind any abstract name, so a name
 derived from the instance's would let another user take it first. The
-directories must pass the cache's ownership rule (singpy.cachefiles.
+directories must pass the cache's ownership rule (singpy.host.cachefiles.
 check_owned: nobody else can have planted anything in them), checked again
 once made; a record is read only from a regular file of the user, without
 following a link, and written under a random name (O_EXCL | O_NOFOLLOW), then
@@ -33,7 +33,7 @@ import stat
 import time
 
 from singpy.errors import SingpyError, UsageError
-from singpy.hostfiles import kind_name, shown
+from singpy.host.hostfiles import kind_name, shown
 from singpy.record import Record
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -65,7 +65,7 @@ def new_socket_name(uid: int) -> str:
 
 
 def socket_name(home: str, user: str, uid: int, name: str) -> str:
-    """The socket of the running instance NAME of the user (`home`, `user`, `uid` as singpy.host.capture found
+    """The socket of the running instance NAME of the user (`home`, `user`, `uid` as singpy.host.host.capture found
     them), to join it: its record's, chosen at start."""
     records, _ = state_dirs(home, user)
     return find(records, name, uid).socket
@@ -79,7 +79,7 @@ def state_dirs(home: str, user: str) -> tuple[str, str]:
     link there. Checked before and again after making them (a directory someone
     else made first in between is refused too).
     """
-    from singpy.cachefiles import check_owned
+    from singpy.host.cachefiles import check_owned
 
     host = os.uname().nodename
     base = os.path.join(home, ".singpy", "instances")
@@ -211,7 +211,7 @@ def _read(path: str) -> InstanceRecord | None:
 
     Not through a link, from a regular file of the user only, of a bounded size (cachefiles.read_private).
     """
-    from singpy.cachefiles import read_private
+    from singpy.host.cachefiles import read_private
 
     data = read_private(path, _MAX_RECORD + 1)
     if data is None or len(data) > _MAX_RECORD:

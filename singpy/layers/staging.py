@@ -1,0 +1,43 @@
+"""The staging root's paths and `remount`: what every way of mounting the image shares.
+
+Below singpy.layers.rootfs (which re-exports them), singpy.layers.underlay
+and singpy.layers.overlayfs, so that rootfs may pick the underlay without a
+cycle. Imports only the kernel layer.
+"""
+
+from __future__ import annotations
+
+import os
+
+from singpy.kernel import syscalls as k
+
+STAGE = "/tmp"  # where the staging tmpfs is mounted before the first pivot
+HOST = "/oldroot"  # the host's root, seen from the staging root
+NEWROOT = "/newroot"  # the container's root, seen from the staging root
+SCRATCH = "/scratch"  # launcher files and overlay layers
+IMAGE = "/image"  # mount point of a squashfs image (loop or FUSE), see singpy.image.squashfs
+PROC = HOST + "/proc"  # the host's procfs, seen from the staging root (for /proc/self/fd/N)
+
+
+def remount(target: str, flags: int, *, shown: str | None = None) -> None:
+    """Add `flags` to the bind mount at `target`, keeping the flags it already has.
+
+    Inside a user namespace the kernel refuses a remount that would clear a
+    flag locked by a more privileged namespace (nosuid, nodev, noexec, atime),
+    so the current flags are read back and kept. `shown` names a descriptor's
+    path (k.fd_path) in messages.
+    """
+    current = _mount_flags(target)
+    if current & flags == flags:
+        return
+    k.mount(None, target, None, k.MS_REMOUNT | k.MS_BIND | current | flags, shown=shown)
+
+
+_STATVFS_TO_MS = ((os.ST_RDONLY, k.MS_RDONLY), (os.ST_NOSUID, k.MS_NOSUID), (os.ST_NODEV, k.MS_NODEV),
+                  (os.ST_NOEXEC, k.MS_NOEXEC), (os.ST_NOATIME, k.MS_NOATIME),
+                  (os.ST_NODIRATIME, k.MS_NODIRATIME), (os.ST_RELATIME, k.MS_RELATIME))
+
+
+def _mount_flags(target: str) -> int:
+    flags = os.statvfs(target).f_flag
+    return sum(ms for st, ms in _STATVFS_TO_MS if flags & st)
