@@ -117,13 +117,17 @@ def mount_underlay(image: Tree, mount_points: list[tuple[str, bool]]) -> None:
     """singpy.layers.underlay's mount_root, imported where it is first needed: before the first pivot
     (singpy.launch.launch, when the plan asks for it) or after it (the kernel refused the overlay).
 
-    After the first pivot the package's directory is below HOST: it is added
-    to the package's search path, so the import finds the same file there.
+    After the first pivot the packages' directories are below HOST: each is added
+    to its package's search path (singpy's and singpy.layers', which this
+    import walks), so the import finds the same file there.
     """
-    import singpy
+    if "singpy.layers.underlay" not in sys.modules:
+        import singpy
+        import singpy.layers
 
-    if "singpy.layers.underlay" not in sys.modules and not os.path.isdir(singpy.__path__[0]):
-        singpy.__path__.append(host_path(singpy.__path__[0]))
+        for package in (singpy, singpy.layers):
+            if not os.path.isdir(package.__path__[0]):
+                package.__path__.append(host_path(package.__path__[0]))
     from singpy.layers import underlay
 
     underlay.mount_root(image, mount_points)
