@@ -88,7 +88,8 @@ def _instance_image(reference: str, host: HostInfo) -> tuple[str, str]:
 
 def _pulled(reference: str, values: Mapping[str, Any], env: Mapping[str, str], home: str) -> str:
     """The cached SIF of a docker://, oci:... image, pulled first if needed: the launch sees only a SIF."""
-    from singpy.oci.pull import PullOptions, cached_image, wait_single_threaded
+    from singpy.kernel.syscalls import wait_single_threaded
+    from singpy.oci.pull import PullOptions, cached_image
 
     options = PullOptions(login=bool(values.get("docker_login")), authfile=values.get("authfile") or "",
                           https=not values.get("no_https"))

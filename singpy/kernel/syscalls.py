@@ -66,6 +66,9 @@ def _b(path: str | None) -> bytes | None:
 _fresh_userns = False
 
 
+_EINVAL = 22  # errno.EINVAL on Linux, without importing errno on the start-up path
+
+
 def unshare(flags: int) -> None:
     """Move this process into new namespaces (`flags` is CLONE_NEW* ORed).
 
@@ -74,6 +77,10 @@ def unshare(flags: int) -> None:
     """
     global _fresh_userns
     error = _errno_of(_libc.unshare(ctypes.c_int(flags)))
+    if error == _EINVAL and flags & CLONE_NEWUSER and wait_single_threaded():
+        # The kernel refuses a user namespace to a threaded process: a thread of a pull (a download, a deadline
+        # timer) that has returned may still be leaving the kernel; once it has, the same call is accepted.
+        error = _errno_of(_libc.unshare(ctypes.c_int(flags)))
     if not error:
         _fresh_userns = bool(flags & CLONE_NEWUSER)
         return
@@ -81,6 +88,21 @@ def unshare(flags: int) -> None:
     if why is not None:
         raise KernelError(f"can't create a user namespace: {why}", hint=_diagnose("HINT", 0))
     raise KernelError(f"can't create namespaces (unshare): {os.strerror(error)}")
+
+
+def wait_single_threaded(limit: float = 5.0) -> bool:
+    """Wait (at most `limit` s) until this process has one thread again; whether it had others to wait for.
+
+    A thread that was joined may take a moment to leave the kernel (/proc/self/task still lists it).
+    """
+    import time
+
+    if len(os.listdir("/proc/self/task")) == 1:
+        return False
+    deadline = time.monotonic() + limit
+    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return True
 
 
 def _diagnose(name: str, error: int) -> str | None:

@@ -387,10 +387,3 @@ def _copy(sif: str, target: str) -> None:
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
-
-
-def wait_single_threaded() -> None:
-    """Return once this process has one thread again (a joined thread may take a moment to leave the kernel)."""
-    deadline = time.monotonic() + 5
-    while len(os.listdir("/proc/self/task")) > 1 and time.monotonic() < deadline:
-        time.sleep(0.001)
