@@ -10,6 +10,7 @@ RUNSCRIPT = f"{SINGULARITY_D}/runscript"  # what `run` executes
 STARTSCRIPT = f"{SINGULARITY_D}/startscript"  # what `instance start` runs
 SCIF_APPS = "/scif/apps"  # SCIF apps of a definition file (%apprun NAME...): /scif/apps/NAME
 LIBS_DIR = f"{SINGULARITY_D}/libs"  # the host libraries of --nv/--rocm; always last on LD_LIBRARY_PATH
+LIBS32_DIR = f"{LIBS_DIR}32"  # --compat32: the host's 32-bit GPU libraries, apart from their 64-bit namesakes
 
 # PATH in a container when nothing else sets one (Apptainer's action scripts).
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -29,3 +30,6 @@ MACHINE_ARCH = {
 # Images singpy pulls rather than opens (singpy.oci.ref parses them; this is the cheap test of the hot path).
 FUSE_DEVICE = "/dev/fuse"  # opened by the launcher for squashfuse, fuse-overlayfs; fuse2fs opens its own
 IMAGE_URI_PREFIXES = ("docker://", "oci:", "oci-archive:", "docker-archive:")
+# ...and every transport the launch, `instance start` and `inspect` pull first (singpy.cli.actions.pulled): the
+# SIFs of oras:// and library:// are cached as they are
+PULLED_URI_PREFIXES = (*IMAGE_URI_PREFIXES, "oras://", "library://")

@@ -68,6 +68,14 @@ class MountSpec(Record):
     #                      it may get its mount point made in this one's host directory (singpy.mounts.apply)
 
 
+class HostDir(Record):
+    """A host directory the launch makes before the mounts, where missing (--workdir's tmp, var_tmp, home and
+    scratch: singpy.mounts.workdir); it is the user's and stays."""
+
+    path: str  # absolute host path; its parent exists or comes earlier in the plan
+    mode: str = "0755"  # octal mode it gets when made ("1777" for tmp and var_tmp)
+
+
 class Namespaces(Record):
     """Which namespaces the container gets (mount is always new)."""
 
@@ -103,6 +111,44 @@ class IdMap(Record):
     note: str  # which mapping was chosen and why, printed at --verbose
 
 
+class SeccompRule(Record):
+    """One rule of a --security seccomp: profile: these system calls get this action (under these conditions)."""
+
+    names: tuple[str, ...]  # system call names, as libseccomp resolves them
+    action: str  # SCMP_ACT_ALLOW, SCMP_ACT_ERRNO, SCMP_ACT_KILL...
+    errno: int = 1  # SCMP_ACT_ERRNO's error number (the profile's errnoRet; EPERM without one)
+    args: tuple[tuple[int, str, int, int], ...] = ()  # (index, SCMP_CMP_EQ..., value, valueTwo), all must hold
+
+
+class SeccompFilter(Record):
+    """--security seccomp:PROFILE.json: the profile as read (singpy.launch.security), installed just before execve."""
+
+    profile: str  # the host path it was read from, for messages
+    default_action: str
+    default_errno: int = 1
+    architectures: tuple[str, ...] = ()  # SCMP_ARCH_* besides the native one
+    rules: tuple[SeccompRule, ...] = ()
+
+
+class SecuritySpec(Record):
+    """--security: what singpy.launch.security applies to the payload just before execve."""
+
+    uid: int | None = None  # uid:N (root only): the payload's user id
+    gids: tuple[int, ...] = ()  # gid:N[:M...] (root only): its group, then its supplementary groups
+    seccomp: SeccompFilter | None = None  # seccomp:PROFILE
+    apparmor: str = ""  # apparmor:PROFILE, the AppArmor profile it is executed under
+    selinux: str = ""  # selinux:CONTEXT, the SELinux context it is executed in
+
+
+class FuseMountSpec(Record):
+    """--fusemount: a FUSE program serving a mount the launcher made on /dev/fuse (singpy.launch.fusemount)."""
+
+    side: str  # "host": the program runs in the host's file tree; "container": in the container's
+    program: tuple[str, ...]  # the program (host: its host path) and its arguments; `/dev/fd/N` is added last
+    mountpoint: str  # absolute path inside the container (a TMPFS of the mount plan makes it, the FUSE mount covers it)
+    daemon: bool = False  # host-daemon / container-daemon: as host / container (the container's PID 1 outlives it)
+
+
 class ProcessSpec(Record):
     """What is executed inside the container.
 
@@ -110,7 +156,7 @@ class ProcessSpec(Record):
     container root once it is in place (a SIF's content is not known before).
     """
 
-    action: str  # "exec", "run" or "shell"
+    action: str  # "exec", "run", "shell" or "test"
     args: tuple[str, ...]  # exec: command and arguments; run: runscript arguments
     env: EnvPlan  # the environment rules, applied in the container (singpy.env.environ)
     cwd: str  # working directory inside the container
@@ -120,6 +166,8 @@ class ProcessSpec(Record):
     umask: int | None = None  # --no-umask: the payload's umask (0o022); None keeps the caller's, as Apptainer
     init: bool = True  # with a PID namespace: singpy's init is PID 1 (False: --no-init, the payload is)
     app: str = ""  # --app: a SCIF app of the image; `run` executes /scif/apps/APP/scif/runscript
+    runscript_timeout: str = ""  # run --runscript-timeout (Go duration): the env scripts' deadline (launch.scripttimer)
+    security: SecuritySpec | None = None  # --security: seccomp filter, ids, AppArmor/SELinux (None: none asked)
 
 
 class ImageSpec(Record):
@@ -136,6 +184,9 @@ class ImageSpec(Record):
     cache: str = ""  # the user's extraction cache directory (extract)
     overlay_offset: int = 0  # sif: byte offset of its writable overlay partition (ext3), 0 when it has none
     overlay_size: int = 0  # sif: that partition's size in bytes
+    encryption: str = ""  # sif: "gocryptfs" or "luks" (dm-crypt) for an encrypted root (image.cryptmount), or ""
+    gocryptfs: str = ""  # host path of gocryptfs (encrypted images)
+    key: str = ""  # where the key came from ("passphrase from --passphrase"): never the key (image.cryptkey)
 
     def overlay_partition(self) -> tuple[int, int] | None:
         """(offset, size) of the SIF's overlay partition, found with its primary partition (image.detect)."""
@@ -165,6 +216,16 @@ class ShareSpec(Record):
     socket: str  # abstract unix socket name where the ranks meet: the job step and a digest of the plan
     origin: str  # in words, for messages: "Slurm job step 12.0", "--sharens (parent 4242)", "instance web"
     create: bool = True  # the first rank makes the container; False: join a running instance only
+    runscript: bool = False  # an instance started by `instance run`: it runs the runscript, not the startscript
+
+
+class CgroupSpec(Record):
+    """The container's cgroup (resource limits: singpy.cgroups), made before it starts and removed when it ends."""
+
+    version: int  # 1 (a hierarchy per controller) or 2 (the unified hierarchy)
+    dirs: tuple[str, ...]  # the cgroup's directories, made by singpy (v1: one per controller used), removed at the end
+    writes: tuple[tuple[str, str], ...]  # (file, value): the limits, written in this order before anything joins
+    origin: str = ""  # where the limits come from, for messages: "--apply-cgroups FILE" or "the limit flags"
 
 
 class LaunchPlan(Record):
@@ -196,6 +257,11 @@ class LaunchPlan(Record):
     # mount_setattr (a remount per mount), loop_configure (LOOP_SET_FD + LOOP_SET_STATUS64), userns_overlay.
     avoid_features: tuple[str, ...] = ()
     share: ShareSpec | None = None  # join (or make) the container of the other ranks of this job step on this node
+    cgroup: CgroupSpec | None = None  # resource limits: the cgroup the container's processes start in (singpy.cgroups)
+    join_cgroup: tuple[str, ...] = ()  # instance://NAME: the instance's cgroup directories, joined first
+    fusemounts: tuple[FuseMountSpec, ...] = ()  # --fusemount, in order: mounted and started by the container's PID 1
+    netns_path: str = ""  # --netns-path: the network namespace joined, on the host, before any other (launch.netnspath)
+    host_dirs: tuple[HostDir, ...] = ()  # made on the host, as the user, before any namespace (singpy.mounts.workdir)
 
     def no_layer(self) -> str:
         """Why the mount points the image lacks can't be added to it ("" when they can); see `no_layer`."""

@@ -167,8 +167,17 @@ def _end_what_we_started() -> Iterator[None]:
 
     A payload that waits forever for a signal it never got would outlive the session and hold its
     images; everything `Singpy.popen` started, and what it started, is killed when the test ends.
+
+    It also watches the one host file every container gets bound in: the host's /dev/null was once found
+    chmod-ed to 0644 with a new mtime after a run of the suite, by an unknown test; a test whose singpy
+    changes its mode or times fails here, naming itself.
     """
+    before = os.stat("/dev/null")
     yield
+    after = os.stat("/dev/null")
+    assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns), \
+        f"the host's /dev/null changed: mode {before.st_mode:o} -> {after.st_mode:o}, mtime " \
+        f"{before.st_mtime_ns} -> {after.st_mtime_ns}"
     while _STARTED:
         process = _STARTED.pop()
         if process.poll() is None:

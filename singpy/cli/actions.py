@@ -7,13 +7,14 @@ from collections.abc import Mapping
 
 from singpy import console
 from singpy.cli.parse import action_help, parse_action
-from singpy.constants import IMAGE_URI_PREFIXES
+from singpy.constants import PULLED_URI_PREFIXES
 from singpy.errors import SingpyError, UsageError
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import Any
 
+    from singpy.config.sysconf import SysConfig
     from singpy.host.host import HostInfo
     from singpy.launch.planner import LaunchRequest
     from singpy.mounts.parse import BindSpec
@@ -54,27 +55,51 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
 
     from singpy.config import sysconf
     from singpy.host import host as host_module
-    from singpy.launch import launch
 
     host = host_module.capture(env)
     config = sysconf.load(global_values.get("config") or sysconf.default_path(env))
     if global_values.get("build_config"):
         config = sysconf.for_build(config)
+    if values.get("disable_cache") and _uncached(positionals[0]):  # this run's caches in a temporary directory
+        from singpy.cli import nocache
+
+        return nocache.in_temporary_cache(host, lambda host: _launch(values, positionals, global_values, host,
+                                                                      config, action=action, uncached=True))
+    return _launch(values, positionals, global_values, host, config, action=action)
+
+
+def _launch(values: Mapping[str, Any], positionals: list[str], global_values: Mapping[str, Any], host: HostInfo,
+            config: SysConfig, *, action: str, uncached: bool = False) -> int:
+    """The image pulled if it must be, the request built and launched (`uncached`: in a supervised child)."""
+    from singpy.launch import launch
+
     instance = ""
     if positionals[0].startswith("instance://"):
         instance, image = _instance_image(positionals[0], host)
         positionals = [image, *positionals[1:]]
-    if positionals[0].startswith(IMAGE_URI_PREFIXES):
+    if positionals[0].startswith(PULLED_URI_PREFIXES):
         mine = global_values.get("nocolor") and "NO_COLOR" not in os.environ
         if mine:  # for the pull's progress bars (rich honours it) only: not a variable of the container's
             os.environ["NO_COLOR"] = "1"
         try:
-            positionals = [_pulled(positionals[0], values, env, host.home), *positionals[1:]]
+            positionals = [pulled(positionals[0], {**values, "global_config": global_values.get("config")},
+                                   host.env, host.home), *positionals[1:]]
         finally:
             if mine:
                 del os.environ["NO_COLOR"]
     request = build_request(action, values, positionals, host.cwd).replace(instance=instance)
+    if uncached:
+        from singpy.cli import nocache
+
+        return nocache.launched(lambda: launch.run(request, config, host, dry_run=bool(values.get("dry_run"))))
     return launch.run(request, config, host, dry_run=bool(values.get("dry_run")))
+
+
+def _uncached(reference: str) -> bool:
+    """--disable-cache was given: whether it applies (an image pulled first, not a file)."""
+    from singpy.cli import nocache
+
+    return nocache.is_pulled(reference)
 
 
 def _instance_image(reference: str, host: HostInfo) -> tuple[str, str]:
@@ -86,14 +111,28 @@ def _instance_image(reference: str, host: HostInfo) -> tuple[str, str]:
     return name, instance.find(records, name, host.uid).image
 
 
-def _pulled(reference: str, values: Mapping[str, Any], env: Mapping[str, str], home: str) -> str:
-    """The cached SIF of a docker://, oci:... image, pulled first if needed: the launch sees only a SIF."""
+def pulled(reference: str, values: Mapping[str, Any], env: Mapping[str, str], home: str) -> str:
+    """The cached SIF of a docker://, oci:, oras://, library://... image (PULLED_URI_PREFIXES), pulled first if
+    needed: the launch sees only a SIF. The one routing of run/exec/shell/test, `instance start|run` and
+    `inspect` (`values`: their --docker-login, --authfile, --no-https, and the global --config)."""
     from singpy.kernel.syscalls import wait_single_threaded
     from singpy.oci.pull import PullOptions, cached_image
 
     options = PullOptions(login=bool(values.get("docker_login")), authfile=values.get("authfile") or "",
                           https=not values.get("no_https"))
-    sif = cached_image(reference, options, env, home)
+    if reference.startswith("library://"):  # a SIF in a Sylabs library: cached as it is (singpy.library.pull)
+        from singpy.library.pull import LibraryOptions
+        from singpy.library.pull import cached_image as cached_library_image
+
+        if values.get("global_config"):  # --config DIR/singpy.conf: the system's remote.yaml is DIR's
+            env = {**env, "SINGPY_CONFIG": values["global_config"]}
+        sif = cached_library_image(reference, LibraryOptions(https=not values.get("no_https")), env, home)
+    elif reference.startswith("oras://"):  # a SIF stored in a registry: cached as it is, nothing to convert
+        from singpy.oci.oras import cached_sif
+
+        sif = cached_sif(reference, options, env, home)
+    else:
+        sif = cached_image(reference, options, env, home)
     wait_single_threaded()  # the download threads are gone: unshare(CLONE_NEWUSER) refuses a threaded process
     return sif
 
@@ -101,6 +140,7 @@ def _pulled(reference: str, values: Mapping[str, Any], env: Mapping[str, str], h
 def build_request(action: str, values: Mapping[str, Any], positionals: list[str], cwd: str) -> LaunchRequest:
     from singpy.env.environ import parse_env_option
     from singpy.launch.planner import LaunchRequest
+    from singpy.launch.request import LIMIT_OPTIONS
 
     compat = bool(values.get("compat"))  # Apptainer's --compat: these five, no more
     containall = compat or bool(values.get("containall"))
@@ -118,12 +158,14 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         pwd=values.get("pwd"),
         writable_tmpfs=compat or bool(values.get("writable_tmpfs")) or _nvccli_tmpfs(values),
         hostname=values.get("hostname") or None,  # --hostname '' sets nothing, as in Apptainer
-        pid=containall or bool(values.get("pid")),
+        pid=(containall or bool(values.get("pid"))) and not values.get("no_pid"),  # --no-pid wins, as Apptainer's
         ipc=containall or bool(values.get("ipc")),
         uts=bool(values.get("uts")),
         shell=values.get("shell"),
         no_eval=compat or bool(values.get("no_eval")),
         unsquash=bool(values.get("unsquash")),
+        passphrase=bool(values.get("passphrase")),
+        pem_path=values.get("pem_path") or "",
         writable=bool(values.get("writable")),
         overlays=tuple(values.get("overlay", [])),
         underlay=bool(values.get("underlay")),
@@ -148,7 +190,33 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         no_sharens=bool(values.get("no_sharens")),
         devices=tuple(values.get("device", [])),
         cdi_dirs=tuple(path for value in values.get("cdi_dirs", []) for path in value.split(",") if path),
+        **_issue28_fields(values, cwd),
+        netns_path=values.get("netns_path") or "",
+        security=tuple(values.get("security", [])),
+        fusemount=tuple(values.get("fusemount", [])),
+        limits=tuple((name, values[name]) for name in LIMIT_OPTIONS if values.get(name)),
     )
+
+
+def _issue28_fields(values: Mapping[str, Any], cwd: str) -> dict[str, Any]:
+    """Issue 28's flags: --workdir and --scratch (checked by singpy.mounts.workdir, imported only then), --no-env,
+    --no-nv, --no-rocm, --compat32, --runscript-timeout."""
+    fields: dict[str, Any] = {"no_nv": bool(values.get("no_nv")), "no_rocm": bool(values.get("no_rocm")),
+                              "compat32": bool(values.get("compat32"))}
+    if values.get("runscript_timeout"):  # checked here, a command-line mistake (exit 1) as Apptainer's
+        from singpy.launch.scripttimer import parse_duration
+
+        parse_duration(values["runscript_timeout"])
+        fields["runscript_timeout"] = values["runscript_timeout"]
+    if values.get("no_env"):
+        fields["no_env"] = tuple(name for value in values["no_env"] for name in value.split(",") if name)
+    if values.get("workdir") or values.get("scratch"):
+        from singpy.mounts import workdir
+
+        if values.get("workdir"):
+            fields["workdir"] = workdir.checked_workdir(values["workdir"], cwd)
+        fields["scratch"] = workdir.checked_scratch(values.get("scratch", []))
+    return fields
 
 
 def _binds(values: list[str], cwd: str) -> tuple[BindSpec, ...]:

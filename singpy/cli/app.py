@@ -84,15 +84,45 @@ def _register_image_commands() -> None:
     from singpy.cli.instance import instance_app
     from singpy.cli.overlay import overlay_app
     from singpy.cli.pull import pull_command
+    from singpy.cli.push import push_command
+    from singpy.cli.registry import registry_app
 
     app.command(name="inspect")(inspect_command)
+    from singpy.cli.runhelp import run_help_command
+
+    app.command(name="run-help")(run_help_command)
     app.command(name="build")(build_command)
     app.command(name="pull")(pull_command)
+    app.command(name="push")(push_command)
+    app.add_typer(registry_app)
+    from singpy.cli.remote import remote_app
+    from singpy.cli.search import search_command
+
+    app.add_typer(remote_app)
+    app.command(name="search")(search_command)
     app.command(name="check")(check_command)
     app.command(name="doctor", help="The same as `singpy check`.")(check_command)
     app.add_typer(cache_app)
     app.add_typer(overlay_app)
     app.add_typer(instance_app)
+    from singpy.cli.sif import sif_app, siftool_app
+
+    app.add_typer(sif_app)
+    from singpy.cli.config import config_app
+
+    app.add_typer(config_app)
+    app.add_typer(siftool_app, hidden=True)
+    from singpy.cli.key import key_app
+    from singpy.cli.keyserver import keyserver_app
+
+    app.add_typer(key_app)
+    app.add_typer(key_app, name="keys", hidden=True)  # Apptainer's alias
+    app.add_typer(keyserver_app)
+    from singpy.cli.sign import sign_command
+    from singpy.cli.verify import verify_command
+
+    app.command(name="sign")(sign_command)
+    app.command(name="verify")(verify_command)
 
 
 _register_image_commands()
@@ -211,14 +241,60 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "singpy pull": ("singpy pull alpine.sif docker://alpine:latest",
                     "singpy pull --arch arm64 docker://ubuntu:24.04",
                     "singpy pull --dir ~/images --name tools.sif oci-archive:tools.tar",
-                    "singpy pull https://example.org/images/tool.sif"),
+                    "singpy pull https://example.org/images/tool.sif",
+                    "singpy pull tool.sif oras://ghcr.io/org/tool:1.0",
+                    "singpy pull library://sylabs/examples/blender:latest"),
+    "singpy push": ("singpy push tool.sif oras://ghcr.io/org/tool:1.0",
+                    "singpy push --allow-unsigned tool.sif library://me/tools/tool:1.0"),
+    "singpy search": ("singpy search alpine",
+                      "singpy search --arch arm64 --library https://library.example.org blender"),
+    "singpy remote": ("singpy remote add --tokenfile token.txt mylib library.example.org", "singpy remote list"),
+    "singpy key": ("singpy key newpair", "singpy key list", "singpy key import ./key.asc",
+                   "singpy key pull --url https://keys.example.org 8883491F4268F173C6E5DC49EDECE4F3F38D871E"),
+    "singpy keyserver": ("sudo singpy keyserver add https://keys.example.org", "singpy keyserver list",
+                         "singpy keyserver login --password-stdin https://keys.example.org"),
+    "singpy remote add": ("singpy remote add --tokenfile token.txt mylib library.example.org",
+                          "singpy remote add --no-login --insecure devlib http://127.0.0.1:8080",
+                          "sudo singpy remote add --global site library.example.org"),
+    "singpy remote list": ("singpy remote list",),
+    "singpy remote use": ("singpy remote use mylib", "sudo singpy remote use --exclusive site"),
+    "singpy remote remove": ("singpy remote remove mylib",),
+    "singpy remote status": ("singpy remote status", "singpy remote status mylib"),
+    "singpy remote login": ("singpy remote login --tokenfile token.txt mylib", "singpy remote login"),
+    "singpy remote logout": ("singpy remote logout mylib",),
+    "singpy remote get-login-password": ("singpy remote get-login-password | singpy registry login "
+                                         "--password-stdin oras://registry.example.org",),
+    "singpy registry": ("singpy registry login --username alice docker://ghcr.io", "singpy registry list"),
+    "singpy registry login": ("echo \"$TOKEN\" | singpy registry login -u alice --password-stdin oras://ghcr.io",
+                              "singpy registry login --username alice docker://docker.io"),
+    "singpy registry logout": ("singpy registry logout oras://ghcr.io",),
+    "singpy registry list": ("singpy registry list",),
     "singpy build": ("singpy build image.sif recipe.def",
                      "singpy build --sandbox ubuntu/ docker://ubuntu:24.04",
                      "singpy build image.sif ubuntu/",
-                     "singpy build --build-arg VERSION=1.2 --notest image.sif recipe.def"),
+                     "singpy build --build-arg VERSION=1.2 --notest image.sif recipe.def",
+                     "singpy build --fix-perms --sandbox app/ recipe.def",
+                     "singpy build --update --section post --sandbox app/ more.def"),
     "singpy inspect": ("singpy inspect image.sif", "singpy inspect --runscript image.sif",
                        "singpy inspect --json --all docker://alpine"),
     "singpy check": ("singpy check", "singpy check --json"),
+    "singpy sign": ("singpy sign image.sif", "singpy sign --keyidx 1 image.sif",
+                    "singpy sign --key private.pem image.sif"),
+    "singpy verify": ("singpy verify image.sif", "singpy verify --json image.sif",
+                      "singpy verify --key public.pem image.sif",
+                      "singpy verify --certificate leaf.pem --certificate-intermediates intermediate.pem "
+                      "--certificate-roots root.pem image.sif"),
+    "singpy sif": ("singpy sif list image.sif", "singpy sif info 1 image.sif", "singpy sif dump 1 image.sif"),
+    "singpy sif add": ("singpy sif add --datatype 1 image.sif recipe.def",
+                       "singpy sif add --datatype 4 --parttype 3 --partfs 4 --partarch 2 image.sif data.img"),
+    "singpy config": ("singpy config global --get 'bind path'", "singpy config fakeroot --add alice"),
+    "singpy config global": ("singpy config global --set 'bind path' /scratch",
+                             "singpy config global --unset 'bind path' /scratch",
+                             "singpy config global --reset 'mount home'",
+                             "singpy config global --dry-run --set 'mount tmp' no"),
+    "singpy config fakeroot": ("singpy config fakeroot --add alice", "singpy config fakeroot --disable alice",
+                               "singpy config fakeroot --dry-run --remove alice"),
+    "singpy run-help": ("singpy run-help image.sif", "singpy run-help --app foo image.sif"),
     "singpy doctor": ("singpy doctor",),
     "singpy cache": ("singpy cache list", "singpy cache clean --dry-run"),
     "singpy cache list": ("singpy cache list",),
@@ -229,9 +305,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                               "singpy overlay create --fakeroot --size 1024 overlay.img"),
     "singpy instance": ("singpy instance start image.sif web", "singpy instance list",
                         "singpy instance stop web"),
-    "singpy instance list": ("singpy instance list", "singpy instance list --json 'web*'"),
+    "singpy instance list": ("singpy instance list", "singpy instance list --json 'web*'",
+                             "sudo singpy instance list --user alice"),
     "singpy instance stop": ("singpy instance stop web", "singpy instance stop --all",
-                             "singpy instance stop --signal KILL web"),
+                             "singpy instance stop --signal KILL web", "sudo singpy instance stop --user alice web"),
+    "singpy instance stats": ("singpy instance stats web", "singpy instance stats --json --no-stream web"),
     "singpy help": ("singpy help exec", "singpy help cache clean"),
     "singpy completion": ("singpy completion", "source <(singpy completion bash)"),
     "singpy version": ("singpy version",),

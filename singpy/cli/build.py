@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import typer
 
+from singpy import console
 from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options, variables
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from singpy.image.cryptkey import KeyInfo
+    from singpy.oci.pull import PullOptions
     from singpy.recipe.engine import BuildRequest
 
 BUILD_ARG = typer.Option([], "--build-arg", help="KEY=VALUE: a value for {{ KEY }} in the definition file "
@@ -17,6 +22,11 @@ BUILD_ARCH = typer.Option("", "--arch", help="the platform of a docker:// or OCI
                           "default: this host's)", metavar="ARCH", envvar=variables("BUILD_ARCH"), show_envvar=False)
 BIND = typer.Option([], "--bind", "-B", help="a bind for %post and %test (src[:dest[:opts]], repeatable)",
                     metavar="SPEC")
+MOUNT = typer.Option([], "--mount", help="a mount for %post and %test in docker's syntax: type=bind,src=PATH,"
+                     "dst=PATH[,ro] (repeatable)", metavar="SPEC")  # $APPTAINER_MOUNT reaches %post as it is
+SECTION = typer.Option([], "--section", help="only run these sections of the definition file (comma list): setup, "
+                       "files, post, environment, runscript, startscript, test, help, labels, all, none",
+                       metavar="SECTION", envvar=variables("SECTION"), show_envvar=False)
 
 
 def build_command(
@@ -39,30 +49,64 @@ def build_command(
     warn_unused_build_args: bool = typer.Option(False, "--warn-unused-build-args", help="a --build-arg the "
                                                 "definition file does not use is a warning, not an error"),
     bind: list[str] = BIND,
+    mount: list[str] = MOUNT,
+    section: list[str] = SECTION,
+    update: bool = typer.Option(False, "--update", "-u", help="run the definition file over the existing sandbox "
+                                "TARGET (no bootstrap; needs --sandbox)", envvar=variables("UPDATE"),
+                                show_envvar=False),
+    fix_perms: bool = typer.Option(False, "--fix-perms", help="give the owner rwX on every file and directory of "
+                                   "the image (so that a sandbox can be removed)", envvar=variables("FIXPERMS"),
+                                   show_envvar=False),
+    nv: bool = typer.Option(False, "--nv", help="the host's NVIDIA libraries and devices in %post and %test"),
+    rocm: bool = typer.Option(False, "--rocm", help="the host's ROCm libraries and devices in %post and %test"),
+    compat32: bool = typer.Option(False, "--compat32", help="with --nv or --rocm, the host's 32-bit driver libraries "
+                                  "too (in /.singularity.d/libs32)"),
+    writable_tmpfs: bool = typer.Option(False, "--writable-tmpfs", help="%test may write, changes kept in memory",
+                                        envvar=variables("WRITABLE_TMPFS"), show_envvar=False),
+    userns: bool = typer.Option(False, "--userns", help="build without setuid (what singpy always does)",
+                                envvar=variables("USERNS"), show_envvar=False),
+    disable_cache: bool = typer.Option(False, "--disable-cache", help="neither use nor fill the cache: base "
+                                       "images are pulled into the build's work directory",
+                                       envvar=variables("DISABLE_CACHE"), show_envvar=False),
     arch: str = BUILD_ARCH,
     docker_login: bool = DOCKER_LOGIN,
     authfile: str = AUTHFILE,
     no_https: bool = NO_HTTPS,
+    encrypt: bool = typer.Option(False, "--encrypt", "-e", help="build an image with an encrypted file system "
+                                 "(gocryptfs; the key from the ENCRYPTION_ variables)"),
+    passphrase: bool = typer.Option(False, "--passphrase", help="prompt for an encryption passphrase "
+                                    "(implies --encrypt)"),
+    pem_path: str = typer.Option("", "--pem-path", help="an RSA public key (PEM) to encrypt the image for "
+                                 "(implies --encrypt)", metavar="PUBLIC.pem"),
 ) -> None:
     """Build a SIF or a sandbox from a definition file, a sandbox, a SIF/squashfs image, or an OCI image."""
+    if not _ENCRYPTING:
+        arguments = dict(locals())  # this call's arguments, for the plain build of an encrypted one
+        key = _encryption_key(encrypt or passphrase or bool(pem_path), passphrase, pem_path, sandbox)
+        if key is not None:
+            _build_encrypted(key, arguments)
+            return
     import os
 
-    from singpy import console
     from singpy.image.detect import is_definition_file
     from singpy.oci.ref import is_image_uri
 
     options = pull_options(arch, docker_login, authfile, no_https or _nohttps_env())
+    if userns:  # Apptainer's "without setuid": singpy has no setuid part, it always builds this way
+        console.verbose("--userns: singpy never uses setuid; the build runs as it would without the flag")
+    wanted = _sections(section)
+    if update and not sandbox:
+        from singpy.errors import UsageError
+
+        raise UsageError("only sandbox update is supported: --sandbox flag is missing")
     if not is_image_uri(source) and not os.path.lexists(source):  # not "image X does not exist": it may be a recipe
         from singpy.errors import ImageError
         from singpy.host.hostfiles import shown
 
         raise ImageError(f"{shown(source)} does not exist (the definition file or image to build from)")
     if is_image_uri(source):
-        from singpy.host import host
-        from singpy.oci.pull import build_from
-
-        console.info(build_from(source, target, options, os.environ, host.capture().home,
-                                sandbox=sandbox, force=force))
+        _from_uri(source, target, options, sandbox=sandbox, force=force, fix_perms=fix_perms,
+                  disable_cache=disable_cache)
         return
     if is_definition_file(source):
         from singpy.host import host
@@ -72,11 +116,160 @@ def build_command(
         request = _request(target, source, force=force, sandbox=sandbox, fakeroot=fakeroot, notest=notest,
                            build_arg=build_arg, build_arg_file=build_arg_file, bind=bind, cwd=info.cwd,
                            warn_unused=warn_unused_build_args)
+        request = request.replace(mounts=tuple(mount), sections=wanted, update=update, fix_perms=fix_perms,
+                                  nv=nv, rocm=rocm, compat32=compat32, writable_tmpfs=writable_tmpfs,
+                                  disable_cache=disable_cache)
+        _check_specs(request, info.cwd)
         console.info(build(request, options=options, env=os.environ, home=info.home, cwd=info.cwd))
         return
+    if update:
+        from singpy.errors import UsageError
+
+        raise UsageError("--update runs a definition file over a sandbox: SOURCE must be a definition file")
     from singpy.image.builder import build as build_image
 
+    if fix_perms and not sandbox:
+        _fixed_sif(target, force, lambda tree, env: build_image(tree, source, force=False, env=env, sandbox=True))
+        return
     console.info(build_image(target, source, force=force, env=os.environ, sandbox=sandbox))
+    if fix_perms:
+        _fix_perms(os.path.abspath(target))
+
+
+_ENCRYPTING = False  # set while the plain image of an encrypted build is made (its own call of build_command)
+
+
+def _encryption_key(encrypt: bool, prompt: bool, pem_path: str, sandbox: bool) -> KeyInfo | None:
+    """The key of --encrypt (--passphrase and --pem-path imply it), as Apptainer's getEncryptionMaterial."""
+    import os
+
+    from singpy.image import cryptkey
+
+    if not encrypt:
+        if any(f"{prefix}ENCRYPTION_{name}" in os.environ for prefix in ("APPTAINER_", "SINGULARITY_", "SINGPY_")
+               for name in ("PASSPHRASE", "PEM_PATH", "PEM_DATA")):
+            console.warning("Encryption related env vars found, but --encrypt was not specified. NOT encrypting "
+                            "container.")
+        return None
+    from singpy.errors import UsageError
+
+    if sandbox:
+        raise UsageError("an encrypted image must be a SIF file: --encrypt can't be used with --sandbox")
+    key = cryptkey.material(os.environ, prompt=prompt, pem_path=pem_path, public=True)
+    if key is None:
+        raise UsageError("--encrypt needs a key: --passphrase, --pem-path, or APPTAINER_ENCRYPTION_PASSPHRASE / "
+                         "APPTAINER_ENCRYPTION_PEM_PATH")
+    return key
+
+
+def _build_encrypted(key: KeyInfo, arguments: dict[str, object]) -> None:
+    """The plain SIF built by this same command into a private directory, then encrypted into TARGET."""
+    import os
+
+    from singpy.image.cryptbuild import build_encrypted
+
+    def build_plain(path: str) -> None:
+        global _ENCRYPTING
+        _ENCRYPTING, level = True, console.level()
+        console.set_level(min(level, console.QUIET))  # its "Build complete" would name the private directory
+        try:
+            build_command(**{**arguments, "target": path, "force": True})  # type: ignore[arg-type]
+        finally:
+            _ENCRYPTING = False
+            console.set_level(level)
+
+    target = str(arguments["target"])
+    build_encrypted(target, key, force=bool(arguments["force"]), env=os.environ, build_plain=build_plain)
+    console.info(f"Build complete: {target}")
+
+
+def _fixed_sif(target: str, force: bool, make_tree: Callable[[str, dict[str, str]], object], *,
+               disable_cache: bool = False) -> None:
+    """A SIF with --fix-perms: the image made as a sandbox in a private directory next to TARGET, fixed,
+    squashed into TARGET (as Apptainer fixes the root filesystem before its assembler), the directory
+    removed whatever happens. `make_tree(path, env)` writes the sandbox."""
+    import os
+
+    from singpy.errors import ImageError
+    from singpy.image import cache
+    from singpy.image.builder import build as build_image
+    from singpy.image.builder import scratch_dir
+
+    target = os.path.abspath(target)
+    if os.path.lexists(target) and not force:  # before anything is pulled or unpacked
+        raise ImageError(f"{target} already exists (use --force to overwrite it)")
+    work = scratch_dir(target, ".singpy-build-")
+    env = {**os.environ, "SINGPY_CACHEDIR": f"{work}/cache"} if disable_cache else dict(os.environ)
+    try:
+        make_tree(f"{work}/rootfs", env)
+        _fix_perms(f"{work}/rootfs")
+        console.info(build_image(target, f"{work}/rootfs", force=force, env=env))
+    finally:
+        cache.remove_tree(work)
+
+
+def _fix_perms(tree: str) -> None:
+    """--fix-perms on a sandbox built from an image (a definition file's build fixes each stage's base)."""
+    from singpy.recipe import fixperms
+
+    if fixperms.fix(tree):
+        console.warning(f"--fix-perms: some entries of {tree} could not be changed")
+
+
+def _sections(values: list[str]) -> tuple[str, ...]:
+    """--section values (comma lists allowed) checked as Apptainer's checkSections: all or none stand alone."""
+    from singpy.errors import UsageError
+    from singpy.recipe.sections import SELECTABLE
+
+    names = tuple(name.strip() for value in values for name in value.split(",") if name.strip()) or ("all",)
+    unknown = [name for name in names if name not in (*SELECTABLE, "all", "none")]
+    if unknown:
+        raise UsageError(f"--section {unknown[0]!r}: not a section singpy can select (one of "
+                         f"{', '.join((*SELECTABLE, 'all', 'none'))})")
+    for alone in ("all", "none"):
+        if alone in names and len(names) > 1:
+            raise UsageError(f"section specification error: cannot have {alone} and any other option")
+    return names
+
+
+def _check_specs(request: BuildRequest, cwd: str) -> None:
+    """A bad --bind or --mount is one error before anything is fetched, not a failed %post later."""
+    from singpy.mounts.parse import parse_bind_list, parse_mount_list
+
+    parse_bind_list(request.binds, cwd)
+    parse_mount_list(request.mounts, cwd)
+
+
+def _from_uri(source: str, target: str, options: PullOptions, *, sandbox: bool, force: bool, fix_perms: bool,
+              disable_cache: bool) -> None:
+    """docker://, oci:... built into TARGET; --disable-cache pulls into a private directory next to TARGET,
+    removed after."""
+    import os
+
+    from singpy.host import host
+    from singpy.oci.pull import build_from
+
+    home = host.capture().home
+    if fix_perms and not sandbox:
+        _fixed_sif(target, force, lambda tree, env: build_from(source, tree, options, env, home, sandbox=True,
+                                                               force=False), disable_cache=disable_cache)
+        return
+    env = dict(os.environ)
+    scratch = ""
+    if disable_cache:
+        from singpy.image.builder import scratch_dir
+
+        scratch = scratch_dir(os.path.abspath(target), ".singpy-nocache-")
+        env["SINGPY_CACHEDIR"] = scratch
+    try:
+        console.info(build_from(source, target, options, env, home, sandbox=sandbox, force=force))
+    finally:
+        if scratch:
+            from singpy.image import cache
+
+            cache.remove_tree(scratch)
+    if fix_perms:
+        _fix_perms(os.path.abspath(target))
 
 
 def _nohttps_env() -> bool:
@@ -114,7 +307,6 @@ def _arg_file(path: str) -> list[tuple[str, str]]:
     """KEY=VALUE lines of --build-arg-file; other lines are skipped with a warning (as Apptainer)."""
     if not path:
         return []
-    from singpy import console
     from singpy.errors import UsageError
     from singpy.host.hostfiles import read_text
 

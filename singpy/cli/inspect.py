@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 
-from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options
+from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS
 from singpy.console import escape
 from singpy.image import metadata
 
@@ -42,6 +42,7 @@ def inspect_command(
     environment: bool = typer.Option(False, "--environment", "-e", help="show the environment scripts"),
     all_: bool = typer.Option(False, "--all", help="show everything"),
     list_: bool = typer.Option(False, "--list", help="list the SIF's data objects (descriptors)"),
+    list_apps: bool = typer.Option(False, "--list-apps", help="list all apps in a container"),
     as_json: bool = typer.Option(False, "--json", "-j", help="print JSON (with the SIF descriptors)"),
     docker_login: bool = DOCKER_LOGIN,
     authfile: str = AUTHFILE,
@@ -50,29 +51,39 @@ def inspect_command(
     """Show an image's labels, definition file, scripts and environment."""
     import os
 
+    from singpy.constants import PULLED_URI_PREFIXES
     from singpy.image.detect import classify
-    from singpy.oci.ref import is_image_uri
 
-    if is_image_uri(image):  # pulled into the cache first, as by `run`
+    if image.startswith(PULLED_URI_PREFIXES):  # pulled into the cache first, as by `run`
+        from singpy.cli.actions import pulled
         from singpy.host import host
-        from singpy.oci.pull import cached_image
 
-        options = pull_options("", docker_login, authfile, no_https)
-        image = cached_image(image, options, os.environ, host.capture().home)
+        image = pulled(image, {"docker_login": docker_login, "authfile": authfile, "no_https": no_https},
+                       os.environ, host.capture().home)
     spec = classify(image)
     chosen = {"labels": labels, "deffile": deffile, "runscript": runscript, "startscript": startscript,
               "test": test, "helpfile": helpfile, "environment": environment}
     wanted = [name for name in SECTIONS if chosen[name] or all_]
-    if not wanted and not list_:
+    if not wanted and not list_ and not list_apps:  # Apptainer: labels unless another section is asked for
         wanted = ["labels"]
     attributes = metadata.read_metadata(spec, os.environ) if wanted else {}
     selected = {name: attributes[name] for name in wanted if name in attributes}
+    if as_json and (list_apps or all_):  # Apptainer's data.attributes.apps: each app with its attributes
+        from singpy.image.apps import app_attributes
+
+        apps = app_attributes(spec, os.environ)
+        if apps:  # omitted when empty, as Go's omitempty
+            selected["apps"] = apps
     if as_json:
         document: dict[str, Any] = {"data": {"attributes": selected}, "type": "container"}
         if spec.kind == "sif":
             document["sif"] = sif_document(spec.path)
         print(json.dumps(document, indent=2, sort_keys=True))
         return
+    if list_apps:  # Apptainer prints the apps first, one name a line
+        from singpy.image.apps import list_apps as apps_of
+
+        print("".join(f"{escape(name)}\n" for name in apps_of(spec, os.environ)), end="")
     if list_:
         print(descriptor_table(spec.path) if spec.kind == "sif" else f"{escape(spec.path)} is a {spec.kind} "
               "image: it has no SIF data objects")

@@ -17,7 +17,7 @@ TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from typing import NoReturn
 
-FAST_COMMANDS = ("run", "exec", "shell")
+FAST_COMMANDS = ("run", "exec", "shell", "test")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,9 @@ class Option(Record, kw_only=False):
     env_also: tuple[str, ...] = ()  # further suffixes read the same way (Apptainer's other EnvKeys)
     env_appends: bool = False  # the variable adds to command-line values instead of standing in for them
     group: str = "Options"  # help section
+    # the commands that take it ("run", "instance run"...), () for every one; elsewhere the flag is unknown and its
+    # variables are not read (Apptainer's RegisterFlagForCmd)
+    commands: tuple[str, ...] = ()
 
 
 ACTION_OPTIONS: tuple[Option, ...] = (
@@ -62,6 +65,11 @@ ACTION_OPTIONS: tuple[Option, ...] = (
            "of its entries", env="UNDERLAY", group="Mounts"),
     Option("unsquash", "--unsquash", "extract a SIF/squashfs image to the cache instead of mounting it",
            env="UNSQUASH", group="Mounts"),
+    # Encrypted images: the key's variables (ENCRYPTION_PASSPHRASE, _PEM_PATH, _PEM_DATA) are read by
+    # singpy.image.cryptkey in Apptainer's order, not as these flags' values (Apptainer's getEncryptionMaterial).
+    Option("passphrase", "--passphrase", "prompt for an encryption passphrase (an encrypted image)", group="Images"),
+    Option("pem_path", "--pem-path", "the RSA private key (PEM) of an encrypted image", value="PRIVATE.pem",
+           group="Images"),
     Option("hostname", "--hostname", "set the container's hostname (implies --uts)", value="NAME",
            env="HOSTNAME", group="Isolation"),
     Option("pid", "--pid", "run in a new PID namespace", "-p", env="PID", env_also=("UNSHARE_PID",),
@@ -83,6 +91,14 @@ ACTION_OPTIONS: tuple[Option, ...] = (
            value="ARGS", repeat=True, env="NETWORK_ARGS", group="Network"),
     Option("dns", "--dns", "DNS servers for the container's /etc/resolv.conf (comma list)", value="IP,...",
            env="DNS", group="Network"),
+    Option("netns_path", "--netns-path", "join the network namespace at this path (root, or as allowed by "
+           "`allow netns paths` in singpy.conf)", value="PATH", env="NETNS_PATH", group="Network"),
+    Option("fusemount", "--fusemount", "a FUSE mount: 'host:PROGRAM ARGS... MOUNTPOINT' or 'container:...' (where "
+           "PROGRAM runs; -daemon forms too); implies --pid", value="SPEC", repeat=True, env="FUSESPEC",
+           group="Mounts"),
+    Option("security", "--security", "security features: seccomp:PROFILE.json, uid:N, gid:N[:N...] (root), "
+           "apparmor:PROFILE, selinux:CONTEXT (comma lists)", value="SPEC", repeat=True, env="SECURITY",
+           group="Privileges"),
     Option("fakeroot", "--fakeroot", "be root inside the container (in a user namespace), yourself outside", "-f",
            env="FAKEROOT", group="Privileges"),
     Option("userns", "--userns", "run in a new user namespace, even as root", "-u", env="USERNS",
@@ -101,10 +117,57 @@ ACTION_OPTIONS: tuple[Option, ...] = (
            group="Environment"),
     Option("app", "--app", "a SCIF app of the image (/scif/apps/NAME): its environment, and its runscript for "
            "`run`", value="NAME", env="APP", env_also=("APPNAME",), group="Environment"),
+    # Resource limits (singpy.cgroups), Apptainer's flags and EnvKeys (its --cpus reads APPTAINER_CPU_SHARES, a slip
+    # singpy does not copy: APPTAINER_CPUS)
+    Option("apply_cgroups", "--apply-cgroups", "apply the cgroup limits of a TOML file (Apptainer's, the OCI layout)",
+           value="FILE", env="APPLY_CGROUPS", group="Resource limits"),
+    Option("cpus", "--cpus", "number of CPUs available to the container (fractions allowed: 1.5)", value="N",
+           env="CPUS", group="Resource limits"),
+    Option("cpu_shares", "--cpu-shares", "CPU shares (relative weight) for the container", value="N",
+           env="CPU_SHARES", group="Resource limits"),
+    Option("cpuset_cpus", "--cpuset-cpus", "host CPUs the container may use (0-3,7)", value="LIST",
+           env="CPUSET_CPUS", group="Resource limits"),
+    Option("cpuset_mems", "--cpuset-mems", "host memory nodes the container may use (0,1)", value="LIST",
+           env="CPUSET_MEMS", group="Resource limits"),
+    Option("memory", "--memory", "memory limit: bytes, or with a unit (512M, 2G)", value="SIZE", env="MEMORY",
+           group="Resource limits"),
+    Option("memory_reservation", "--memory-reservation", "memory soft limit: bytes, or with a unit", value="SIZE",
+           env="MEMORY_RESERVATION", group="Resource limits"),
+    Option("memory_swap", "--memory-swap", "memory plus swap limit, -1 for unlimited swap", value="SIZE",
+           env="MEMORY_SWAP", group="Resource limits"),
+    Option("oom_kill_disable", "--oom-kill-disable", "disable the OOM killer (cgroup v1)", env="OOM_KILL_DISABLE",
+           group="Resource limits"),
+    Option("pids_limit", "--pids-limit", "limit the number of the container's processes, -1 for unlimited",
+           value="N", env="PIDS_LIMIT", group="Resource limits"),
+    Option("blkio_weight", "--blkio-weight", "block IO relative weight in range 10-1000, 0 to disable", value="N",
+           env="BLKIO_WEIGHT", group="Resource limits"),
+    Option("blkio_weight_device", "--blkio-weight-device", "device specific block IO weight: DEVICE:WEIGHT",
+           value="DEVICE:WEIGHT", repeat=True, env="BLKIO_WEIGHT_DEVICE", group="Resource limits"),
+    # Issue 28's action flags, with Apptainer's EnvKeys (its action_flags.go)
+    Option("workdir", "--workdir", "host directory of the --scratch directories and, with --contain, of /tmp, "
+           "/var/tmp and the home", "-W", "DIR", env="WORKDIR", group="Mounts"),
+    Option("scratch", "--scratch", "a writable scratch directory at PATH in the container (in memory, or under "
+           "--workdir; comma lists)", "-S", "PATH", repeat=True, env="SCRATCH", env_also=("SCRATCHDIR",),
+           group="Mounts"),
+    Option("no_env", "--no-env", "keep this host variable out of the container (comma lists)", value="NAME",
+           repeat=True, env="NOENV", group="Environment"),
+    Option("no_pid", "--no-pid", "no new PID namespace, even with --containall or --pid", env="NO_PID",
+           group="Isolation"),
+    Option("no_nv", "--no-nv", "no NVIDIA GPU support, even with `always use nv = yes`", env="NV_OFF",
+           env_also=("NO_NV",), group="GPU"),
+    Option("no_rocm", "--no-rocm", "no ROCm GPU support, even with `always use rocm = yes`", env="ROCM_OFF",
+           env_also=("NO_ROCM",), group="GPU"),
+    Option("disable_cache", "--disable-cache", "pull a docker://... image into a temporary directory, not the cache",
+           env="DISABLE_CACHE", group="Images"),
+    Option("runscript_timeout", "--runscript-timeout", "run: the deadline of the image's env scripts, a duration "
+           "(30s, 1m30s); a command still running then is killed", value="DURATION", env="RUNSCRIPT_TIMEOUT",
+           group="Environment", commands=("run", "instance run")),
     Option("nv", "--nv", "enable NVIDIA GPU support", env="NV", group="GPU"),
     Option("nvccli", "--nvccli", "--nv with the library list from nvidia-container-cli (which must be there)",
            env="NVCCLI", group="GPU"),
     Option("rocm", "--rocm", "enable AMD ROCm GPU support", env="ROCM", group="GPU"),
+    Option("compat32", "--compat32", "with --nv or --rocm: the host's 32-bit GPU libraries too, in "
+           "/.singularity.d/libs32 (for 32-bit programs)", env="COMPAT32", group="GPU"),
     Option("device", "--device", "a CDI device: VENDOR/CLASS=NAME, as nvidia.com/gpu=all or =0 (comma lists)",
            value="NAME", repeat=True, group="GPU"),
     Option("cdi_dirs", "--cdi-dirs", "directories of CDI specs, later ones winning (default: /etc/cdi,/var/run/cdi)",
@@ -146,6 +209,7 @@ ACTIONS = {
     "exec": ("IMAGE COMMAND [ARGS...]", "run a command inside a container"),
     "run": ("IMAGE [ARGS...]", "run the container's runscript"),
     "shell": ("IMAGE", "start an interactive shell inside a container"),
+    "test": ("IMAGE [ARGS...]", "run the user-defined tests within a container (its %test section)"),
 }
 
 # The Examples section of each command's help, as Apptainer's help has one (its docs/content.go).
@@ -161,6 +225,9 @@ EXAMPLES = {
     "shell": ("singpy shell image.sif",
               "singpy shell -C image.sif",
               "singpy shell --shell /bin/ash instance://web"),
+    "test": ("singpy test image.sif", "singpy test --app foo image.sif", "singpy test --contain -B /data image.sif"),
+    "instance run": ("singpy instance run image.sif web --port 8080",
+                     "singpy instance run --pid-file web.pid --memory 2G --cpus 2 image.sif web"),
     "instance start": ("singpy instance start image.sif web",
                        "singpy instance start --containall -B /data image.sif db --port 5432",
                        "singpy exec instance://web ps"),

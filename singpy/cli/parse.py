@@ -65,7 +65,7 @@ def parse_action(action: str, argv: list[str], env: Mapping[str, str]) -> tuple[
         _take(rest, _ACTION_INDEX, values, action)
     if values.get("help"):
         return values, rest
-    _apply_env(values, env)
+    _apply_env(values, env, command=action)
     return values, rest
 
 
@@ -78,8 +78,10 @@ def _take(rest: list[str], index: dict[str, Option], values: dict[str, Any], com
         if inline.startswith("=") and index.get(name) is not None and index[name].value:
             inline = inline[1:]  # -B=/data means /data, as with Apptainer's flag parser
     option = index.get(name)
-    if option is None:
-        raise UsageError(unknown("flag", name, index), hint=f"Run '{_command_line(command)} --help' for usage.")
+    if option is None or (option.commands and command not in option.commands):
+        known = [word for word, known_option in index.items() if command in known_option.commands or
+                 not known_option.commands]
+        raise UsageError(unknown("flag", name, known), hint=f"Run '{_command_line(command)} --help' for usage.")
     if not option.value:
         if eq:
             raise UsageError(f"flag {name} takes no value")
@@ -127,15 +129,19 @@ def _store(values: dict[str, Any], option: Option, value: str) -> None:
         values[option.dest] = value
 
 
-def _apply_env(values: dict[str, Any], env: Mapping[str, str], options: tuple[Option, ...] = ACTION_OPTIONS) -> None:
+def _apply_env(values: dict[str, Any], env: Mapping[str, str], options: tuple[Option, ...] = ACTION_OPTIONS,
+               command: str = "") -> None:
     """Options not given on the command line may come from the environment.
 
     As in Apptainer, `SINGULARITY_BIND` adds to the --bind values rather than
     being overridden by them, and so does `SINGULARITY_BINDPATH` (each suffix
     of an option is read, the first one set wins for an option that is not
-    repeated: `--pwd` reads `*_PWD` then `*_TARGET_PWD`).
+    repeated: `--pwd` reads `*_PWD` then `*_TARGET_PWD`). The variables of an option that `command` does
+    not take are not read (APPTAINER_RUNSCRIPT_TIMEOUT is harmless to exec).
     """
     for option in options:
+        if option.commands and command not in option.commands:
+            continue
         for suffix in (option.env, *option.env_also) if option.env else ():
             if option.dest in values and not option.env_appends:
                 break
@@ -162,7 +168,7 @@ def action_help(action: str, *, command: str = "", usage: str = "", summary: str
                      summary or action_summary.capitalize() + ".",
                      [(option.group, help_row(option.short, option.long, option.value, option.help,
                                               option.env and ENV_PREFIXES[1] + option.env))
-                      for option in ACTION_OPTIONS],
+                      for option in ACTION_OPTIONS if not option.commands or command in option.commands],
                      EXAMPLES.get(command, ()))
 
 

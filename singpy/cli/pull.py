@@ -54,9 +54,11 @@ def pull_command(
     no_https: bool = NO_HTTPS,
     name: str = NAME,
     directory: str = DIR,
+    library: str = typer.Option("", "--library", help="the library to pull from (library:// images; default: "
+                                "the remote in use)", metavar="URL", envvar=variables("LIBRARY"), show_envvar=False),
 ) -> None:
     """Pull an image from a registry (docker://) or an OCI layout/archive and write it as a SIF file; download
-    an image file (SIF) from an http:// or https:// URL."""
+    a SIF stored in an OCI registry (oras://), or an image file (SIF) from an http:// or https:// URL."""
     import os
 
     from singpy import console
@@ -70,6 +72,18 @@ def pull_command(
         return
     info = host.capture()
     options = pull_options(arch, docker_login, authfile, no_https)
+    if reference.startswith("library://"):  # a SIF in a Sylabs library (singpy.library.pull)
+        from singpy.library.pull import LibraryOptions
+        from singpy.library.pull import pull as pull_library
+
+        library_options = LibraryOptions(arch=arch, library=library, https=not no_https)
+        console.info(pull_library(reference, target, library_options, os.environ, info.home, force=force))
+        return
+    if reference.startswith("oras://"):  # a SIF stored as an OCI artifact: downloaded as it is
+        from singpy.oci import oras
+
+        console.info(oras.pull(reference, target, options, os.environ, info.home, force=force))
+        return
     console.info(pull(reference, target, options, os.environ, info.home, force=force))
 
 
@@ -91,6 +105,17 @@ def pull_target(words: list[str], name: str, directory: str) -> tuple[str, str]:
             from singpy.oci.pull import default_name
             from singpy.oci.ref import parse
 
-            target = netpull.default_name(reference) if netpull.is_url(reference) else default_name(parse(reference))
+            if netpull.is_url(reference):
+                target = netpull.default_name(reference)
+            elif reference.startswith("library://"):
+                from singpy.library import ref as library_ref
+
+                target = library_ref.default_name(library_ref.parse(reference))
+            elif reference.startswith("oras://"):
+                from singpy.oci.oras import parse_ref
+
+                target = default_name(parse_ref(reference))
+            else:
+                target = default_name(parse(reference))
         target = os.path.join(directory, target)
     return target, reference

@@ -92,8 +92,9 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("allow uts ns", BOOL, True, "allow --uts and --hostname (no: they are ignored, with a warning)"),
     Directive("allow net groups", LIST, (), "groups (names or ids) whose members may ask for a network other than "
               "none (comma list); may repeat"),
-    Directive("allow netns paths", LIST, (), "network namespaces users may join (Apptainer's --netns-path, which "
-              "singpy does not have: not used)"),
+    Directive("enable fusemount", BOOL, True, "allow --fusemount (FUSE programs serving mounts in the container)"),
+    Directive("allow netns paths", LIST, (), "network namespaces (paths, comma list) the users of `allow net users` "
+              "and `allow net groups` may join with --netns-path; may repeat"),
     Directive("enable overlay", CHOICE, "yes", "overlays (--overlay, --writable-tmpfs, mount points the image "
               "lacks): yes (try is yes), driver (always fuse-overlayfs) or no (none; see docs/overlays.md)",
               ("yes", "no", "try", "driver")),
@@ -115,7 +116,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("limit container paths", LIST, (), "users other than root may only use images and overlays in these "
               "directories (absolute paths) or below them"),
     Directive("allow container sif", BOOL, True, "allow SIF images, as images or overlays (for users other than root)"),
-    Directive("allow container encrypted", BOOL, True, "allow encrypted SIF images (singpy runs none: no effect)"),
+    Directive("allow container encrypted", BOOL, True, "allow encrypted SIF images (for users other than root)"),
     Directive("allow container squashfs", BOOL, True, "allow bare squashfs images (for users other than root)"),
     Directive("allow container extfs", BOOL, True,
               "allow ext3 images: overlays, and Singularity 2.x images (for users other than root)"),
@@ -129,7 +130,7 @@ DIRECTIVES: tuple[Directive, ...] = (
 # Apptainer's own template writes (its parser knows "apptheus communication socket path"); both occur in
 # real files. "allow kernel overlay" is not a directive of any release's code, but SingularityCE documents it.
 APPTAINER_IGNORED: frozenset[str] = frozenset({
-    "allow setuid", "allow user ns", "enable fusemount",
+    "allow setuid", "allow user ns",
     "allow setuid-mount encrypted", "allow setuid-mount squashfs", "allow setuid-mount extfs",
     "sync writable extfs", "shared loop devices", "cni configuration path", "cni plugin path",
     "binary path", "suidbinary path", "mksquashfs procs", "mksquashfs mem", "image driver",
@@ -265,9 +266,6 @@ def _list_items(directive: Directive, value: str, where: str) -> list[str]:
             if item not in KERNEL_FEATURES:
                 raise ConfigError(f"{where}: avoid kernel features: unknown feature {shown(item)!r} "
                                   f"(known: {', '.join(KERNEL_FEATURES)})")
-    if directive.name == "allow netns paths" and items:
-        console.verbose(f"{where}: singpy has no --netns-path (it never joins an existing network namespace): "
-                        "allow netns paths is not used")
     return items
 
 

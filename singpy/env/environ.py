@@ -11,7 +11,11 @@ Precedence, lowest first (Apptainer's action script and its docs,
 4. PATH rules: `..ENV_PREPEND_PATH`, `..ENV_APPEND_PATH`, then `..ENV_PATH`,
    each evaluated like an injected value, so `$PATH` in them is the image's;
 5. LD_LIBRARY_PATH always ends with /.singularity.d/libs (where --nv/--rocm
-   put the host's GPU libraries);
+   put the host's GPU libraries), then with /.singularity.d/libs32 when that
+   directory has entries in the container (--compat32's 32-bit builds; the
+   loader skips a library of the wrong class). As Apptainer's action script,
+   this looks at the container, not at the launch's own flags: a command
+   joining an instance started with --compat32 gets it too;
 6. host variables, only where nothing above set the same name (skipped with
    --cleanenv, except TERM and the proxy variables). PATH, LD_LIBRARY_PATH and
    the launcher's own SINGULARITY_/APPTAINER_/SINGPY_ variables never pass;
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from singpy.constants import DEFAULT_PATH, LIBS_DIR
+from singpy.constants import DEFAULT_PATH, LIBS32_DIR, LIBS_DIR
 from singpy.record import Record
 
 INJECT_PREFIXES = ("SINGULARITYENV_", "APPTAINERENV_", "SINGPYENV_")  # later wins
@@ -51,6 +55,7 @@ class EnvPlan(Record):
     host: tuple[tuple[str, str], ...] = ()  # step 6 candidates
     evaluate: bool = False  # injected values are evaluated once by the container's shell (not --no-eval)
     shell: str = ""  # step 7: SHELL, set inside the container by singpy.launch.process for `singpy shell`
+    timer: bool = False  # --runscript-timeout: ACTION_SCRIPT exits 255 on the watchdog's SIGUSR1 (launch.scripttimer)
 
 
 def is_valid_name(name: str) -> bool:
@@ -81,11 +86,18 @@ def injected_from_host(host_env: Mapping[str, str]) -> tuple[dict[str, str], lis
     return found, warnings
 
 
-def host_passthrough(host_env: Mapping[str, str], *, cleanenv: bool, keep: Iterable[str] = ()) -> dict[str, str]:
-    """Host variables that may reach the container (step 6)."""
-    kept = set(keep)
+def host_passthrough(host_env: Mapping[str, str], *, cleanenv: bool, keep: Iterable[str] = (),
+                     blocked: Iterable[str] = ()) -> dict[str, str]:
+    """Host variables that may reach the container (step 6).
+
+    `blocked`: --no-env's names, kept out as Apptainer keeps them out (its
+    alwaysOmitKeys): TERM and the proxy variables pass all the same, and an
+    injected APPTAINERENV_X or --env X still sets X.
+    """
+    kept = set(keep).difference(blocked)
+    omitted = set(blocked).difference(ALWAYS_PASSED)
     return {key: value for key, value in host_env.items()
-            if key in kept or (_is_passed(key) and (not cleanenv or key in ALWAYS_PASSED))}
+            if key in kept or (_is_passed(key) and key not in omitted and (not cleanenv or key in ALWAYS_PASSED))}
 
 
 def _is_passed(key: str) -> bool:
@@ -101,8 +113,10 @@ def split_path_rules(injected: dict[str, str]) -> tuple[dict[str, str], dict[str
     return injected, rules
 
 
-def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Steps 1-6 in Python, for an image whose env scripts set `image_env` (often nothing)."""
+def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None, *,
+              libs32: str = LIBS32_DIR) -> dict[str, str]:
+    """Steps 1-6 in Python, for an image whose env scripts set `image_env` (often nothing); run in the container,
+    where `libs32` is looked at (step 5)."""
     env = dict(plan.base)
     env.update(image_env or {})
     env.update(plan.injected)
@@ -112,7 +126,7 @@ def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None) -> dict
     if plan.append_path:
         path = f"{path}:{plan.append_path}"
     env["PATH"] = plan.path or path
-    env["LD_LIBRARY_PATH"] = with_libs_dir(env.get("LD_LIBRARY_PATH", ""))
+    env["LD_LIBRARY_PATH"] = with_libs_dir(env.get("LD_LIBRARY_PATH", ""), libs32 if has_entries(libs32) else "")
     for key, value in plan.host:
         env.setdefault(key, value)
     if plan.shell:
@@ -120,10 +134,22 @@ def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None) -> dict
     return env
 
 
-def with_libs_dir(value: str) -> str:
-    if not value:
-        return LIBS_DIR
-    return value if LIBS_DIR in value.split(":") else f"{value}:{LIBS_DIR}"
+def with_libs_dir(value: str, libs32: str = "") -> str:
+    """`value` ending with LIBS_DIR unless it has it, then `libs32` likewise (Apptainer appends it last)."""
+    value = value if LIBS_DIR in value.split(":") else f"{value}:{LIBS_DIR}" if value else LIBS_DIR
+    return value if not libs32 or libs32 in value.split(":") else f"{value}:{libs32}"
+
+
+def has_entries(directory: str) -> bool:
+    """Whether `directory` is a directory with an entry not starting with "." (what the action script's glob
+    sees; Apptainer's test: `[ "$(cd DIR && echo *)" != "*" ]`)."""
+    import os  # loaded by the interpreter already: no cost
+
+    try:
+        with os.scandir(directory) as entries:
+            return any(not entry.name.startswith(".") for entry in entries)
+    except OSError:
+        return False
 
 
 def needs_shell(plan: EnvPlan) -> bool:
@@ -175,6 +201,8 @@ def shell_env(plan: EnvPlan, env_scripts: tuple[str, ...] = ()) -> dict[str, str
     """
     env = dict(plan.base)
     env["__SINGPY_ENV_SCRIPTS"] = " ".join(env_scripts)
+    if plan.timer:
+        env["__SINGPY_TIMER"] = "1"
     env["__SINGPY_INJECT"] = " ".join(key for key, _ in plan.injected)
     if plan.evaluate:
         env["__SINGPY_EVAL"] = "1"
@@ -197,6 +225,8 @@ def shell_env(plan: EnvPlan, env_scripts: tuple[str, ...] = ()) -> dict[str, str
 # After an OCI image's env script (10-docker2singularity.sh), the parts of the default PATH
 # its PATH lacks are appended, as Apptainer's action script does (`fixpath`).
 ACTION_SCRIPT = r"""
+[ -z "$__SINGPY_TIMER" ] || trap 'exit 255' USR1
+unset __SINGPY_TIMER
 for __n in $__SINGPY_HOST; do
     unset $__n 2>&-
 done
@@ -245,6 +275,11 @@ case ":$LD_LIBRARY_PATH:" in
     ::) LD_LIBRARY_PATH=@LIBS_DIR@ ;;
     *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:@LIBS_DIR@" ;;
 esac
+for __f in @LIBS32_DIR@/*; do  # an entry (not the unmatched pattern): --compat32's directory ends it too
+    [ -e "$__f" ] || [ -L "$__f" ] || break
+    case ":$LD_LIBRARY_PATH:" in *:@LIBS32_DIR@:*) ;; *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:@LIBS32_DIR@" ;; esac
+    break
+done
 export LD_LIBRARY_PATH
 for __n in $__SINGPY_HOST; do
     eval "[ -n \"\${$__n+x}\" ] || export $__n=\"\${__SINGPY_H_$__n}\"; unset __SINGPY_H_$__n"
@@ -258,8 +293,10 @@ if ! __f=$(command -v "$1" 2>&-); then
     exit 255
 fi
 unset __f
+trap - USR1
 exec "$@"
-""".replace("@LIBS_DIR@", LIBS_DIR).replace("@DEFAULT_PATH_WORDS@", DEFAULT_PATH.replace(":", " "))
+""".replace("@LIBS32_DIR@", LIBS32_DIR).replace("@LIBS_DIR@", LIBS_DIR) \
+    .replace("@DEFAULT_PATH_WORDS@", DEFAULT_PATH.replace(":", " "))
 
 
 # Names whose values --dry-run does not print (without --verbose): a plan shown in a bug

@@ -29,8 +29,10 @@ from singpy.constants import LIBS_DIR
 from singpy.plan import MountOp, MountSpec, Stage
 
 
-def libs_dir_mounts(files: Iterable[tuple[str, str]], links: Iterable[tuple[str, str]] = ()) -> tuple[MountSpec, ...]:
-    """The tmpfs at LIBS_DIR, one read-only bind per distinct host file, links for the other names, the seal.
+def libs_dir_mounts(files: Iterable[tuple[str, str]], links: Iterable[tuple[str, str]] = (),
+                    directory: str = LIBS_DIR) -> tuple[MountSpec, ...]:
+    """The tmpfs at `directory` (LIBS_DIR, or --compat32's LIBS32_DIR), one read-only bind per distinct host file,
+    links for the other names, the seal.
 
     `files`: (name in LIBS_DIR, host path), in order; names that end at the
     same host file (through symlinks) share one bind. `links`: further
@@ -50,17 +52,17 @@ def libs_dir_mounts(files: Iterable[tuple[str, str]], links: Iterable[tuple[str,
     symlinks: list[MountSpec] = []
     for real, names in by_file.items():
         bound = bound_name(real, names)
-        binds.append(MountSpec(op=MountOp.BIND, source=real, dest=f"{LIBS_DIR}/{bound}", readonly=True,
+        binds.append(MountSpec(op=MountOp.BIND, source=real, dest=f"{directory}/{bound}", readonly=True,
                                stage=Stage.GPU))
-        symlinks += [_link(name, bound) for name in names if name != bound]
+        symlinks += [_link(name, bound, directory) for name in names if name != bound]
     for name, target in links:
         if name not in taken:
             taken.add(name)
-            symlinks.append(_link(name, target))
+            symlinks.append(_link(name, target, directory))
     if not binds and not symlinks:
         return ()
-    return (MountSpec(op=MountOp.TMPFS, dest=LIBS_DIR, stage=Stage.GPU), *binds, *symlinks,
-            MountSpec(op=MountOp.SEAL, dest=LIBS_DIR, stage=Stage.GPU))
+    return (MountSpec(op=MountOp.TMPFS, dest=directory, stage=Stage.GPU), *binds, *symlinks,
+            MountSpec(op=MountOp.SEAL, dest=directory, stage=Stage.GPU))
 
 
 def bound_name(real: str, names: list[str]) -> str:
@@ -94,5 +96,5 @@ def link_notes(mounts: Iterable[MountSpec]) -> tuple[str, ...]:
     return tuple(f"linking {spec.dest} -> {spec.source}" for spec in mounts if spec.op is MountOp.SYMLINK)
 
 
-def _link(name: str, target: str) -> MountSpec:
-    return MountSpec(op=MountOp.SYMLINK, source=target, dest=f"{LIBS_DIR}/{name}", stage=Stage.GPU)
+def _link(name: str, target: str, directory: str) -> MountSpec:
+    return MountSpec(op=MountOp.SYMLINK, source=target, dest=f"{directory}/{name}", stage=Stage.GPU)

@@ -30,11 +30,13 @@ _LIBC_PATHS = ("lib/x86_64-linux-gnu/libc.so.6", "lib/aarch64-linux-gnu/libc.so.
 
 
 def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, host_env: Mapping[str, str],
-                  rootfs: str | None, nvccli: bool = False, image_spec: ImageSpec | None = None) -> GpuContribution:
+                  rootfs: str | None, nvccli: bool = False, image_spec: ImageSpec | None = None,
+                  compat32: bool = False) -> GpuContribution:
     """Devices, libraries, binaries and warnings for the requested vendors.
 
     GpuError (one FATAL) when the image's NVIDIA_REQUIRE_* do not hold on this host.
     `image_spec` lets --nv read a mounted SIF's environment (`squashfs_hints`).
+    `compat32`: each vendor's 32-bit libraries too, in /.singularity.d/libs32 (singpy.gpu.compat32).
     """
     host = gpu_host(config, host_env)
     if nvccli:
@@ -56,6 +58,10 @@ def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, hos
         from singpy.gpu import rocm as amd
 
         parts.append(amd.discover(host, contain=contain, image=image))
+    if compat32:
+        from singpy.gpu import compat32 as bits32
+
+        parts += [bits32.discover(host, platform, image) for platform, asked in (("nv", nv), ("rocm", rocm)) if asked]
     return merge(*parts)
 
 

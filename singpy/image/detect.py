@@ -48,6 +48,8 @@ _EXT_ROCOMPAT = 0x1 | 0x2 | 0x4  # sparse_super, large_file, btree_dir
 _SIF_MAGIC_AT = 32  # after the 32-byte launch script
 _FS_NAMES = {1: "squashfs", 2: "ext3", 3: "immutable object", 4: "raw", 5: "encrypted squashfs",
              6: "gocryptfs squashfs"}
+_FS_ENCRYPTED_SQUASHFS, _FS_GOCRYPTFS = 5, 6  # a gocryptfs partition is a squashfs too: of the encrypted files
+_ENCRYPTIONS = {_FS_ENCRYPTED_SQUASHFS: "luks", _FS_GOCRYPTFS: "gocryptfs"}  # ImageSpec.encryption (image.cryptmount)
 
 
 def detect(reference: str) -> ImageSpec:
@@ -145,17 +147,18 @@ def sif_partition(path: str, *, check_arch: bool = True) -> ImageSpec:
         read_sif(path).primary_partition()
         raise SifError(f"corrupt SIF {path}")  # not reached: read_sif agrees that something is wrong
     offset, size, fstype, arch = found
-    if fstype != 1:
+    if fstype not in (1, _FS_ENCRYPTED_SQUASHFS, _FS_GOCRYPTFS):
         kind = _FS_NAMES.get(fstype, f"type {fstype}")
         raise ImageError(f"{path}: the primary partition is {kind}; singpy runs only squashfs partitions")
-    if size < _SUPERBLOCK_SIZE or _read_at(path, offset, 4) != SQUASHFS_MAGIC:
+    # Apptainer's root-built kind (LUKS2) shows its squashfs only once dm-crypt has decrypted it
+    if fstype != _FS_ENCRYPTED_SQUASHFS and (size < _SUPERBLOCK_SIZE or _read_at(path, offset, 4) != SQUASHFS_MAGIC):
         raise ImageError(f"{path}: the primary partition is not a squashfs filesystem (bad superblock)")
     host = host_arch()
     if check_arch and arch not in ("unknown", host):
         raise ImageError(f"{path}: image is {arch}, this host is {host}")
     overlay_offset, overlay_size = _overlay(partitions) or (0, 0)
     return ImageSpec(kind="sif", path=path, offset=offset, size=size, arch=arch, overlay_offset=overlay_offset,
-                     overlay_size=overlay_size)
+                     overlay_size=overlay_size, encryption=_ENCRYPTIONS.get(fstype, ""))
 
 
 def _read_at(path: str, offset: int, length: int, reference: str | None = None) -> bytes:

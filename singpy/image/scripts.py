@@ -27,7 +27,7 @@ import stat
 from collections.abc import Callable
 
 from singpy import console
-from singpy.constants import ENV_DIR, RUNSCRIPT, SCIF_APPS
+from singpy.constants import ENV_DIR, RUNSCRIPT, SCIF_APPS, SINGULARITY_D
 from singpy.errors import ImageError, PathError
 from singpy.host.hostfiles import kind_name
 from singpy.mounts.rootpath import Tree
@@ -70,9 +70,13 @@ def _users_bind(image: Tree, guest: str, asked: Callable[[str], bool]) -> str | 
     return guest if found.path == guest else None
 
 
-def runscript_path(app: str) -> str:
-    """What `run` executes: the image's runscript, or with --app that of the SCIF app."""
-    return f"{SCIF_APPS}/{app}/scif/runscript" if app else RUNSCRIPT
+def runscript_path(app: str, action: str = "run") -> str:
+    """What `run` executes: the image's runscript, or with --app that of the SCIF app; for `test`, the
+    image's (or the app's) test script (Apptainer's action script: /.singularity.d/test)."""
+    name = "test" if action == "test" else "runscript"
+    if app:
+        return f"{SCIF_APPS}/{app}/scif/{name}"
+    return f"{SINGULARITY_D}/test" if action == "test" else RUNSCRIPT
 
 
 def _env_names(image: Tree) -> list[str]:

@@ -71,7 +71,11 @@ class SifObject:
 
 
 def _next_aligned(offset: int, alignment: int) -> int:
-    return offset if alignment <= 0 else -(-offset // alignment) * alignment
+    """The reference's nextAligned: a bit mask, exact for the powers of two it expects; any other alignment
+    (`siftool add --alignment 100`) gives what the reference gives, which a byte-exact writer must too."""
+    if alignment <= 0 or offset % alignment == 0:
+        return offset
+    return (offset & ~(alignment - 1)) + alignment
 
 
 def _is_primary(d: RawDescriptor) -> bool:

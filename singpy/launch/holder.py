@@ -49,6 +49,10 @@ class Instance(Record):
     log_err: int
     records: int  # open directory of the instance's record, removed by the holder when it ends
     record: str  # the record's name in it
+    # --disable-cache: the open parent of the instance's temporary image directory (its pulled SIF, which the
+    # commands joining it read), and that directory's name; removed with the record (-1: none)
+    temporary: int = -1
+    temporary_name: str = ""
 
 
 def start_instance(plan: LaunchPlan, instance: Instance) -> int:
@@ -93,6 +97,8 @@ def _holder(plan: LaunchPlan, listener: socket.socket, instance: Instance | None
     with open("/proc/self/comm", "w") as comm:  # what ps shows: not the rank's own `python3`
         comm.write("singpy-instance" if instance else "singpy-shared")
     _detach_stdio(listener.fileno(), instance)
+    if instance is not None and instance.temporary >= 0:  # now: the package is out of reach once in the container
+        from singpy.image import trees  # noqa: F401  (used by _remove_record)
     try:
         fds, scripts = _build(plan)
     except SingpyError as error:
@@ -129,7 +135,7 @@ def _detach_stdio(keep: int, instance: Instance | None) -> None:
         for fd in (1,) if console.level() >= console.DEBUG else (1, 2):
             os.dup2(null, fd)
     os.close(null)
-    kept = sorted({keep, *((instance.records,) if instance else ())})
+    kept = sorted({keep, *((instance.records, instance.temporary) if instance else ())} - {-1})
     low = 3
     for fd in kept:
         os.closerange(low, fd)
@@ -138,9 +144,15 @@ def _detach_stdio(keep: int, instance: Instance | None) -> None:
 
 
 def _remove_record(instance: Instance | None) -> None:
+    """The instance's record, and its temporary image directory with --disable-cache, removed as it ends."""
     if instance is not None:
         with contextlib.suppress(OSError):
             os.unlink(instance.record, dir_fd=instance.records)
+        if instance.temporary >= 0:
+            from singpy.image import trees
+
+            with contextlib.suppress(OSError):
+                trees.remove_at(instance.temporary, instance.temporary_name)
 
 
 def _build(plan: LaunchPlan) -> tuple[list[tuple[str, int]], ImageScripts]:
@@ -297,13 +309,15 @@ def _start_script(plan: LaunchPlan, scripts: ImageScripts) -> int | None:
     """Fork the instance's startscript (in a process group of its own, for `instance stop`); None without one."""
     from singpy.launch import process
 
-    if not (os.path.isfile(STARTSCRIPT) and os.access(STARTSCRIPT, os.X_OK)):
+    runscript = plan.share is not None and plan.share.runscript  # `instance run`: the plan's own process, a `run`
+    if not runscript and not (os.path.isfile(STARTSCRIPT) and os.access(STARTSCRIPT, os.X_OK)):
         console.info(f"no executable {STARTSCRIPT} in the image: the instance runs nothing until joined")
         return None
     pid = process.fork_tied()
     if pid == 0:
         os.setpgid(0, 0)
-        startscript = plan.process.replace(action="exec", args=(STARTSCRIPT, *plan.process.args))
+        startscript = plan.process if runscript else plan.process.replace(action="exec",
+                                                                          args=(STARTSCRIPT, *plan.process.args))
         process.run_child(lambda: process.exec_process(startscript, scripts))
     return pid
 

@@ -51,6 +51,11 @@ class InstanceRecord(Record):
     log_out: str
     log_err: str
     started: float  # time.time() at start
+    cgroup: tuple[str, ...] = ()  # its cgroup's directories, when started with resource limits (singpy.cgroups)
+    cgroup_version: int = 0  # 1 or 2 with a cgroup
+    # its --security values (seccomp: an absolute path), which `exec|run|shell instance://NAME` inherit as Apptainer's
+    # joins do (a feature the joining command gives itself wins: singpy.launch.planner)
+    security: tuple[str, ...] = ()
 
 
 def check_name(name: str) -> str:
@@ -69,6 +74,22 @@ def socket_name(home: str, user: str, uid: int, name: str) -> str:
     them), to join it: its record's, chosen at start."""
     records, _ = state_dirs(home, user)
     return find(records, name, uid).socket
+
+
+def instance_cgroup(home: str, user: str, uid: int, name: str) -> tuple[str, ...]:
+    """The cgroup directories of the running instance NAME (() without limits): a process joining it joins them.
+    Only those its holder is in: a record names what its writer wants."""
+    from singpy.cgroups.stats import member_of
+
+    records, _ = state_dirs(home, user)
+    record = find(records, name, uid)
+    return record.cgroup if record.cgroup and member_of(record.pid, record.cgroup) else ()
+
+
+def instance_security(home: str, user: str, uid: int, name: str) -> tuple[str, ...]:
+    """The --security values the running instance NAME was started with (its record's), for a command joining it."""
+    records, _ = state_dirs(home, user)
+    return find(records, name, uid).security
 
 
 def state_dirs(home: str, user: str) -> tuple[str, str]:
@@ -175,23 +196,28 @@ def write_record(records: str, record: InstanceRecord) -> None:
                           f"{error.strerror}") from None
 
 
-def running(records: str, uid: int) -> list[InstanceRecord]:
-    """The user's instances that run, by name; records of dead ones are removed."""
+def running(records: str, uid: int, *, owner: int | None = None) -> list[InstanceRecord]:
+    """The user's instances that run, by name; records of dead ones are removed (not for root looking at another
+    user's: `owner`, their uid, whose files are only read)."""
     found = []
-    for entry in sorted(os.listdir(records)):
+    try:
+        entries = sorted(os.listdir(records))
+    except FileNotFoundError:  # another user's, who never started an instance here
+        return []
+    for entry in entries:
         if not entry.endswith(".json"):
             continue
-        record = _read(os.path.join(records, entry))
+        record = _read(os.path.join(records, entry), owner)
         if record is not None and is_alive(record, uid):
             found.append(record)
-        else:
+        elif owner is None:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(records, entry))
     return found
 
 
-def find(records: str, name: str, uid: int) -> InstanceRecord:
-    record = _read(os.path.join(records, f"{check_name(name)}.json"))
+def find(records: str, name: str, uid: int, owner: int | None = None) -> InstanceRecord:
+    record = _read(os.path.join(records, f"{check_name(name)}.json"), owner)
     if record is None or not is_alive(record, uid):
         raise SingpyError(f"no instance found with name {name}")
     return record
@@ -206,14 +232,15 @@ def refuse_running(records: str, name: str, uid: int) -> None:
     raise SingpyError(f"instance {name} already exists")
 
 
-def _read(path: str) -> InstanceRecord | None:
+def _read(path: str, owner: int | None = None) -> InstanceRecord | None:
     """The record at `path`; None when there is none, or what is there is not a record the user wrote.
 
-    Not through a link, from a regular file of the user only, of a bounded size (cachefiles.read_private).
+    Not through a link, from a regular file of the user only (of `owner` when root reads another user's), of a
+    bounded size (cachefiles.read_private).
     """
     from singpy.host.cachefiles import read_private
 
-    data = read_private(path, _MAX_RECORD + 1)
+    data = read_private(path, _MAX_RECORD + 1) if owner is None else _read_owned(path, owner)
     if data is None or len(data) > _MAX_RECORD:
         return None
     try:
@@ -222,20 +249,51 @@ def _read(path: str) -> InstanceRecord | None:
         return None
 
 
+def _read_owned(path: str, owner: int) -> bytes | None:
+    """Root reading a record of user `owner`: a regular file of theirs, not through a link, bounded."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != owner:
+            return None
+        return os.read(fd, _MAX_RECORD + 1)
+    finally:
+        os.close(fd)
+
+
+def user_dirs(home: str, user: str, uid: int) -> tuple[str, str]:
+    """(records, logs) of another user (root's --user): checked as theirs (check_owned), never made."""
+    from singpy.host.cachefiles import check_owned
+
+    base = os.path.join(home, ".singpy", "instances")
+    dirs = (os.path.join(base, "app", os.uname().nodename, user), os.path.join(base, "logs", os.uname().nodename,
+                                                                                user))
+    for path in dirs:
+        check_owned(path, what="instance directory", uid=uid)
+    return dirs
+
+
 _FIELDS = (("name", str), ("pid", int), ("image", str), ("socket", str), ("log_out", str), ("log_err", str),
            ("started", (int, float)))
+_OPTIONAL = (("cgroup", list), ("cgroup_version", int),  # only in the records of instances with a cgroup
+             ("security", list))  # ...with --security
 
 
 def _record(data: object) -> InstanceRecord | None:
     """A record's JSON as InstanceRecord, each field of its type; None for anything else."""
-    if not isinstance(data, dict) or set(data) != {name for name, _ in _FIELDS}:
+    required = {name for name, _ in _FIELDS}
+    if not isinstance(data, dict) or not required <= set(data) <= required | {name for name, _ in _OPTIONAL}:
         return None
-    for name, kind in _FIELDS:
-        if not isinstance(data[name], kind) or isinstance(data[name], bool):
+    for name, kind in (*_FIELDS, *_OPTIONAL):
+        if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
             return None
-    if data["pid"] <= 0:
+    lists = ("cgroup", "security")
+    if data["pid"] <= 0 or not all(isinstance(item, str) for key in lists for item in data.get(key, ())):
         return None
-    return InstanceRecord(**data)
+    return InstanceRecord(**{**data, **{key: tuple(data.get(key, ())) for key in lists}})
 
 
 def is_alive(record: InstanceRecord, uid: int) -> bool:
@@ -257,9 +315,18 @@ def is_alive(record: InstanceRecord, uid: int) -> bool:
 def stop(records: str, record: InstanceRecord, uid: int, *, signum: int, timeout: float, force: bool) -> None:
     """Signal the instance and wait until it has gone; SIGKILL after `timeout` seconds (at once with force).
 
-    The holder removes its record as it ends, but not when killed.
+    The holder removes its record as it ends, but not when killed. Its cgroup, if any, is removed here once
+    it has gone: only when the holder was seen in it (a record names what its writer wants).
     """
+    from singpy.cgroups import stats
+
+    cgroup = record.cgroup if record.cgroup and stats.member_of(record.pid, record.cgroup) else ()
     _stop(record, uid, signum=signum, timeout=timeout, force=force)
+    if cgroup:
+        from singpy.cgroups import manager
+        from singpy.plan import CgroupSpec
+
+        manager.remove(CgroupSpec(version=record.cgroup_version, dirs=cgroup, writes=()))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(records, f"{record.name}.json"))
 

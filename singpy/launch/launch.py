@@ -80,6 +80,11 @@ def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: b
     if dry_run:
         _print_dry_run(planned.plan, gpu, planned.warnings, request.devices)
         return 0
+    if planned.plan.join_cgroup:  # instance://NAME of an instance with limits: under them too, as Apptainer
+        from singpy.cgroups import manager
+
+        for directory in planned.plan.join_cgroup:
+            manager.move(directory, os.getpid())
     if planned.plan.share is not None:
         from singpy.launch import shared
 
@@ -96,6 +101,10 @@ def plan_launch(request: LaunchRequest, config: SysConfig, host: HostInfo, *,
         request = request.replace(env=(*gpu.env, *request.env))
     planned = build_plan(request, config, host, image, gpu_mounts=gpu.mounts if gpu else (),
                          keep_host_env=gpu.keep_host_env if gpu else ())
+    if planned.plan.process.security is not None and not dry_run:  # imported and compiled while the host is here
+        from singpy.launch import security
+
+        security.prepare(planned.plan.process.security)
     for warning in (*(gpu.warnings if gpu else ()), *planned.warnings):
         console.warning(warning)
     if console.level() >= console.VERBOSE:  # the GPU notes cost a comparison of every mount
@@ -123,8 +132,12 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Imag
     --device together both apply (singpy.gpu.merge binds a path once), where
     Apptainer's native mode drops the CDI devices.
     """
-    nv = request.nv or config.flag("always use nv")
-    rocm = request.rocm or config.flag("always use rocm")
+    nv = request.nv or (config.flag("always use nv") and not request.no_nv)  # --no-nv cancels only the conf's
+    rocm = request.rocm or (config.flag("always use rocm") and not request.no_rocm)
+    compat32 = request.compat32 or "compat32" in host.env.get("NVIDIA_DRIVER_CAPABILITIES", "").split(",")
+    if compat32 and not (nv or rocm):  # Apptainer's words (singpy.gpu.compat32, not imported for a warning)
+        console.warning("ignoring --compat32, it requires a GPU option such as --nv or --rocm")
+        compat32 = False
     if not (nv or rocm or request.devices):
         return None
     from singpy.gpu import merge
@@ -134,7 +147,8 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Imag
         from singpy.gpu.request import discover_gpus
 
         parts.append(discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
-                                   rootfs=image.rootfs, nvccli=request.nvccli, image_spec=image))
+                                   rootfs=image.rootfs, nvccli=request.nvccli, image_spec=image,
+                                   compat32=compat32))
     if request.devices:
         from singpy.gpu import CDI_DIRS, cdicache
         from singpy.host.cachefiles import cache_dir
@@ -161,6 +175,8 @@ def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tupl
         "devices": [spec.dest for spec in gpu.mounts if spec.dev],
         "libraries": [spec.source for spec in gpu.mounts
                       if spec.op is MountOp.BIND and spec.dest.startswith(f"{LIBS_DIR}/")],
+        "libraries32": [spec.source for spec in gpu.mounts  # --compat32's, in /.singularity.d/libs32
+                        if spec.op is MountOp.BIND and spec.dest.startswith(f"{LIBS_DIR}32/")],
         "binaries": [spec.source for spec in gpu.mounts if spec.dest.startswith("/usr/bin/")],
         "files": [spec.source for spec in gpu.mounts
                   if spec.source and spec.source == spec.dest and not spec.dev],
@@ -170,7 +186,7 @@ def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tupl
         "links": [f"{spec.dest} -> {spec.source}" for spec in gpu.mounts if spec.op is MountOp.SYMLINK],
         "other_binds": [f"{spec.source} -> {spec.dest}" for spec in gpu.mounts
                         if spec.op is MountOp.BIND and not spec.dev and spec.source != spec.dest
-                        and not spec.dest.startswith((f"{LIBS_DIR}/", "/usr/bin/"))],
+                        and not spec.dest.startswith((f"{LIBS_DIR}/", f"{LIBS_DIR}32/", "/usr/bin/"))],
     }
     data = plan.to_json_data()
     if console.level() < console.VERBOSE:
@@ -182,6 +198,16 @@ def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tupl
     sys.stdout.write("\n")
 
 
+def _check_ecl(image: str, config_path: str) -> None:
+    """The execution control list beside the configuration (singpy.signing.ecl), read only where there is one:
+    a host without it pays one stat, and nothing of the signing code is imported."""
+    directory = os.path.dirname(os.path.abspath(config_path)) if config_path else "/etc/singpy"
+    if os.path.lexists(os.path.join(directory, "ecl.toml")):
+        from singpy.signing import ecl
+
+        ecl.check(image, config_path)
+
+
 def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: bool) -> ImageSpec:
     """Detect the image and choose how to get its root; for `extract`, unpack it now.
 
@@ -189,6 +215,8 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
     user's cache, which outlives the container (singpy.image.squashfs).
     """
     image = detect(request.image)
+    if image.kind == "sif":
+        _check_ecl(image.path, config.path)
     if host.uid != 0 and config.changed(IMAGE_LIMITS):  # before anything is extracted from a refused image
         from singpy.host import policy
 
@@ -208,6 +236,15 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
         return extfs.choose_root(image, uid=host.uid, user_namespace=request.fakeroot or request.userns,
                                  writable=request.writable, env=host.env,
                                  allow_kernel=config.flag("allow kernel extfs"))
+    if image.encryption and request.instance:  # joined: the instance holds it decrypted, no key is asked again
+        return image
+    if image.encryption:  # gocryptfs: mounted, never extracted (its clear text never reaches a disk)
+        from singpy.image import cryptmount
+
+        return cryptmount.prepare(image, uid=host.uid, env=host.env, prompt=request.passphrase,
+                                  pem_path=request.pem_path, allowed=config.flag("allow container encrypted"),
+                                  allow_kernel=config.flag("allow kernel squashfs"),
+                                  user_namespace=request.fakeroot or request.userns)
     from singpy.host import cachefiles
     from singpy.image import squashfs
 
@@ -218,22 +255,31 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
     return image if dry_run else squashfs.prepare(image, root=host.uid == 0)
 
 
-def launch(plan: LaunchPlan, net_fd: int | None = None) -> int:
-    """Run the phases; returns only under a supervisor (--pid, squashfuse, a host network), else execs.
+def launch(plan: LaunchPlan, net_fd: int | None = None, *, limited: bool = False) -> int:
+    """Run the phases; returns only under a supervisor (--pid, squashfuse, a host network, a cgroup), else execs.
 
-    `net_fd` is the network namespace `attach_network` wired, in its child.
+    `net_fd` is the network namespace `attach_network` wired, in its child;
+    `limited`: this process is in the plan's cgroup already (singpy.launch.limits).
     """
     if net_fd is None and plan.network is not None and plan.network.type != "none":
         return attach_network(plan)
+    if plan.cgroup is not None and not limited:  # resource limits: a supervisor outside removes the cgroup
+        from singpy.launch import limits
+
+        return limits.run_limited(plan.cgroup, lambda: os._exit(launch(plan, net_fd, limited=True)))
     if plan.image.strategy in ("loop", "fuse") and plan.image.kind != "ext3":
         # Imported now: after the first pivot the package is out of reach (attach_image).
         from singpy.image import squashfs  # noqa: F401
+    if plan.image.encryption:
+        from singpy.image import cryptmount  # noqa: F401  (same reason)
     if layered(plan):
         from singpy.layers import overlayfs  # noqa: F401  (same reason: prepare_root)
     elif plan.underlay == "always":
         from singpy.layers import underlay  # noqa: F401  (same reason; a refused overlay imports it later: rootfs)
     if plan.image.kind == "ext3" or any(layer.kind == "extfs" for layer in plan.overlays):
         from singpy.image import extfs  # noqa: F401
+    if plan.fusemounts:
+        from singpy.launch import fusemount  # noqa: F401  (same reason: phases.build_container)
     _limit_loop_devices(plan)
     enter_namespaces(plan, net_fd)
     rootfs.enter_staging(plan.staging_fs, plan.staging_size, slave=plan.mount_slave)

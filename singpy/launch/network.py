@@ -70,13 +70,17 @@ def _refusal(kind: str, uid: int, user: str, config: SysConfig) -> str:
     their uid) or `allow net groups` one of their groups (name or gid), and
     `allow net networks` names the network.
     """
-    users = _words(config.items("allow net users"))
-    allowed = user in users or str(uid) in users or _in_groups(uid, _words(config.items("allow net groups")))
-    if not allowed or kind not in _words(config.items("allow net networks")):
+    if not allowed_net_user(uid, user, config) or kind not in _words(config.items("allow net networks")):
         return (f"network {kind} is not allowed for user {user}: unprivileged users may use --network none "
                 "(allow net users / allow net groups / allow net networks in singpy.conf)")
     return (f"network {kind} needs root: singpy is never setuid, so it cannot create interfaces on the host "
             f"for user {user}, although singpy.conf allows it")
+
+
+def allowed_net_user(uid: int, user: str, config: SysConfig) -> bool:
+    """Whether `allow net users` names the user (or their uid) or `allow net groups` one of their groups."""
+    users = _words(config.items("allow net users"))
+    return user in users or str(uid) in users or _in_groups(uid, _words(config.items("allow net groups")))
 
 
 def _in_groups(uid: int, groups: set[str]) -> bool:

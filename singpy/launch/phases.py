@@ -35,6 +35,11 @@ def attach_image(plan: LaunchPlan) -> tuple[str, tuple[int, ...]]:
         from singpy.image import extfs
 
         return extfs.attach_root(plan.image, plan.uid, writable=plan.writable)
+    if plan.image.encryption:
+        from singpy.image import cryptmount
+
+        uid, gid = (0, 0) if plan.fakeroot is not None else (plan.uid, plan.gid)
+        return cryptmount.attach(plan.image, uid, gid, quiet=console.level() < console.DEBUG)
     if plan.image.strategy in ("loop", "fuse"):
         from singpy.image import squashfs
 
@@ -54,7 +59,15 @@ def enter_namespaces(plan: LaunchPlan, net_fd: int | None = None) -> None:
     privilege over it. Otherwise --net gets a new one with the loopback up.
     """
     ns = plan.namespaces
+    if plan.host_dirs:  # --workdir, --scratch: on the host, as the user, before any namespace
+        from singpy.mounts.workdir import make_host_dirs
+
+        make_host_dirs(plan.host_dirs)
     caps.preload(plan.process.privileges)  # python-prctl is out of reach once the container is the root
+    if plan.netns_path:  # --netns-path: joined first, while no new user namespace takes our rights over it
+        from singpy.launch import netnspath
+
+        netnspath.join(plan.netns_path)
     if net_fd is not None:
         from singpy.kernel import netns
 
@@ -104,7 +117,8 @@ def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple
     image = Tree(image_root, proc=rootfs.PROC)
     try:
         found = survey(plan.mounts, image)
-        runscript = runscript_path(plan.process.app) if plan.process.action == "run" else None
+        action = plan.process.action
+        runscript = runscript_path(plan.process.app, action) if action in ("run", "test") else None
         scripts = find_scripts(image, covered=found.covers, runscript=runscript, asked=found.asked_for)
         missing = [] if plan.no_layer() else found.missing
         layer = "the underlay" if plan.underlay == "always" and not layered(plan) else "an overlay layer"
@@ -134,7 +148,19 @@ def build_container(plan: LaunchPlan, root: PreparedRoot) -> ImageScripts:
     with root.image as image:
         apply_mounts(plan.mounts, image=image, writable_root=plan.writable_tmpfs, no_layer=plan.no_layer(),
                      mount_setattr="mount_setattr" not in plan.avoid_features, host=root.host)
+    fuse = None
+    if plan.fusemounts:  # the FUSE mounts on their mount points, the host's programs started (singpy.launch.fusemount)
+        from singpy.launch import fusemount
+
+        fuse = fusemount.mount_all(plan)
+    timed = bool(plan.process.runscript_timeout and root.scripts.env)  # env scripts under a deadline
+    if timed:  # imported before the pivot, out of reach after it
+        from singpy.launch import scripttimer
     rootfs.finish_root(writable=writes)
+    if timed:
+        scripttimer.arm(scripttimer.parse_duration(plan.process.runscript_timeout), plan.process.runscript_timeout)
+    if fuse is not None:  # the container's programs, once it is the root; then each mount is checked
+        fusemount.serve(fuse, plan.process.privileges)
     scripts = root.scripts
     if plan.hostname is not None:
         k.sethostname(plan.hostname)

@@ -20,6 +20,7 @@ from singpy.launch import jobs
 from singpy.launch.request import LaunchRequest as LaunchRequest
 from singpy.mounts import system
 from singpy.plan import (
+    FuseMountSpec,
     IdMap,
     ImageSpec,
     LaunchPlan,
@@ -30,6 +31,7 @@ from singpy.plan import (
     NetworkSpec,
     Privileges,
     ProcessSpec,
+    SecuritySpec,
     ShareSpec,
     Stage,
 )
@@ -39,6 +41,7 @@ from singpy.record import Record
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from singpy.layers.overlay import OverlayChoice
+    from singpy.mounts.workdir import WorkdirPlan
 
 _HOSTNAME_MAX = 64  # HOST_NAME_MAX: what sethostname() takes
 
@@ -58,8 +61,14 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     job = jobs.detect(host.env)
     request, job_warnings = jobs.check_request(request, job)
     share_key, job_notes = jobs.sharing(request, job)
+    fusemounts, fuse_points = _fusemounts(request, config, host)
+    request = request.replace(pid=True) if fusemounts else request  # as Apptainer: --fusemount implies --pid
     pid, ipc, uts, hostname, dropped = _namespaces(request, config)
+    if fusemounts and not pid:
+        raise SingpyError("--fusemount needs a PID namespace, which `allow pid ns = no` refuses")
     network = _network(request, host, config)
+    netns_path, netns_warnings = _netns_path(request, host, config)
+    network = None if netns_path else network
     fakeroot = _fakeroot(request, host)
     privileges = _privileges(request, config, host)
     home_source, home_dest = _home(request, host)
@@ -70,11 +79,15 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     no_layer = plan_no_layer(writable=request.writable, overlays=bool(layers and layers.overlays), underlay=underlay,
                              overlay_driver=layers.driver if layers is not None else _default_driver(config))
     mounts = _mounts(request, config, host, namespaces, home_source, home_dest, no_layer=bool(no_layer))
+    work = _workdir(request, config, mounts, home_dest) if request.workdir or request.scratch else None
+    if work is not None:  # --workdir, --scratch (singpy.mounts.workdir, imported only then)
+        mounts = work.mounts
     gpu_mounts, gpu_notes = _outside_host_dev(gpu_mounts, mounts)
     mounts += gpu_mounts
     if job is not None:
         mounts += system.job_mounts(host.env, contain=request.contain)
     mounts += _user_binds(request, config)
+    mounts += fuse_points
     keep_host_env += tuple(name for name in host.env if jobs.is_job_variable(name))
     env_plan, warnings = _env_plan(request, host, image, home_dest, keep_host_env)
     if job is not None and share_key is None:
@@ -92,7 +105,9 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     process = ProcessSpec(action=request.action, args=request.args, env=env_plan,
                           cwd=_cwd(request, host, home_dest), cwd_required=bool(request.pwd), shell=request.shell,
                           privileges=privileges, umask=0o022 if request.no_umask else None, init=not request.no_init,
-                          app=request.app)
+                          app=request.app, security=_security(request, host, privileges))
+    if request.runscript_timeout and request.action == "run":  # Apptainer's flag of `run` alone: a watchdog
+        process = process.replace(env=process.env.replace(timer=True), runscript_timeout=request.runscript_timeout)
     plan = LaunchPlan(image=image, namespaces=namespaces, uid=host.uid, gid=host.gid,
                       mounts=tuple(sorted(mounts, key=lambda spec: spec.stage)), process=process,
                       hostname=hostname,
@@ -105,15 +120,37 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                       staging_size=_staging_size(config, host.uid),
                       max_loop_devices=config.number("max loop devices"),
                       underlay=underlay,
-                      avoid_features=avoid)
+                      avoid_features=avoid, netns_path=netns_path, fusemounts=fusemounts)
+    if request.limits:  # resource limits: the container's cgroup (singpy.cgroups, imported only then)
+        from singpy.cgroups.hierarchy import plan_cgroup
+
+        if request.instance:
+            raise UsageError(f"resource limits are set when an instance starts: instance://{request.instance} runs "
+                             "in the instance's cgroup")
+        if share_key is not None:  # a shared container's holder is no launch of this rank's: its cgroup is not ours
+            raise UsageError(f"resource limits need a container of its own, and the ranks of {share_key[1]} share "
+                             "one: add --no-sharens (each rank gets its container and cgroup)")
+        plan = plan.replace(cgroup=plan_cgroup(request.limits, host.uid))
     if request.instance:
-        from singpy.launch.instance import socket_name
+        from singpy.launch.instance import instance_cgroup, socket_name
 
         plan = plan.replace(share=ShareSpec(socket=socket_name(host.home, host.user, host.uid, request.instance),
-                                            origin=f"instance {request.instance}", create=False))
+                                            origin=f"instance {request.instance}", create=False),
+                            join_cgroup=instance_cgroup(host.home, host.user, host.uid, request.instance))
     elif share_key is not None:
         plan = plan.replace(share=jobs.share_spec(plan, share_key))
-    return Planned(plan, (*job_warnings, *dropped, *warnings), (*job_notes, *gpu_notes))
+    if work is not None:
+        plan = plan.replace(host_dirs=work.host_dirs)
+        warnings += work.warnings
+    return Planned(plan, (*job_warnings, *dropped, *netns_warnings, *warnings), (*job_notes, *gpu_notes))
+
+
+def _workdir(request: LaunchRequest, config: SysConfig, mounts: list[MountSpec], home_dest: str) -> WorkdirPlan:
+    from singpy.mounts import workdir
+
+    return workdir.plan(mounts, workdir=request.workdir, scratch=request.scratch, contain=request.contain,
+                        home_dest=home_dest, default_home=request.home is None,
+                        bind_control=config.flag("user bind control"))
 
 
 def _outside_host_dev(gpu_mounts: tuple[MountSpec, ...],
@@ -223,6 +260,44 @@ def _network(request: LaunchRequest, host: HostInfo, config: SysConfig) -> Netwo
 
     return net.plan_network(net=request.net, network=request.network, network_args=request.network_args,
                             uid=host.uid, user=host.user, config=config)
+
+
+def _netns_path(request: LaunchRequest, host: HostInfo, config: SysConfig) -> tuple[str, tuple[str, ...]]:
+    """--netns-path, checked (singpy.launch.netnspath, imported only then); --net beside it is Apptainer's warning."""
+    if not request.netns_path:
+        return "", ()
+    from singpy.launch import netnspath
+
+    path = netnspath.plan_netns_path(request.netns_path, uid=host.uid, user=host.user, config=config)
+    if request.net or request.network or request.network_args:
+        return path, ("cannot join existing --netns-path and create a new network namespace with --net/-n",)
+    return path, ()
+
+
+def _fusemounts(request: LaunchRequest, config: SysConfig,
+                host: HostInfo) -> tuple[tuple[FuseMountSpec, ...], tuple[MountSpec, ...]]:
+    """--fusemount (singpy.launch.fusemount, imported only then): the specs and their mount points."""
+    if not request.fusemount:
+        return (), ()
+    from singpy.launch.fusemount import plan_fusemounts
+
+    return plan_fusemounts(request.fusemount, uid=host.uid, enabled=config.flag("enable fusemount"),
+                           host_path=host.env.get("PATH", "") or DEFAULT_PATH)
+
+
+def _security(request: LaunchRequest, host: HostInfo, privileges: Privileges) -> SecuritySpec | None:
+    """--security (singpy.launch.security, imported only then); joining an instance, the instance's too (its
+    record's, after the command's own: the first value of a feature wins)."""
+    values = request.security
+    if request.instance:
+        from singpy.launch.instance import instance_security
+
+        values = (*values, *instance_security(host.home, host.user, host.uid, request.instance))
+    if not values:
+        return None
+    from singpy.launch.security import plan_security
+
+    return plan_security(values, uid=host.uid, kept_caps=privileges.keep)
 
 
 def _fakeroot(request: LaunchRequest, host: HostInfo) -> IdMap | None:
@@ -396,7 +471,7 @@ def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_des
         if request.app:  # the image's 95-apps.sh reads it: the app's PATH, LD_LIBRARY_PATH and env scripts
             base[f"{prefix}_APPNAME"] = request.app
     base["PS1"] = "Singpy> "
-    host_env = host_passthrough(host.env, cleanenv=request.cleanenv, keep=keep_host_env)
+    host_env = host_passthrough(host.env, cleanenv=request.cleanenv, keep=keep_host_env, blocked=request.no_env)
     plan = EnvPlan(base=tuple(base.items()), injected=tuple(injected.items()),
                    prepend_path=rules.get("PREPEND_PATH", ""), append_path=rules.get("APPEND_PATH", ""),
                    path=rules.get("PATH", ""), host=tuple(host_env.items()), evaluate=not request.no_eval)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import sys
 from collections.abc import Callable
 
 from singpy import console
@@ -31,10 +32,11 @@ from singpy.host.hostfiles import which
 from singpy.image.scripts import ImageScripts
 from singpy.kernel import caps
 from singpy.kernel import syscalls as k
-from singpy.plan import ProcessSpec
+from singpy.plan import Privileges, ProcessSpec, SecuritySpec
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from types import ModuleType
     from typing import NoReturn
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
@@ -53,6 +55,12 @@ def payload_argv(process: ProcessSpec, scripts: ImageScripts) -> list[str]:
             raise ExecError(f"no runscript for contained app: {process.app}")
         console.verbose(f"no executable {RUNSCRIPT} in the image: running /bin/sh")
         return ["/bin/sh", *process.args]
+    if process.action == "test":  # Apptainer's action script: no test script is a success, an app's is an error
+        if scripts.runscript is not None and os.access(scripts.runscript, os.X_OK):
+            return [scripts.runscript, *process.args]
+        if process.app:
+            raise ExecError(f"No tests for contained app: {process.app}")
+        return []
     if process.shell:
         return [process.shell, *process.args]
     if os.access("/bin/bash", os.X_OK):
@@ -71,18 +79,34 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     launcher *is* the payload; under a supervisor, `fork_tied` set it.
     """
     argv = payload_argv(process, scripts)
+    if not argv:  # `test` of an image without a test script
+        console.info("No test script found in container, exiting")
+        sys.stderr.flush()
+        os._exit(0)
     _chdir(process.cwd, dict(process.env.base).get("HOME", "/"), required=process.cwd_required)
     _check_command(argv[0])
     if process.umask is not None:  # --no-umask; otherwise the caller's, inherited, as Apptainer passes it on
         os.umask(process.umask)
     k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
-    caps.apply(process.privileges)  # last: the steps before may still need what is dropped
+    # --security uid:/gid: first (they need CAP_SETUID/CAP_SETGID); a payload no longer root has no capability
+    # left, and no CAP_SETPCAP to trim its bounding set, which no_new_privs makes moot anyway.
+    left_root = process.security is not None and _security().apply_ids(process.security)
+    if not left_root:
+        caps.apply(process.privileges)  # last: the steps before may still need what is dropped
     env_plan = process.env.replace(shell=argv[0]) if process.action == "shell" else process.env  # SHELL: the one run
     if (scripts.env or needs_shell(env_plan)) and os.access("/bin/sh", os.X_OK):
         console.debug("environment through /bin/sh: the image's env scripts, or values to evaluate")
-        _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(env_plan, scripts.env))
+        _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(env_plan, scripts.env),
+                process.security)
     env = final_env(env_plan)
-    _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env)
+    _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env, process.security)
+
+
+def _security() -> ModuleType:
+    """singpy.launch.security, imported only with --security (imported before the pivot: launch.plan_launch)."""
+    from singpy.launch import security
+
+    return security
 
 
 def _chdir(cwd: str, home: str, *, required: bool) -> None:
@@ -133,9 +157,11 @@ def _find_executable(name: str, path: str) -> str:
     return found
 
 
-def _execve(path: str, argv: list[str], env: dict[str, str]) -> NoReturn:
+def _execve(path: str, argv: list[str], env: dict[str, str], security: SecuritySpec | None = None) -> NoReturn:
     console.debug(f"exec {argv}")
     _exec_signals()
+    if security is not None:  # the AppArmor/SELinux exec label, the seccomp filter: nothing of singpy's after it
+        _security().apply_last(security)
     try:
         os.execve(path, argv, env)
     except FileNotFoundError:
@@ -265,7 +291,7 @@ def _parent_alive(parent: int, lifeline: int) -> bool:
 
 
 def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool,
-                 death_signal: int = signal.SIGKILL) -> tuple[int, int]:
+                 death_signal: int = signal.SIGKILL, privileges: Privileges | None = None) -> tuple[int, int]:
     """Start a long-running helper program; return its pid and the read end of its stderr.
 
     The child chroots to `root` (the host tree, where its dynamic loader and
@@ -276,7 +302,9 @@ def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool,
     stdout are /dev/null (a pipe held open by it would delay the reader's end
     of file); its stderr goes to a pipe we read only if it fails, or to ours
     at -d (`quiet` false). `death_signal` is what it gets if the launcher
-    dies (SIGTERM for fuse2fs, which must flush a writable image).
+    dies (SIGTERM for fuse2fs, which must flush a writable image). With
+    `privileges` (a program of the image: --fusemount container:), it runs
+    as the payload would: no_new_privs, only the capabilities left to it.
     """
     errors_read, errors_write = os.pipe2(os.O_CLOEXEC)
     pid = fork_tied()
@@ -292,6 +320,9 @@ def spawn_helper(argv: list[str], *, root: str, keep_fd: int, quiet: bool,
             os.dup2(null, 1)
             os.dup2(errors_write if quiet else 2, 2)
             os.set_inheritable(keep_fd, True)
+            if privileges is not None:
+                k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
+                caps.apply(privileges)
             _exec_signals()
             os.execve(argv[0], argv, {"PATH": SYSTEM_PATH})
         except BaseException as error:  # never let a forked child unwind into the parent's code

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 class LaunchRequest(Record):
     """What the user asked for, typed and validated by the command line."""
 
-    action: str  # "exec", "run" or "shell"
+    action: str  # "exec", "run", "shell" or "test"
     image: str  # image reference as given
     args: tuple[str, ...]  # payload arguments (for exec: the command and its arguments)
     binds: tuple[BindSpec, ...] = ()
@@ -37,6 +37,8 @@ class LaunchRequest(Record):
     shell: str | None = None
     no_eval: bool = False  # --no-eval: injected values are not evaluated by the container's shell
     unsquash: bool = False  # --unsquash: extract a SIF/squashfs image instead of mounting it
+    passphrase: bool = False  # --passphrase: ask for an encrypted image's passphrase (image.cryptkey)
+    pem_path: str = ""  # --pem-path: the RSA private key of an encrypted image
     nv: bool = False  # --nv (or `always use nv`)
     rocm: bool = False  # --rocm (or `always use rocm`)
     net: bool = False  # --net: a new network namespace
@@ -53,6 +55,7 @@ class LaunchRequest(Record):
     no_umask: bool = False  # --no-umask: the payload starts with umask 0022, not the caller's
     userns: bool = False  # -u/--userns: a user namespace even as root (root mapped to itself)
     nvccli: bool = False  # --nvccli: the library list must come from nvidia-container-cli
+    compat32: bool = False  # --compat32: with --nv/--rocm, the 32-bit GPU libraries too (singpy.gpu.compat32)
     app: str = ""  # --app NAME: a SCIF app of the image (its environment; `run` runs its runscript)
     instance: str = ""  # the NAME of instance://NAME: join that running instance (singpy.launch.instance)
     sharens: bool = False  # --sharens: share the container with the others started by the same parent process
@@ -60,3 +63,18 @@ class LaunchRequest(Record):
     underlay: bool = False  # --underlay: the mount points the image lacks in an underlay, not an overlay
     devices: tuple[str, ...] = ()  # --device values, as given (CDI names VENDOR/CLASS=NAME, comma lists)
     cdi_dirs: tuple[str, ...] = ()  # --cdi-dirs directories, in order; () for the CDI defaults (singpy.gpu.cdi)
+    netns_path: str = ""  # --netns-path: join this network namespace (singpy.launch.netnspath)
+    security: tuple[str, ...] = ()  # --security values, as given (singpy.launch.security)
+    fusemount: tuple[str, ...] = ()  # --fusemount specs, as given (singpy.launch.fusemount)
+    workdir: str = ""  # -W/--workdir: absolute, an existing directory (singpy.mounts.workdir)
+    scratch: tuple[str, ...] = ()  # -S/--scratch: absolute container paths, normalised (singpy.mounts.workdir)
+    no_env: tuple[str, ...] = ()  # --no-env: host variables kept out of the container (singpy.env.environ)
+    no_nv: bool = False  # --no-nv: `always use nv = yes` does not apply
+    no_rocm: bool = False  # --no-rocm: `always use rocm = yes` does not apply
+    runscript_timeout: str = ""  # run --runscript-timeout, a Go duration checked by singpy.launch.scripttimer
+    limits: tuple[tuple[str, object], ...] = ()  # resource limit flags as given (LIMIT_OPTIONS): singpy.cgroups
+
+
+# The resource limit flags (their `dest`s): a launch with none of them has no cgroup (singpy.cgroups.request).
+LIMIT_OPTIONS = ("apply_cgroups", "cpus", "cpu_shares", "cpuset_cpus", "cpuset_mems", "memory", "memory_reservation",
+                 "memory_swap", "oom_kill_disable", "pids_limit", "blkio_weight", "blkio_weight_device")

@@ -46,8 +46,8 @@ from singpy.record import Record
 ENV_PREFIXES = ("SINGPY_DOCKER_", "APPTAINER_DOCKER_", "SINGULARITY_DOCKER_")
 DOCKER_HUB_KEY = "https://index.docker.io/v1/"  # how Docker names docker.io in config.json and to helpers
 IDENTITY_TOKEN_USER = "<token>"  # Docker's username for "the password is an identity token"
-LOGIN_HINT = ("log in with --docker-login, set SINGPY_DOCKER_USERNAME and SINGPY_DOCKER_PASSWORD, "
-              "or name a credentials file with --authfile")
+LOGIN_HINT = ("log in with 'singpy registry login' or --docker-login, set SINGPY_DOCKER_USERNAME and "
+              "SINGPY_DOCKER_PASSWORD, or name a credentials file with --authfile")
 _HUB_NAMES = ("docker.io", "index.docker.io", "registry-1.docker.io")
 _CONFIG_LIMIT = 1 << 20  # a config.json of a few KB; 1 MiB is generous
 _TOKEN_LIMIT = 1 << 20  # a token response (JWTs are a few KB)

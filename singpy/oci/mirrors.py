@@ -40,18 +40,15 @@ mirror and the origin share cached images.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Mapping
 
 from singpy import console
 from singpy.errors import ImageError
 from singpy.oci.ref import Reference, parse
-from singpy.oci.transport import Transport
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
-    import ssl
     from typing import Any
 
     from singpy.oci.auth import Credentials
@@ -139,7 +136,9 @@ def _read(path: str, *, drop_in: bool) -> list[Entry]:
     from singpy.host.hostfiles import read_text, shown
 
     text = read_text(path, what="registries configuration", error=ImageError, limit=_FILE_LIMIT)
-    import tomllib  # only here: a run without registries.conf never loads it
+    if not may_name_registries(text):
+        return []  # Debian's registries.conf (all comments), shortnames.conf (aliases): no entry to parse
+    import tomllib  # only here: a run without registries.conf entries never loads it
 
     try:
         data = tomllib.loads(text)
@@ -152,6 +151,31 @@ def _read(path: str, *, drop_in: bool) -> list[Entry]:
         raise ImageError(f"{shown(path)}{line}: not valid TOML: {message[:where.start()] if where else message}") \
             from None
     return parse_config(data, shown(path), text, drop_in=drop_in)
+
+
+def may_name_registries(text: str) -> bool:
+    """Whether a file may define registry entries: a table header naming `registr...` (`[[registry]]`, v1's
+    `[registries.*]`), a top-level key naming it (`registry = [...]`), a key with an escape (which could
+    spell it), or a top-level value spanning lines (not followed: any doubt parses).
+
+    The others (comments only, as Debian ships registries.conf; shortnames.conf's `[aliases]`) are not
+    parsed: tomllib's import and parse cost ~5-10 ms on every run of a cached docker:// tag.
+    """
+    top_level = True  # keys before the first table header are the document's own
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("["):  # a table header (a value's continuation is never seen at top level)
+            if "registr" in stripped.lower() or "\\" in stripped:
+                return True
+            top_level = False
+            continue
+        key, _, value = stripped.partition("=")
+        if top_level and ("registr" in key.lower() or "\\" in key or value.count("[") != value.count("]")
+                          or '"""' in value or "'''" in value):
+            return True
+    return False
 
 
 def parse_config(data: dict[str, Any], path: str, text: str = "", *, drop_in: bool = False) -> list[Entry]:
@@ -344,10 +368,22 @@ def registry_for(ref: Reference, *, env: Mapping[str, str], home: str, https: bo
 
     entries = load(env, home)
     entry = find(entries, f"{ref.registry}/{ref.repository}") if entries else None
-    if entries is None or entry is None or (not entry.mirrors and not entry.blocked and not entry.insecure
-                                            and _rewrite(ref, entry, entry.location) == ref):
+    if entries is None or entry is None or _plain(ref, entry):
         return Registry(ref, env=env, credentials=credentials(ref, env), https=https)
     return Mirrored(ref, sources(entries, entry, ref), env=env, https=https, credentials=credentials)
+
+
+def is_direct(ref: Reference, *, env: Mapping[str, str], home: str) -> bool:
+    """Whether `ref` is asked of its own registry alone, as registries.conf says nothing that changes it
+    (registry_for gives a plain Registry): singpy.oci.quickhead may then check a cached tag by itself."""
+    entries = load(env, home)
+    entry = find(entries, f"{ref.registry}/{ref.repository}") if entries else None
+    return entry is None or _plain(ref, entry)
+
+
+def _plain(ref: Reference, entry: Entry) -> bool:
+    return (not entry.mirrors and not entry.blocked and not entry.insecure
+            and _rewrite(ref, entry, entry.location) == ref)
 
 
 class Mirrored:
@@ -362,6 +398,7 @@ class Mirrored:
         self._credentials = credentials
         self._clients: dict[int, Any] = {}
         self._failed: dict[int, ImageError] = {}  # endpoints not asked again in this pull
+        import threading  # here: reading registries.conf (a cached tag's check) needs no thread
         self._lock = threading.Lock()
 
     def manifest(self, reference: str) -> Any:
@@ -424,6 +461,7 @@ class Mirrored:
     def _client(self, index: int) -> Any:
         """The Registry of endpoint `index`, made on first use (an insecure one is probed then)."""
         from singpy.oci.auth import ENV_PREFIXES
+        from singpy.oci.insecure import Unverified, answers_https
         from singpy.oci.limits import Limits
         from singpy.oci.registry import Registry
 
@@ -433,8 +471,8 @@ class Mirrored:
                 source = self.endpoints[index]
                 https, transport = self._https, None
                 if https and source.insecure:
-                    transport = _Unverified(self._env, Limits.from_env(self._env))
-                    https = _answers_https(transport, source.reference.endpoint)
+                    transport = Unverified(self._env, Limits.from_env(self._env))
+                    https = answers_https(transport, source.reference.endpoint)
                 # Credentials given for the image's registry (SINGPY_DOCKER_USERNAME...) are not a mirror's
                 env = self._env if source.reference.registry == self.ref.registry else \
                     {key: value for key, value in self._env.items()
@@ -459,33 +497,3 @@ def _combined(ref: Reference, failures: list[tuple[Source, ImageError]]) -> Imag
     tried = [error for source, error in failures if not source.blocked]
     kind = Unreachable if tried and all(isinstance(error, Unreachable) for error in tried) else ImageError
     return kind(message, hint=last.hint)
-
-
-class _Unverified(Transport):
-    """HTTPS without certificate checks, for the one registry marked `insecure = true`."""
-
-    _unverified: ssl.SSLContext | None = None
-
-    def _context(self, netloc: str) -> ssl.SSLContext:
-        if self._unverified is None:
-            import ssl
-
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-            context.check_hostname = False
-            context.verify_mode = ssl.CERT_NONE
-            self._unverified = context
-        return self._unverified
-
-
-def _answers_https(transport: Transport, host: str) -> bool:
-    """Whether an insecure registry speaks HTTPS (else plain HTTP is used): containers/image's ping of /v2/."""
-    from singpy.oci.transport import TransportError
-
-    url = f"https://{host}/v2/"
-    try:
-        response = transport.request("GET", url, {})
-    except TransportError as error:
-        console.debug(f"{host} does not answer HTTPS ({error.reason}): plain HTTP, as it is marked insecure")
-        return False
-    transport.discard(url, response)
-    return True

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import io
-import os
 import socket
 import ssl
 import threading
@@ -41,13 +40,14 @@ from urllib.parse import unquote, urlsplit
 
 from singpy.errors import ImageError
 from singpy.oci.limits import Limits, Meter, TooSlow
+from singpy.oci.tlsconf import host_ca_files
+from singpy.oci.tlsconf import tls_context as tls_context  # re-exported: singpy.library.web imports it from here
 
 CONNECT_TIMEOUT = 30.0  # seconds for a TCP connect (and a TLS handshake)
 # Seconds a read may wait for the next bytes before the connection is taken for dead (and the request
 # tried again): under limits.STALL_TIMEOUT, so that a dead connection is retried while a trickle (bytes,
 # but too few) fails on the low-speed rule.
 READ_TIMEOUT = 30.0
-_CERTS_DIRS = ("/etc/containers/certs.d", "/etc/docker/certs.d")
 
 
 class TransportError(Exception):
@@ -379,50 +379,6 @@ def _failure(host: str, error: OSError | http.client.HTTPException, *, connectin
         return TransportError(host, f"{type(error).__name__}: {detail}", retriable=False, malformed=True)
     reason = error.strerror or str(error) or type(error).__name__
     return TransportError(host, reason[:200].lower() if error.strerror else reason[:200], retriable=False)
-
-
-def tls_context(env: Mapping[str, str], extra_files: tuple[str, ...] = ()) -> ssl.SSLContext:
-    """Verification against the system store, SSL_CERT_FILE/SSL_CERT_DIR and `extra_files` (a host's certs.d)."""
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies certificates and host names
-    defaults = ssl.get_default_verify_paths()
-    system_file = defaults.openssl_cafile if os.path.isfile(defaults.openssl_cafile) else None
-    system_dir = defaults.openssl_capath if os.path.isdir(defaults.openssl_capath) else None
-    if system_file or system_dir:
-        context.load_verify_locations(cafile=system_file, capath=system_dir)
-    else:
-        context.set_default_verify_paths()
-    for variable, kind in (("SSL_CERT_FILE", "cafile"), ("SSL_CERT_DIR", "capath")):
-        value = env.get(variable, "")
-        for path in value.split(":") if kind == "capath" else [value]:
-            if path:
-                _load(context, variable, path, kind)
-    for path in extra_files:
-        _load(context, os.path.dirname(path), path, "cafile")
-    return context
-
-
-def host_ca_files(netloc: str) -> tuple[str, ...]:
-    """The CA certificates podman and Docker trust for one registry: certs.d/HOST[:PORT]/*.crt."""
-    found: list[str] = []
-    for base in _CERTS_DIRS:
-        directory = os.path.join(base, netloc)
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
-            continue
-        found += [os.path.join(directory, name) for name in names if name.endswith(".crt")]
-    return tuple(found)
-
-
-def _load(context: ssl.SSLContext, origin: str, path: str, kind: str) -> None:
-    try:
-        if kind == "cafile":
-            context.load_verify_locations(cafile=path)
-        elif os.path.isdir(path):
-            context.load_verify_locations(capath=path)
-    except (OSError, ssl.SSLError) as error:
-        reason = getattr(error, "strerror", None) or getattr(error, "reason", None) or str(error)
-        raise ImageError(f"can't load the CA certificates of {origin} from {path[:200]}: {reason}") from None
 
 
 def proxy_for(scheme: str, host: str, port: int, env: Mapping[str, str]) -> _Proxy | None:

@@ -23,20 +23,31 @@ from singpy.recipe.deffile import DefinitionError, Stage
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from singpy.oci.pull import PullOptions
+    from singpy.recipe.sections import Runner
 
-AGENTS = ("docker", "oci", "oci-archive", "docker-archive", "localimage", "scratch")
-_URI_PREFIX = {"docker": "docker://", "oci": "oci:", "oci-archive": "oci-archive:", "docker-archive": "docker-archive:"}
+AGENTS = ("docker", "oci", "oci-archive", "docker-archive", "oras", "library", "localimage", "scratch")
+_URI_PREFIX = {"docker": "docker://", "oci": "oci:", "oci-archive": "oci-archive:", "docker-archive": "docker-archive:",
+               "oras": "oras://", "library": "library://"}  # oras, library: a SIF (singpy.oci.oras,
+# singpy.library.pull), used as a local image once cached
+# The agents that make the root filesystem with a host tool, not from an image (singpy.recipe.osbootstrap).
+OS_AGENTS = ("debootstrap", "yum", "dnf", "zypper", "arch", "busybox")
 
 
-def check(stage: Stage, origin: str) -> None:
-    """Refuse an unknown agent or a missing `From:` before anything is fetched (file:line of the stage)."""
+def check(stage: Stage, origin: str, env: Mapping[str, str] | None = None) -> None:
+    """Refuse an unknown agent, a missing `From:`, header or host tool before anything is fetched (file:line
+    of the stage)."""
     agent = stage.get("bootstrap").strip().lower()
     where = f"{origin}:{stage.line}"
     if not agent:
         raise DefinitionError(f"{where}: the stage has no Bootstrap: header")
-    if agent not in AGENTS:
+    if agent not in AGENTS and agent not in OS_AGENTS:
         raise DefinitionError(f"{where}: Bootstrap: {agent} is not supported (singpy builds from "
-                              f"{', '.join(AGENTS)})")
+                              f"{', '.join((*AGENTS, *OS_AGENTS))})")
+    if agent in OS_AGENTS:
+        from singpy.recipe import osbootstrap
+
+        osbootstrap.check(stage, where, os.environ if env is None else env)
+        return
     if agent != "scratch" and not stage.get("from").strip():
         raise DefinitionError(f"{where}: Bootstrap: {agent} needs a From: header")
 
@@ -45,14 +56,16 @@ def source(stage: Stage, cwd: str) -> str:
     """What the stage starts from, as `singpy build` would take it: docker://REF, oci:DIR, a path, or ''."""
     agent = stage.get("bootstrap").strip().lower()
     base = stage.get("from").strip()
-    if agent == "scratch":
+    if agent == "scratch" or agent in OS_AGENTS:  # no image: populate makes the root filesystem
         return ""
     if agent == "localimage":
         return os.path.join(cwd, base)
     prefix = _URI_PREFIX[agent]
-    if agent == "docker":
-        base = base.removeprefix("docker://")
-    elif agent != "docker" and not base.startswith("/") and base.removeprefix(prefix) == base:
+    if agent in ("docker", "oras", "library"):
+        base = base.removeprefix(prefix)
+        if agent == "library" and stage.get("library").strip():  # Library: URL names the library's host
+            base = stage.get("library").strip().split("://", 1)[-1].rstrip("/") + "/" + base
+    elif not base.startswith("/") and base.removeprefix(prefix) == base:
         base = os.path.join(cwd, base)
     return base if base.startswith(prefix) else prefix + base
 
@@ -66,6 +79,15 @@ def resolve(base: str, *, options: PullOptions, env: Mapping[str, str], home: st
     """
     if not base:
         return ""
+    if base.startswith("library://"):  # the default remote's library, or library://HOST/...
+        from singpy.library.pull import LibraryOptions
+        from singpy.library.pull import cached_image as cached_library_image
+
+        return cached_library_image(base, LibraryOptions(arch=options.arch, https=options.https), env, home)
+    if base.startswith("oras://"):
+        from singpy.oci.oras import cached_sif
+
+        return cached_sif(base, options, env, home)
     if base.startswith(tuple(_URI_PREFIX.values())):
         from singpy.oci.pull import cached_image
 
@@ -77,14 +99,21 @@ def resolve(base: str, *, options: PullOptions, env: Mapping[str, str], home: st
     return image.path
 
 
-def populate(image: str, rootfs: str, *, env: Mapping[str, str], idmap: IdMap | None) -> None:
-    """Make `rootfs` (which must not exist) from `image` (see `resolve`): empty, unpacked, or copied.
+def populate(image: str, rootfs: str, *, env: Mapping[str, str], idmap: IdMap | None, stage: Stage | None = None,
+             work: str = "", runner: Runner | None = None) -> None:
+    """Make `rootfs` (which must not exist) from `image` (see `resolve`): empty, unpacked, or copied; or, for
+    an agent of OS_AGENTS, by the stage's host tool (singpy.recipe.osbootstrap).
 
     With subordinate ids, unsquashfs runs as root of the build's user
     namespace, so that the image's owners are kept (as those ids), as in
     Apptainer's fakeroot builds.
     """
-    if not image:
+    agent = stage.get("bootstrap").strip().lower() if stage is not None else ""
+    if not image and agent in OS_AGENTS and stage is not None and runner is not None:
+        from singpy.recipe import osbootstrap
+
+        osbootstrap.bootstrap(stage, rootfs, env=env, idmap=idmap, work=work, runner=runner)
+    elif not image:
         console.info("Creating an empty root filesystem (Bootstrap: scratch)")
         os.mkdir(rootfs, 0o755)
     elif not os.path.isdir(image):

@@ -21,13 +21,14 @@ runs as root of a namespace with the same mapping (singpy.recipe.mapped).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 from singpy import console
 from singpy.errors import ImageError
 from singpy.host.hostfiles import path_problem, shown
 from singpy.plan import IdMap
-from singpy.recipe import apps, bootstrap, layered, sections, workdir
+from singpy.recipe import apps, bootstrap, layered, osbootstrap, sections, workdir
 from singpy.recipe.deffile import Definition, DefinitionError, Section, Stage, files_entries
 from singpy.record import Record
 
@@ -50,6 +51,15 @@ class BuildRequest(Record):
     build_args: tuple[tuple[str, str], ...] = ()  # --build-arg and --build-arg-file, in order (last wins)
     warn_unused: bool = False  # --warn-unused-build-args: a build arg no stage uses is a warning, not an error
     binds: tuple[str, ...] = ()  # --bind values, for %post and %test
+    mounts: tuple[str, ...] = ()  # --mount values, for %post and %test
+    nv: bool = False  # --nv in %post and %test
+    rocm: bool = False  # --rocm in %post and %test
+    compat32: bool = False  # --compat32 (with --nv/--rocm) in %post and %test
+    writable_tmpfs: bool = False  # --writable-tmpfs: %test may write (in memory)
+    sections: tuple[str, ...] = ("all",)  # --section: the sections that run ("all", "none" or names)
+    update: bool = False  # --update: the last stage starts from the existing sandbox OUT, not its bootstrap
+    fix_perms: bool = False  # --fix-perms: owner rwX on everything the bootstrap brought
+    disable_cache: bool = False  # --disable-cache: base images pulled into the work directory, not the cache
 
 
 def read_definition(request: BuildRequest) -> tuple[str, Definition]:
@@ -69,8 +79,9 @@ def read_definition(request: BuildRequest) -> tuple[str, Definition]:
             console.warning(f"{request.recipe}:{section.line}: %pre is not supported (Apptainer deprecated it); "
                             "ignored: use %setup")
     names: list[str] = []
-    for stage in definition.stages:
-        bootstrap.check(stage, request.recipe)
+    for number, stage in enumerate(definition.stages):
+        if not (request.update and not request.force and number == len(definition.stages) - 1):
+            bootstrap.check(stage, request.recipe)  # --update skips the header of the stage it updates
         apps.app_names(stage, request.recipe)
         for section in stage.sections:
             source = _from_stage(section)
@@ -100,16 +111,18 @@ def build(request: BuildRequest, *, options: PullOptions, env: Mapping[str, str]
     text, definition = read_definition(request)
     _check_target(request)
     idmap = _id_map(request)
-    runner = sections.Runner(idmap=idmap, binds=request.binds, env=env)
+    osbootstrap.check_ids(definition.stages, idmap)
+    runner = sections.Runner(idmap=idmap, binds=request.binds, env=env, flags=_launch_flags(request),
+                             test_flags=("--writable-tmpfs",) if request.writable_tmpfs else ())
     console.info("Starting build...")
     work = workdir.make(request.target, env)
     layers = None
     try:
         with tools.Interruptible():
             try:
-                bases = [bootstrap.resolve(bootstrap.source(stage, cwd), options=options, env=env, home=home)
-                         for stage in definition.stages]
-                layers = _enter_layers(request, bases, idmap, env, home)
+                pull_env = {**env, "SINGPY_CACHEDIR": f"{work}/cache"} if request.disable_cache else env
+                bases = _bases(definition, request, options=options, env=pull_env, home=home, cwd=cwd)
+                layers = _enter_layers(request, bases, idmap, pull_env, home)
                 if layers is not None:
                     idmap = None  # already root of the build's namespace: host programs need no mapping
                     runner.in_namespace = True
@@ -126,10 +139,43 @@ def build(request: BuildRequest, *, options: PullOptions, env: Mapping[str, str]
     return f"Build complete: {request.target}"
 
 
+def _launch_flags(request: BuildRequest) -> tuple[str, ...]:
+    """The launcher's flags for %post and %test that the build's own flags ask for (as Apptainer's)."""
+    flags = [flag for flag, wanted in (("--nv", request.nv), ("--rocm", request.rocm), ("--compat32", request.compat32))
+             if wanted]
+    for mount in request.mounts:
+        flags += ["--mount", mount]
+    return tuple(flags)
+
+
+def _bases(definition: Definition, request: BuildRequest, *, options: PullOptions, env: Mapping[str, str],
+           home: str, cwd: str) -> list[str]:
+    """Every stage's base, fetched first; with --update (and no --force), the last one is the sandbox OUT."""
+    stages = list(definition.stages)
+    updating = request.update and not request.force
+    bases = [bootstrap.resolve(bootstrap.source(stage, cwd), options=options, env=env, home=home)
+             for stage in (stages[:-1] if updating else stages)]
+    for stage, base in zip(stages, bases, strict=False):  # `Fingerprints:`: the base SIF's signers, before any %post
+        if stage.get("fingerprints").strip() and base and not os.path.isdir(base):
+            from singpy.signing import ecl
+
+            ecl.require_signers(base, stage.get("fingerprints"))
+    if updating:
+        console.info(f"Building into existing container: {request.target}")
+        bases.append(request.target)
+    return bases
+
+
 def _check_target(request: BuildRequest) -> None:
     problem = path_problem(request.target)
     if problem:
         raise ImageError(f"can't write {shown(request.target)}: {problem}")
+    if request.update:
+        if os.path.lexists(request.target) and not os.path.isdir(request.target):
+            raise ImageError(f"only sandbox update is supported: {request.target} is not a directory")
+        if not os.path.lexists(request.target) and not request.force:
+            raise ImageError(f"{request.target} does not exist: --update builds into an existing sandbox")
+        return
     if os.path.lexists(request.target) and not request.force:
         raise ImageError(f"{request.target} already exists (use --force to overwrite it)")
     if not request.sandbox and os.path.isdir(request.target) and not os.path.islink(request.target):
@@ -189,9 +235,15 @@ def _build_stages(definition: Definition, text: str, request: BuildRequest, work
             console.info(f"Building stage {name}")
         rootfs = f"{work}/stage{number}"
         base = bases[number]
-        if not (layers is not None and base and layers.mount_stage(base, rootfs, work, number)):
-            bootstrap.populate(base, rootfs, env=env, idmap=idmap)
+        if base == request.target:  # --update: the sandbox as it is, copied with its owners
+            os.mkdir(rootfs, 0o755)
+            _host_command(idmap)(["cp", "-a", "--", f"{base}/.", rootfs])
+        elif not (layers is not None and base and layers.mount_stage(base, rootfs, work, number)):
+            bootstrap.populate(base, rootfs, env=env, idmap=idmap, stage=stage, work=work, runner=runner)
+        if request.fix_perms and base != request.target:
+            _host_command(idmap)([sys.executable, "-m", "singpy.recipe.fixperms", rootfs])
         bootstrap.lay_out_base(rootfs)
+        stage = sections.selected(stage, request.sections)
         app_names = apps.app_names(stage, request.recipe)
         if app_names:
             apps.install(rootfs, stage, app_names, cwd=cwd)

@@ -24,14 +24,14 @@ if TYPE_CHECKING:
 def command(idmap: IdMap) -> list[str]:
     """The argv prefix that runs what follows it as root of a namespace mapped by `idmap`."""
     return [sys.executable, "-m", "singpy.recipe.mapped", "--helper" if idmap.helper else "--self",
-            _encode(idmap.uids), _encode(idmap.gids), "--"]
+            encode(idmap.uids), encode(idmap.gids), "--"]
 
 
-def _encode(lines: tuple[tuple[int, int, int], ...]) -> str:
+def encode(lines: tuple[tuple[int, int, int], ...]) -> str:
     return ",".join(":".join(str(number) for number in line) for line in lines)
 
 
-def _decode(text: str) -> tuple[tuple[int, int, int], ...]:
+def decode(text: str) -> tuple[tuple[int, int, int], ...]:
     lines = []
     for item in text.split(","):
         inside, outside, count = (int(number) for number in item.split(":"))
@@ -47,7 +47,7 @@ def main(argv: list[str]) -> NoReturn:
     mode, uids, gids, separator, *program = argv
     if separator != "--" or not program:
         raise SystemExit("usage: python -m singpy.recipe.mapped --helper|--self UIDS GIDS -- PROGRAM [ARGS...]")
-    idmap = IdMap(uids=_decode(uids), gids=_decode(gids), helper=mode == "--helper", note="")
+    idmap = IdMap(uids=decode(uids), gids=decode(gids), helper=mode == "--helper", note="")
     try:
         fakeroot.enter_user_namespace(idmap, k.CLONE_NEWUSER)
         os.execvp(program[0], program)

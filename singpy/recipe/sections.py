@@ -38,8 +38,11 @@ _PASSED = ("DEBUG", "NV", "NVCCLI", "ROCM", "BINDPATH", "MOUNT")
 class Runner:
     """How %post and %test start the container: the user's ids, the build's binds, the environment."""
 
-    def __init__(self, *, idmap: IdMap | None, binds: Sequence[str], env: Mapping[str, str]) -> None:
+    def __init__(self, *, idmap: IdMap | None, binds: Sequence[str], env: Mapping[str, str],
+                 flags: Sequence[str] = (), test_flags: Sequence[str] = ()) -> None:
         self.idmap = idmap  # None as root: real root inside
+        self.flags = tuple(flags)  # the build's --nv, --rocm, --mount: for %post and %test
+        self.test_flags = tuple(test_flags)  # --writable-tmpfs: for %test only, as Apptainer
         # The build process is root of the build's user namespace already (singpy.recipe.layered): the
         # nested launcher runs as that root, without --fakeroot (which would nest a single mapping in it).
         self.in_namespace = False
@@ -50,6 +53,9 @@ class Runner:
         argv = [sys.executable, "-m", "singpy", "--build-config", "exec", "--pid", "--pwd", "/"]
         if writable:  # %post; %test sees the caller's environment, as in Apptainer
             argv += ["--writable", "--cleanenv"]
+        else:
+            argv += self.test_flags
+        argv += self.flags
         if self.idmap is not None and not self.in_namespace:
             argv.append("--fakeroot")
         for bind in self.binds:
@@ -63,6 +69,19 @@ def _passed(name: str) -> bool:
 
 
 Command = Callable[[list[str]], None]  # runs a host program to its end, or raises ImageError
+
+# What `build --section` selects (Apptainer's names); %files covers `%files from` too. %app* sections and
+# %arguments are not selectable: apps follow every selection but "none".
+SELECTABLE = ("setup", "files", "post", "environment", "runscript", "startscript", "test", "help", "labels")
+
+
+def selected(stage: Stage, wanted: Sequence[str]) -> Stage:
+    """The stage with only the sections `build --section` asks for (all of them for "all")."""
+    if "all" in wanted:
+        return stage
+    kept = tuple(section for section in stage.sections if "none" not in wanted and
+                 (section.name in wanted or (section.name not in SELECTABLE and section.name != "pre")))
+    return stage.replace(sections=kept)
 
 
 def run_setup(stage: Stage, rootfs: str, workdir: str, idmap: IdMap | None) -> None:
@@ -160,10 +179,31 @@ def _write_script(path: str, body: str, *, in_image: bool = False) -> None:
         handle.write(body)
 
 
-def _run(argv: list[str], *, env: Mapping[str, str], what: str, idmap: IdMap | None = None) -> None:
-    """Run a section to its end, its output going to ours; a failure is one error naming its status.
+def run_program(argv: list[str], *, env: Mapping[str, str], what: str, ok: tuple[int, ...] = (0,)) -> int:
+    """A host program run as a section is (a bootstrap agent's tool): its status, one of `ok`, or ImageError."""
+    status = _wait(argv, env=env, what=what)
+    if status not in ok:
+        raise ImageError(_failure(what, status, None))
+    return status
 
-    The section runs in a session of its own: Ctrl-C on the terminal reaches
+
+def run_in_container(rootfs: str, runner: Runner, command: list[str], *, what: str) -> None:
+    """`command` in the container being built, as %post runs (writable, root, a clean environment)."""
+    _run([*runner.launcher(rootfs, writable=True), rootfs, *command], env=runner.env, what=what,
+         idmap=runner.idmap)
+
+
+def _run(argv: list[str], *, env: Mapping[str, str], what: str, idmap: IdMap | None = None) -> None:
+    """Run a section to its end, its output going to ours; a failure is one error naming its status."""
+    status = _wait(argv, env=env, what=what)
+    if status != 0:
+        raise ImageError(_failure(what, status, idmap))
+
+
+def _wait(argv: list[str], *, env: Mapping[str, str], what: str) -> int:
+    """Start `argv` and wait for its end: its status (negative: the signal that killed it).
+
+    It runs in a session of its own: Ctrl-C on the terminal reaches
     singpy build only, which (like SIGTERM, SIGHUP) kills the whole group.
     """
     console.debug(f"running {argv}")
@@ -174,12 +214,10 @@ def _run(argv: list[str], *, env: Mapping[str, str], what: str, idmap: IdMap | N
     except OSError as error:
         raise ImageError(f"{what} can't start {argv[0]}: {error.strerror}") from None
     try:
-        status = child.wait()
+        return child.wait()
     except BaseException:
         _kill_group(child)
         raise
-    if status != 0:
-        raise ImageError(_failure(what, status, idmap))
 
 
 def _kill_group(child: subprocess.Popen[bytes]) -> None:

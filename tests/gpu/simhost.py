@@ -11,12 +11,15 @@ Nothing here is a mock.  `build_nvidia_host` creates, under one directory:
   (``libcuda.so.550.54.14`` exporting cuInit/cuDriverGetVersion, soname
   symlinks as the driver installer makes them), one of them linked against
   GLIBC_2.34 symbols, and, when ``gcc -m32`` can link, an i386 libcuda in
-  ``usr/lib/i386-linux-gnu/``; a copy whose ELF header says AArch64 stands
+  ``usr/lib/i386-linux-gnu/`` (needing libc.so.6, linked against a stub of it:
+  ldconfig lists it as "libc6" beside the "libc6,x86-64" one, as on a multiarch
+  host; --compat32 binds it); a copy whose ELF header says AArch64 stands
   for a foreign-architecture file;
 * ``etc/ld.so.cache``: built by the real ``ldconfig -C`` over those
   directories (glibc's ldconfig always adds the system directories too, so the
   cache also holds the host's own libraries, as a real one would);
-* ``usr/bin/``: ``nvidia-smi`` and ``nvidia-container-cli`` shell stubs;
+* ``usr/bin/``: ``nvidia-smi`` and ``nvidia-container-cli`` shell stubs (the latter lists the i386
+  libraries too when given ``--compat32``);
 * ``proc/driver/nvidia/version``, ``run/nvidia-persistenced/socket`` (a socket
   inode), a Vulkan ICD JSON, and ``etc/nvliblist.conf`` naming all of it.
 
@@ -34,6 +37,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import tempfile
 from pathlib import Path
 
 DRIVER = "550.54.14"
@@ -128,7 +132,8 @@ def build_nvidia_host(
     _write_script(bin_dir / "nvidia-smi", _nvidia_smi_script(uuids, driver, migs))
     cli_paths = [str(bin_dir / "nvidia-smi"), *(str(lib_dir / f"{stem}.so.{driver}") for stem in
                  ("libcuda", "libnvidia-ml", "libnvidia-glcore"))]
-    container_cli = _write_script(bin_dir / "nvidia-container-cli", container_cli_script(cli_paths))
+    container_cli = _write_script(bin_dir / "nvidia-container-cli",
+                                  container_cli_script(cli_paths, [str(path) for path in lib32.values()]))
     icd = _write(root / "usr/share/vulkan/icd.d/nvidia_icd.json", _ICD_JSON.format(driver=driver))
     proc_version = _write(root / "proc/driver/nvidia/version", proc_version_text(driver))
     socket_path = root / "run/nvidia-persistenced/socket"
@@ -145,7 +150,8 @@ def build_nvidia_host(
 
 
 def build_rocm_host(tmp: Path, *, kfd: bool = True, dri: bool = True, render_nodes: int = 1) -> SimHost:
-    """Create a simulated AMD ROCm host under `tmp`: /dev/kfd, /dev/dri/{card0,renderD128..}, libs, stubs."""
+    """Create a simulated AMD ROCm host under `tmp`: /dev/kfd, /dev/dri/{card0,renderD128..}, libs (one also
+    built for i386, in opt/rocm/lib32, for --compat32), stubs."""
     root = Path(tmp)
     dev_dir = root / "dev"
     dev_dir.mkdir(parents=True, exist_ok=True)
@@ -167,7 +173,14 @@ def build_rocm_host(tmp: Path, *, kfd: bool = True, dri: bool = True, render_nod
         "libCXLActivityLogger.so": _shared_lib(lib_dir, "libCXLActivityLogger", "", "libCXLActivityLogger.so", ROCM_C),
     }
     foreign = _foreign_copy(libs["libamdocl64.so"], root / "opt/rocm/lib-aarch64")
-    ld_conf, ld_cache, ldconfig = build_ld_cache(root, [lib_dir])
+    lib32_dir: Path | None = root / "opt/rocm/lib32"  # the 32-bit build of one of them, under the same name
+    lib32: dict[str, Path] = {}
+    try:
+        lib32["libCXLActivityLogger.so"] = _shared_lib(root / "opt/rocm/lib32", "libCXLActivityLogger", "",
+                                                       "libCXLActivityLogger.so", ROCM_C, m32=True)
+    except subprocess.CalledProcessError:
+        lib32_dir = None
+    ld_conf, ld_cache, ldconfig = build_ld_cache(root, [lib_dir, *([lib32_dir] if lib32_dir else [])])
     bin_dir = root / "opt/rocm/bin"
     _write_script(bin_dir / "rocminfo", _ROCMINFO)
     _write_script(bin_dir / "rocm-smi", _ROCM_SMI)
@@ -177,8 +190,8 @@ def build_rocm_host(tmp: Path, *, kfd: bool = True, dri: bool = True, render_nod
         "libamdocl64.so\nlibrocr_debug_agent64.so\nlibCXLActivityLogger.so\nlibhc_am.so\n",
     )
     return SimHost(
-        root=root, dev_dir=dev_dir, lib_dir=lib_dir, lib32_dir=None, ld_conf=ld_conf, ld_cache=ld_cache,
-        ldconfig=ldconfig, bin_dir=bin_dir, path_env=str(bin_dir), liblist=liblist, libs=libs, lib32={},
+        root=root, dev_dir=dev_dir, lib_dir=lib_dir, lib32_dir=lib32_dir, ld_conf=ld_conf, ld_cache=ld_cache,
+        ldconfig=ldconfig, bin_dir=bin_dir, path_env=str(bin_dir), liblist=liblist, libs=libs, lib32=lib32,
         foreign_lib=foreign, files=(), proc_version=root / "proc/driver/nvidia/version",
         persistenced_socket=root / "run/nvidia-persistenced/socket", container_cli=bin_dir / "nvidia-container-cli",
         uuids=(), gpus=render_nodes if dri else 0,
@@ -196,15 +209,21 @@ def proc_version_text(driver: str = DRIVER) -> str:
     )
 
 
-def container_cli_script(paths: list[str]) -> str:
-    """A `nvidia-container-cli` that answers `list --binaries --libraries` with `paths`."""
+def container_cli_script(paths: list[str], compat32: list[str] | None = None) -> str:
+    """A `nvidia-container-cli` that answers `list --binaries --libraries` with `paths`, and `compat32` too when
+    `--compat32` is among its arguments (libnvidia-container lists the 32-bit libraries then)."""
     body = "\n".join(paths)
+    body32 = "\n".join(compat32 or [])
     return f"""#!/bin/sh
 # stand-in for libnvidia-container's CLI: only the 'list' command
 if [ "$1" != list ]; then echo "nvidia-container-cli: unsupported command: $1" >&2; exit 1; fi
 cat <<'EOF'
 {body}
 EOF
+case " $* " in *" --compat32 "*) cat <<'EOF'
+{body32}
+EOF
+;; esac
 """
 
 
@@ -290,11 +309,23 @@ def _compile(source: str, target: Path, *, soname: str, m32: bool = False) -> No
     if key not in _COMPILED:
         source_file = target.with_name(target.name + ".c")
         source_file.write_text(source)
-        subprocess.run(["gcc", *flags, "-o", str(target), str(source_file)], check=True, capture_output=True)
+        with tempfile.TemporaryDirectory() as stub_dir:
+            libc = _libc32_needed(Path(stub_dir)) if m32 else []
+            subprocess.run(["gcc", *flags, "-o", str(target), str(source_file), *libc], check=True,
+                           capture_output=True)
         source_file.unlink()
         _COMPILED[key] = target.read_bytes()
     target.write_bytes(_COMPILED[key])
     target.chmod(0o755)
+
+
+def _libc32_needed(stub_dir: Path) -> list[str]:
+    """Link flags that make an i386 object need libc.so.6, as a real 32-bit driver library does (ldconfig lists it
+    as "libc6", not "ELF"): linked against a libc-less stub of that name, since no i386 libc is installed."""
+    stub = stub_dir / "libc.so.6"
+    subprocess.run(["gcc", "-m32", "-nostdlib", "-shared", "-Wl,-soname,libc.so.6", "-o", str(stub), "-x", "c",
+                    "-"], input="int singpy_libc_stub;\n", text=True, check=True, capture_output=True)
+    return ["-Wl,--no-as-needed", str(stub)]
 
 
 def _shared_lib(

@@ -278,10 +278,4 @@ def test_allow_net_groups(singpy: Singpy, image: Path, workdir: Path) -> None:
     assert_one_fatal(result, f"network bridge is not allowed for user {singpy.user}")
 
 
-def test_allow_netns_paths_is_a_verbose_note(singpy: Singpy, image: Path, workdir: Path) -> None:
-    conf = _conf(workdir, "netns-paths", "allow netns paths = /var/run/netns/site\n")
-    quiet = singpy.run("--config", str(conf), "exec", str(image), "echo", "ran")
-    assert (quiet.returncode, quiet.stdout, quiet.stderr) == (0, "ran\n", "")
-    verbose = singpy.run("--verbose", "--config", str(conf), "exec", str(image), "true")
-    assert verbose.returncode == 0, verbose.stderr
-    assert f"VERBOSE: {conf}:1: singpy has no --netns-path" in verbose.stderr
+# allow netns paths: tests/integration/test_netns_path.py

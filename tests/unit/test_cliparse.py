@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, GLOBAL_OPTIONS
+from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, GLOBAL_OPTIONS, Option
 from singpy.cli.parse import action_help, parse_action, split_global
 from singpy.errors import ExitCode, UsageError
 
@@ -156,11 +156,16 @@ def test_help_skips_the_environment() -> None:
     assert parse_action("run", ["-h"], {"SINGULARITY_BIND": "/a"}) == ({"help": True}, [])
 
 
+def _a_command_of(option: Option) -> str:
+    """exec, or a command that takes the option where exec does not (--runscript-timeout: run)."""
+    return option.commands[0] if option.commands else "exec"
+
+
 def test_every_option_with_env_is_read_from_every_prefix() -> None:
     for option in ACTION_OPTIONS:
         for suffix in (option.env, *option.env_also) if option.env else ():
             for prefix in ENV_PREFIXES:
-                values, _ = parse_action("exec", ["img"], {prefix + suffix: "1"})
+                values, _ = parse_action(_a_command_of(option), ["img"], {prefix + suffix: "1"})
                 expected: object = (["1"] if option.repeat else "1") if option.value else True
                 assert values == {option.dest: expected}, (prefix, suffix)
 
@@ -169,7 +174,7 @@ def test_command_line_beats_env_unless_the_option_appends() -> None:
     for option in ACTION_OPTIONS:
         if not option.env or not option.value:
             continue
-        values, _ = parse_action("exec", [f"{option.long}=cli", "img"], {f"SINGPY_{option.env}": "env"})
+        values, _ = parse_action(_a_command_of(option), [f"{option.long}=cli", "img"], {f"SINGPY_{option.env}": "env"})
         if option.env_appends:
             assert values == {option.dest: ["cli", "env"]}, option.long
         else:
@@ -238,6 +243,9 @@ def test_action_help_lists_every_option(action: str) -> None:
     assert text.endswith("\n")
     for option in ACTION_OPTIONS:
         matching = [line for line in lines if option.help in line]
+        if option.commands and action not in option.commands:  # a flag of other commands: not offered
+            assert matching == [], option.long
+            continue
         assert len(matching) == 1, option.long
         line = matching[0]
         assert f"{option.long}" in line

@@ -28,7 +28,7 @@ import pytest
 from singpy.cli.options import ACTION_OPTIONS, ENV_PREFIXES, GLOBAL_OPTIONS
 
 TABLE = Path(__file__).parent.parent / "data" / "apptainer_envkeys.tsv"
-ACTIONS = ("exec", "run", "shell", "instance start")  # instance start parses with run's table
+ACTIONS = ("exec", "run", "shell", "instance start")  # instance start parses with run's table (less run's own flags)
 TYPER = ("pull", "build", "overlay create", "instance list", "instance stop", "inspect", "cache clean")
 # Arguments a typer command needs before it parses at all.
 REQUIRED = {"pull": ["docker://alpine"], "build": ["out.sif", "in.def"], "overlay create": ["o.img"],
@@ -39,9 +39,21 @@ SAMPLES = {"--bind": "/a:/b", "--mount": "type=bind,src=/a,dst=/b", "--no-mount"
            "--network-args": "IP=10.0.0.2", "--dns": "1.1.1.1", "--add-caps": "CAP_NET_RAW",
            "--drop-caps": "CAP_CHOWN", "--shell": "/bin/ash", "--app": "foo", "--env-file": "vars.env",
            "--authfile": "auth.json", "--config": "/x.conf", "--arch": "arm64", "--name": "x.sif",
-           "--dir": "/images", "--signal": "KILL"}
+           "--dir": "/images", "--signal": "KILL", "--runscript-timeout": "1m",
+           "--workdir": "/work", "--scratch": "/scratch", "--no-env": "FOO",  # issue 28's
+           "--netns-path": "/run/netns/x", "--security": "seccomp:p.json", "--fusemount": "host:prog /m",
+           "--apply-cgroups": "limits.toml", "--cpus": "1.5", "--cpu-shares": "512", "--cpuset-cpus": "0-1",  # cgroups
+           "--cpuset-mems": "0", "--memory": "1G", "--memory-reservation": "512M", "--memory-swap": "2G",
+           "--pids-limit": "10", "--blkio-weight": "100", "--blkio-weight-device": "/dev/sda:100", "--user": "alice",
+           "--section": "post", "--library": "https://library.example.org"}
 # Flags singpy has whose variables live in a file this change could not edit (reported to the lead).
 PENDING: set[tuple[str, str]] = set()  # flags whose variable is not read yet (strict xfail): none
+# Apptainer's --cpus reads APPTAINER_CPU_SHARES, --cpu-shares' variable (a slip: a share count is no CPU count);
+# singpy's --cpus reads APPTAINER_CPUS instead (strict xfail: this table would have it copy the slip).
+PENDING |= {(command, "--cpus") for command in ("exec", "run", "shell", "instance start")}
+# build's --mount is not parsed from APPTAINER_MOUNT: the variable reaches the launcher of %post and %test as it is,
+# which reads it there (reading it in build too would give each mount twice); tests/integration/test_build_flags.py.
+PENDING |= {("build", "--mount")}
 
 
 def _rows() -> list[tuple[str, str, list[str]]]:
@@ -66,7 +78,7 @@ def _typer_command(name: str) -> Any:
 
 def singpy_flags(command: str) -> set[str]:
     if command in ACTIONS:
-        return {option.long for option in ACTION_OPTIONS}
+        return {option.long for option in ACTION_OPTIONS if not option.commands or command in option.commands}
     if command == "(global)":
         return {option.long for option in GLOBAL_OPTIONS}
     if command in TYPER:
@@ -98,7 +110,7 @@ def parsed(command: str, argv: list[str], env: dict[str, str], monkeypatch: pyte
     if command in ACTIONS:
         from singpy.cli.parse import parse_action
 
-        return parse_action("run" if command == "instance start" else command, [*argv, "img"], dict(os.environ))
+        return parse_action(command, [*argv, "img"], dict(os.environ))
     if command == "(global)":
         from singpy.cli.parse import split_global
 

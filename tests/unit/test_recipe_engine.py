@@ -57,7 +57,7 @@ def test_bootstrap_sources(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("Bootstrap: yum\nFrom: x\n", "r.def:1: Bootstrap: yum is not supported"),
+    ("Bootstrap: pacman\nFrom: x\n", "r.def:1: Bootstrap: pacman is not supported"),
     ("Bootstrap: docker\n\n%post\n  true\n", "r.def:1: Bootstrap: docker needs a From: header"),
     ("%post\n  true\n", "r.def:1: the stage has no Bootstrap: header"),
     ("Bootstrap: scratch\n\n%files from nowhere\n  /a\n", "r.def:3: %files from nowhere: no earlier stage"),

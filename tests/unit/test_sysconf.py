@@ -48,6 +48,7 @@ EXPECTED_DEFAULTS = {
     "allow ipc ns": True,
     "allow uts ns": True,
     "allow net groups": (),
+    "enable fusemount": True,
     "allow netns paths": (),
     "enable overlay": "yes",
     "enable underlay": "yes",
@@ -382,7 +383,7 @@ mksquashfs mem = 1G
 apptheus communication socket path = /run/a.sock
 """
 
-IGNORED_IN_STOCK = ["allow setuid", "allow user ns", "enable fusemount",
+IGNORED_IN_STOCK = ["allow setuid", "allow user ns",
                     "mksquashfs procs", "shared loop devices", "image driver", "download concurrency",
                     "download part size", "download buffer size", "systemd cgroups", "apptheus socket path",
                     "allow monitoring"]

@@ -1,0 +1,111 @@
+"""`singpy registry login|logout|list`: OCI/Docker registry credentials in ~/.apptainer/docker-config.json
+(or --authfile), as Apptainer keeps them; every pull and push reads them (singpy.oci.auth)."""
+
+from __future__ import annotations
+
+import typer
+
+from singpy.cli.pull import AUTHFILE, NO_HTTPS, variables
+
+registry_app = typer.Typer(name="registry", help="Log in to, log out of and list OCI/Docker registries.",
+                           no_args_is_help=True)
+
+URI = typer.Argument(..., metavar="docker://HOST|oras://HOST", show_default=False,
+                     help="the registry (its host[:port])")
+USERNAME = typer.Option("", "--username", "-u", help="username to authenticate with", metavar="NAME",
+                        envvar=variables("LOGIN_USERNAME"), show_envvar=False)
+PASSWORD = typer.Option("", "--password", "-p", help="password / token to authenticate with (visible to other "
+                        "users in the process list: prefer --password-stdin)", metavar="PASSWORD",
+                        envvar=variables("LOGIN_PASSWORD"), show_envvar=False)
+PASSWORD_STDIN = typer.Option(False, "--password-stdin", help="take the password from standard input")
+
+
+@registry_app.command("login")
+def login_command(
+    context: typer.Context,
+    uri: str = URI,
+    username: str = USERNAME,
+    password: str = PASSWORD,
+    password_stdin: bool = PASSWORD_STDIN,
+    authfile: str = AUTHFILE,
+    no_https: bool = NO_HTTPS,
+) -> None:
+    """Log in to an OCI/Docker registry: the credentials are checked, then stored for pulls and pushes."""
+    import os
+
+    from typer._click.core import ParameterSource
+
+    from singpy import console
+    from singpy.errors import UsageError
+    from singpy.host import host
+    from singpy.oci import authfile as files
+    from singpy.oci.auth import Credentials
+    from singpy.oci.pull import nohttps
+
+    registry = files.registry_of(uri)
+    if password and context.get_parameter_source("password") == ParameterSource.COMMANDLINE:
+        console.warning("a password given with --password is visible to other users of this host "
+                        "(ps, /proc): use --password-stdin")
+    if password_stdin:
+        if password:
+            raise UsageError("--password and --password-stdin are mutually exclusive")
+        import sys
+
+        password = sys.stdin.read().removesuffix("\n").removesuffix("\r")
+    if not username:
+        raise UsageError(f"logging in to {registry} needs a username: give --username",
+                         hint="Run 'singpy registry login --help' for usage.")
+    password = password or _ask_password()
+    https = not no_https and not nohttps(os.environ)
+    files.check_login(registry, Credentials(username=username, password=password), os.environ, https=https)
+    path = files.credentials_file(authfile, host.capture().home)
+    files.store_login(path, registry, Credentials(username=username, password=password))
+    console.info(f"Token stored in {path}")
+
+
+def _ask_password() -> str:
+    """Apptainer's prompt, without echo on a terminal; an empty answer is refused."""
+    import getpass
+    import sys
+
+    from singpy.errors import UsageError
+
+    try:
+        password = getpass.getpass("Password / Token: ", stream=sys.stderr)
+    except EOFError:
+        password = ""
+    if not password:
+        raise UsageError("a password is required (give it at the prompt or with --password-stdin)")
+    return password
+
+
+@registry_app.command("logout")
+def logout_command(uri: str = URI, authfile: str = AUTHFILE) -> None:
+    """Remove the login of a registry from the credentials file."""
+    from singpy import console
+    from singpy.host import host
+    from singpy.oci import authfile as files
+
+    registry = files.registry_of(uri)
+    path = files.credentials_file(authfile, host.capture().home)
+    if not files.remove_login(path, registry):
+        console.warning(f"There is no existing login to registry {registry!r}.")
+        return
+    console.info(f"Token removed from {path}")
+    console.info("Logout succeeded")
+
+
+@registry_app.command("list")
+def list_command(authfile: str = AUTHFILE) -> None:
+    """List the registries you are logged in to (and as whom): never a password."""
+    from singpy.console import escape
+    from singpy.host import host
+    from singpy.oci import authfile as files
+
+    rows = [(escape(registry), escape(user)) for registry, user in
+            files.logins(files.credentials_file(authfile, host.capture().home))]
+    width = max([len("REGISTRY"), *(len(registry) for registry, _ in rows)]) + 2
+    print()
+    print(f"{'REGISTRY':<{width}}USERNAME")
+    for registry, user in rows:
+        print(f"{registry:<{width}}{user}")

@@ -1,0 +1,218 @@
+"""oras://: a SIF file kept as an OCI artifact in any registry, as Apptainer's ORAS transport stores it.
+
+An `oras://HOST/REPO:TAG` reference names an OCI image manifest whose one layer
+is the SIF file itself (media type `application/vnd.sylabs.sif.layer.v1.sif`,
+or Singularity < 3.7's misspelt `appliciation/vnd.sylabs.sif.layer.tar`) and
+whose config is the empty JSON `{}` typed `application/vnd.sylabs.sif.config.v1+json`
+(Apptainer's internal/pkg/client/oras; the config type is not checked on pull,
+as Apptainer does not: its older versions did not set it consistently).
+
+The registry is spoken to by singpy.oci.registry exactly as for docker://
+(the same credentials, tokens, TLS rules, mirrors and limits: pull.py's
+`_registry`). The SIF is the blob: downloaded straight into the cache as
+`sif/<layer hex>.sif` (resumed from its `.partial`, verified against the
+layer digest, checked to be a SIF, then sealed by store.seal_sif), so a run
+of a cached `oras://` image costs one HEAD request for a tag and none for a
+digest, as a docker:// one does; `refs/` records what the reference resolved
+to, so that a cached image runs while the registry is unreachable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Mapping
+
+from singpy import console
+from singpy.errors import ImageError
+from singpy.oci import store
+from singpy.oci.ref import Reference
+
+TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
+if TYPE_CHECKING:
+    from typing import Any
+
+    from singpy.oci.pull import PullOptions
+
+PREFIX = "oras://"
+SIF_LAYER = "application/vnd.sylabs.sif.layer.v1.sif"
+SIF_LAYER_PROTO = "appliciation/vnd.sylabs.sif.layer.tar"  # Singularity < 3.7's typo, still pulled by Apptainer
+SIF_CONFIG = "application/vnd.sylabs.sif.config.v1+json"
+EMPTY_CONFIG = b"{}"  # the config Apptainer pushes (the OCI empty value)
+TITLE = "org.opencontainers.image.title"
+
+
+def is_oras(text: str) -> bool:
+    return text.startswith(PREFIX)
+
+
+def parse_ref(text: str) -> Reference:
+    """oras://[HOST/]REPO[:TAG|@DIGEST], normalized as a docker:// reference (Apptainer parses it so)."""
+    from singpy.oci.ref import parse
+
+    if not is_oras(text):
+        raise ImageError(f"{text[:100]!r} is not an oras:// reference")
+    rest = text[len(PREFIX):]
+    try:
+        return parse(f"docker://{rest}")
+    except ImageError as error:
+        raise ImageError(error.message.replace(f"docker://{rest}", text), hint=error.hint) from None
+
+
+def shown(ref: Reference) -> str:
+    """The reference as the user names it: oras://HOST/REPO:TAG."""
+    return PREFIX + str(ref).removeprefix("docker://")
+
+
+def as_oras(error: ImageError, ref: Reference) -> ImageError:
+    """`error` (from the registry client, which names docker:// images) naming the oras:// reference instead."""
+    docker = f"docker://{ref.registry}/{ref.repository}"
+    if docker not in error.message:
+        return error
+    return type(error)(error.message.replace(docker, f"{PREFIX}{ref.registry}/{ref.repository}"), hint=error.hint)
+
+
+def sif_layer(manifest: Any, ref: Reference) -> dict[str, Any]:
+    """The one SIF layer of an ORAS manifest; an ImageError when it is anything else."""
+    layers = manifest.body.get("layers")
+    if not isinstance(layers, list) or len(layers) != 1:
+        count = len(layers) if isinstance(layers, list) else 0
+        raise ImageError(f"{shown(ref)} is not a SIF stored with ORAS: its manifest has {count} layers, not one",
+                         hint="an image pushed by docker, podman or skopeo is pulled with docker://")
+    layer = layers[0]
+    media_type = str(layer.get("mediaType", ""))
+    if media_type not in (SIF_LAYER, SIF_LAYER_PROTO):
+        raise ImageError(f"{shown(ref)} is not a SIF stored with ORAS: its layer is of type "
+                         f"{media_type[:100]!r}, not {SIF_LAYER}",
+                         hint="an image pushed by docker, podman or skopeo is pulled with docker://")
+    store.hex_of(layer["digest"])  # a sha256 digest: it names the cached file
+    return dict(layer)
+
+
+def cached_sif(text: str, options: PullOptions, env: Mapping[str, str], home: str) -> str:
+    """The cached SIF of `oras://...` (downloaded first if needed), as pull.cached_image is for docker://.
+
+    A reference by digest that was pulled before runs without any request; a tag costs one HEAD request,
+    and when the registry can't be reached the SIF it last resolved to runs, with a warning.
+    """
+    ref = parse_ref(text)
+    location = store.location(env, home)
+    platform = str(_platform(options))
+    known = store.recall(location, shown(ref), platform)
+    known_sif = store.usable_sif(location, known["digest"]) if known else ""
+    if ref.digest and known_sif:
+        return known_sif
+    source = None
+    try:
+        top = _quick_top(ref, ref.manifest_reference, options, env, home) if known_sif else None
+        if top is None:  # nothing cached, or the quick check left it to the full client
+            source = _source(ref, options, env, home)
+            top = source.head_digest(ref.manifest_reference)
+    except ImageError as error:
+        from singpy.oci.regerrors import Unreachable
+
+        if not (isinstance(error, Unreachable) and known_sif):
+            raise as_oras(error, ref) from None
+        console.warning(f"{error.message}: running the cached image {shown(ref)} ({known['digest'][:19]})")
+        return known_sif
+    if known and top == known["top"] and known_sif:
+        return known_sif
+    return fetch_sif(ref, source or _source(ref, options, env, home), options, location)
+
+
+def fetch_sif(ref: Reference, source: Any, options: PullOptions, location: str) -> str:
+    """The SIF that `ref` names now, downloaded into the cache unless it is there already."""
+    from singpy.oci.pull import resolve
+
+    platform = _platform(options)
+    try:
+        resolved = resolve(ref, source, platform)
+    except ImageError as error:
+        raise as_oras(error, ref) from None
+    layer = sif_layer(resolved.manifest, ref)
+    digest = layer["digest"]
+    if not store.usable_sif(location, digest):
+        store.ensure(location, store.SIFS)
+        lock = f"{location}/{store.SIFS}/.{store.hex_of(digest)}.lock"
+        with store.locked(lock, waiting_for=f"another singpy to finish downloading {shown(ref)}"):
+            if not store.usable_sif(location, digest):
+                _download(ref, source, layer, store.sif_path(location, digest), str(platform))
+    store.remember(location, shown(ref), str(platform), top=resolved.top, digest=digest)
+    return store.sif_path(location, digest)
+
+
+def _download(ref: Reference, source: Any, layer: dict[str, Any], sif: str, platform: str) -> None:
+    """The SIF blob to `sif` (resumed, verified: singpy.oci.blobfetch), checked to be a SIF, then sealed."""
+    from singpy.image import tools
+    from singpy.image.sif import is_sif
+    from singpy.oci.progress import Steps
+
+    digest, size = layer["digest"], layer["size"]
+    with Steps(f"Downloading {shown(ref)}") as steps:
+        progress = steps.transfer(f"SIF {digest[:19]}", size)
+        try:
+            with tools.Interruptible():
+                source.fetch_blob(digest, sif, size=size, progress=progress)
+        except tools.Interrupted as interrupted:
+            raise tools.Interrupted(f"pull of {shown(ref)} {interrupted.message}") from None
+        except ImageError as error:
+            raise as_oras(error, ref) from None
+    if not is_sif(sif):
+        os.unlink(sif)
+        raise ImageError(f"{shown(ref)} is not a SIF file: its layer has the SIF media type but other content")
+    store.seal_sif(sif, digest, {"source": shown(ref), "platform": platform, "created": int(time.time())})
+
+
+def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], home: str, *, force: bool) -> str:
+    """`singpy pull [OUT.sif] oras://...`: the SIF through the cache to `target` (default: NAME_TAG.sif)."""
+    from singpy.oci.pull import _copy, check_target, default_name
+
+    ref = parse_ref(text)
+    target = os.path.abspath(target or default_name(ref))
+    check_target(target, force=force)
+    sif = cached_sif(text, options, env, home)
+    if not _linked(sif, target):
+        _copy(sif, target)
+    return f"pulled {shown(ref)} to {target}"
+
+
+def _linked(sif: str, target: str) -> bool:
+    """The cached SIF hard-linked at `target` (replaced whole), where both are on one filesystem: no copy of
+    hundreds of MB. A later rewrite of either file changes the identity its seal records (store.usable_sif),
+    so the cache never runs a SIF changed after its digest was checked: it downloads it again."""
+    from singpy.host.cachefiles import create_new
+
+    try:
+        fd, temporary = create_new(target)  # a random name beside the target, made O_EXCL: then replaced
+        os.close(fd)
+        os.unlink(temporary)
+        os.link(sif, temporary)
+    except OSError:  # another filesystem (EXDEV), or links refused: the caller copies
+        return False
+    try:
+        os.chmod(temporary, 0o755)  # as a copy would be; the mode is not part of the seal
+        os.replace(temporary, target)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise ImageError(f"can't write {target}: {error.strerror}") from None
+    return True
+
+
+def _platform(options: PullOptions) -> Any:
+    from singpy.oci.pull import _platform as platform_of
+
+    return platform_of(options)
+
+
+def _quick_top(ref: Reference, reference: str, options: PullOptions, env: Mapping[str, str], home: str) -> Any:
+    from singpy.oci.pull import _quick_top as quick_top
+
+    return quick_top(ref, reference, options, env, home)
+
+
+def _source(ref: Reference, options: PullOptions, env: Mapping[str, str], home: str) -> Any:
+    from singpy.oci.pull import _registry
+
+    return _registry(ref, options, env, home)

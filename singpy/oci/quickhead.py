@@ -1,0 +1,212 @@
+"""The check of a cached tag (has it moved?) in one HEAD request, without loading the HTTP client.
+
+`singpy exec docker://X:TAG` (and `oras://`) of a cached image asks the registry one thing: the digest
+its tag names now. singpy.oci.registry would ask it through http.client, whose import (with `email`,
+`urllib.parse` and `socket`) costs more than the rest of the run; this module sends that one request
+itself, on the C socket module (and `ssl` for an https registry only), and reads the answer's status
+line and headers. It answers only what it is sure of: a 200 with a valid Docker-Content-Digest. Every
+other case is left to the full client (`None`): a challenge (401: credentials, tokens), a redirect,
+another status, a malformed or oversized answer, a proxy in the environment, a dropped connection (which
+the full client tries again). The rules stay the client's:
+
+* TLS verifies as a pull does (singpy.oci.tlsconf: the system store, SSL_CERT_FILE/DIR, certs.d);
+  plain HTTP only where the pull would use it (--no-https, a registry named insecure is never asked here:
+  the caller asks only when registries.conf changes nothing for the image, singpy.oci.mirrors.is_direct);
+* no credentials are sent (an anonymous answer of 200 is the registry's answer to everyone);
+* every wait is bounded: the connect and the TLS handshake by transport.CONNECT_TIMEOUT, a read by
+  transport.READ_TIMEOUT, the whole answer by SINGPY_PULL_DOCUMENT_TIMEOUT, its headers by HEADER_LIMIT
+  bytes. A registry too slow, or a host that can't be resolved or reached, is an Unreachable error (with
+  the full client's words), so that the cached image still runs with a warning and no wait is repeated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from singpy.oci.limits import Limits
+from singpy.oci.ref import Reference, valid_digest, valid_tag
+
+TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
+if TYPE_CHECKING:
+    import _socket
+    from typing import Any
+
+HEADER_LIMIT = 64 << 10  # bytes of a HEAD answer's status line and headers (a registry sends ~500)
+CONNECT_TIMEOUT = 30.0  # as singpy.oci.transport's (not imported: it loads http.client)
+READ_TIMEOUT = 30.0
+_PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
+
+
+class _Undecided(Exception):
+    """The full client must ask (the reason is for `-d`)."""
+
+
+def cached_top(ref: Reference, reference: str, *, login: bool, https: bool, env: Mapping[str, str],
+               home: str) -> str | None:
+    """What the registry names `reference` now, asked here where the full client would ask the image's own
+    registry anonymously (no --docker-login, nothing in registries.conf for it); None: ask the full client."""
+    from singpy.oci import mirrors
+
+    if login or not mirrors.is_direct(ref, env=env, home=home):
+        return None
+    return tag_digest(ref, reference, https=https, env=env)
+
+
+def tag_digest(ref: Reference, reference: str, *, https: bool, env: Mapping[str, str]) -> str | None:
+    """The digest `ref`'s registry gives `reference` (a tag, or a digest) now; None: the full client must ask."""
+    from singpy import console
+
+    if any(env.get(name) for name in _PROXY_VARIABLES) or not (valid_tag(reference) or valid_digest(reference)):
+        return None  # proxies (and no_proxy) are the full client's, and so is saying what is wrong with a name
+    host, port = split_endpoint(ref.endpoint, https=https)
+    if host is None:
+        return None
+    limits = Limits.from_env(env)
+    deadline = time.monotonic() + limits.document_timeout
+    try:
+        head = _exchange(host, port, _request(ref, reference, https=https), https=https, env=env,
+                         deadline=deadline, endpoint=ref.endpoint)
+        digest = digest_of(head)
+        console.debug(f"quick check of {ref.endpoint}/{ref.repository}:{reference}: {digest}")
+        return digest
+    except _Undecided as undecided:
+        console.debug(f"quick tag check of {ref}: {undecided}; asking with the full client")
+        return None
+
+
+def split_endpoint(endpoint: str, *, https: bool) -> tuple[str | None, int]:
+    """host and port of HOST[:PORT] or [V6][:PORT]; (None, 0) for anything else."""
+    default = 443 if https else 80
+    if endpoint.startswith("["):
+        host, _, rest = endpoint[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ("" if not rest else "x")
+    else:
+        host, _, port_text = endpoint.partition(":")
+    if not host or (port_text and not (port_text.isdigit() and port_text.isascii() and 0 < int(port_text) < 65536)):
+        return None, 0
+    if not host.isascii() or any(char in host for char in "/@ \t\r\n"):
+        return None, 0  # an IDN or anything odd: the full client's
+    return host, int(port_text) if port_text else default
+
+
+def _request(ref: Reference, reference: str, *, https: bool) -> bytes:
+    from singpy import __version__
+    from singpy.oci.manifest import ACCEPT
+
+    netloc = ref.endpoint.removesuffix(":443" if https else ":80")  # as http.client names it
+    lines = [f"HEAD /v2/{ref.repository}/manifests/{reference} HTTP/1.1", f"Host: {netloc}",
+             f"User-Agent: singpy/{__version__}", f"Accept: {ACCEPT}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("ascii")
+
+
+def _exchange(host: str, port: int, request: bytes, *, https: bool, env: Mapping[str, str], deadline: float,
+              endpoint: str) -> bytes:
+    """The status line and headers the registry answers `request` with (the body of a HEAD is empty)."""
+    sock: Any = _connect(host, port, deadline, endpoint)
+    try:
+        if https:
+            sock = _wrap(sock, host, endpoint, env, deadline)
+        sock.settimeout(_left(deadline, READ_TIMEOUT, endpoint))
+        sock.sendall(request)
+        return _read_head(sock, deadline, endpoint)
+    except TimeoutError:  # a wait of READ_TIMEOUT (or CONNECT_TIMEOUT for the handshake) with no byte
+        raise _too_slow(endpoint, "no data within the read timeout") from None
+    except OSError as error:  # a reset, a TLS failure...: the full client retries it or says what it is
+        raise _Undecided(f"{type(error).__name__}: {error}") from None
+    finally:
+        sock.close()
+
+
+def _connect(host: str, port: int, deadline: float, endpoint: str) -> _socket.socket:
+    """A TCP connection to the first address of `host` that accepts one (as socket.create_connection)."""
+    import _socket
+
+    from singpy.oci.regerrors import Unreachable
+
+    try:
+        addresses = _socket.getaddrinfo(host.encode("ascii"), port, 0, _socket.SOCK_STREAM)
+    except _socket.gaierror as error:
+        reason = (error.strerror or "unknown host").lower()
+        raise Unreachable(f"can't reach registry {endpoint}: {reason}") from None
+    failure: OSError | None = None
+    for family, kind, proto, _, address in addresses:
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(_left(deadline, CONNECT_TIMEOUT, endpoint))
+            sock.connect(address)
+            # As http.client: the request leaves at once (Nagle would hold it, after the TLS handshake's last
+            # message, for the server's delayed ACK: ~40 ms).
+            sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            return sock
+        except OSError as error:
+            sock.close()
+            if isinstance(error, TimeoutError):
+                raise _too_slow(endpoint, "the connection timed out") from None
+            failure = error
+    reason = (failure.strerror or str(failure)).lower() if failure is not None else "no address"
+    raise Unreachable(f"can't reach registry {endpoint}: {reason}")
+
+
+def _wrap(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str], deadline: float) -> Any:
+    """TLS on `sock`, verified as singpy.oci.transport verifies (the handshake bounded by CONNECT_TIMEOUT;
+    an SSLError, an OSError, goes to the full client, which says what is wrong with the certificate)."""
+    import socket
+
+    from singpy.oci.tlsconf import host_ca_files, tls_context
+
+    # The system store's directory alone (tlsconf: a subset, never more): a certificate it can't verify is
+    # asked again by the full client with the whole store.
+    context = tls_context(env, host_ca_files(endpoint.removesuffix(":443")), system_dir_only=True)
+    plain = socket.socket(fileno=sock.detach())
+    try:
+        plain.settimeout(_left(deadline, CONNECT_TIMEOUT, endpoint))  # CPython bounds the whole handshake by it
+        return context.wrap_socket(plain, server_hostname=host)
+    except BaseException:
+        plain.close()
+        raise
+
+
+def _read_head(sock: _socket.socket, deadline: float, endpoint: str) -> bytes:
+    received = b""
+    while b"\r\n\r\n" not in received:
+        if len(received) > HEADER_LIMIT:
+            raise _Undecided(f"more than {HEADER_LIMIT} bytes of headers")
+        sock.settimeout(_left(deadline, READ_TIMEOUT, endpoint))
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise _Undecided("the connection closed before the end of the headers")
+        received += chunk
+    return received.partition(b"\r\n\r\n")[0]
+
+
+def digest_of(head: bytes) -> str | None:
+    """The Docker-Content-Digest of a 200 answer's head (status line and headers); _Undecided otherwise."""
+    try:
+        text = head.decode("ascii")
+    except UnicodeDecodeError:
+        raise _Undecided("non-ASCII headers") from None
+    status_line, *headers = text.split("\r\n")
+    version, _, rest = status_line.partition(" ")
+    status = rest[:3]
+    if not version.startswith("HTTP/1.") or status != "200":
+        raise _Undecided(f"status {status_line[:40]!r}")
+    found = [value.strip() for name, _, value in (line.partition(":") for line in headers)
+             if name.strip().lower() == "docker-content-digest"]
+    if len(found) != 1 or not valid_digest(found[0]):
+        raise _Undecided("no single valid Docker-Content-Digest")
+    return found[0]
+
+
+def _left(deadline: float, most: float, endpoint: str) -> float:
+    """Seconds the next wait may take: at most `most`, never past the answer's deadline."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _too_slow(endpoint, "the answer took longer than SINGPY_PULL_DOCUMENT_TIMEOUT")
+    return min(most, left)
+
+
+def _too_slow(endpoint: str, reason: str) -> Exception:
+    from singpy.oci.regerrors import Unreachable
+
+    return Unreachable(f"registry {endpoint} is too slow: {reason}")
