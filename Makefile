@@ -10,11 +10,14 @@ BIN := $(VENV)/bin
 # siftool, iproute2 (network namespaces), a real registry (docker-registry), skopeo and umoci, htpasswd
 # (apache2-utils) and openssl for its Basic-auth and TLS variants, a real Slurm (slurm-wlm: slurmctld,
 # slurmd, srun) with munge, and Open MPI (openmpi-bin, libopenmpi-dev: mpirun, mpicc) for the job tests.
+# The CWL conformance comparison adds mmdebstrap (its images) and rootless podman with runc (crun refuses
+# hybrid cgroup hosts).
 # The benchmark adds the tools it compares with: bubblewrap and Charliecloud.
 DEMO_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev busybox-static squashfs-tools \
-	squashfuse fuse3 uidmap util-linux
+	squashfuse fuse3 uidmap util-linux gpgv
 TEST_PACKAGES := $(DEMO_PACKAGES) fuse-overlayfs e2fsprogs fuse2fs pipx siftool iproute2 docker-registry skopeo python3-seccomp \
-	umoci apache2-utils openssl ca-certificates slurm-wlm munge openmpi-bin libopenmpi-dev
+	umoci apache2-utils openssl ca-certificates slurm-wlm munge openmpi-bin libopenmpi-dev \
+	mmdebstrap podman runc debootstrap gnupg gocryptfs cryptsetup-bin
 BENCH_PACKAGES := $(TEST_PACKAGES) bubblewrap charliecloud-runtime
 # Where `make install` puts the `singpy` command: /usr/local/bin as root, ~/.local/bin otherwise.
 PREFIX ?= $(if $(filter 0,$(shell id -u)),/usr/local,$(HOME)/.local)
@@ -82,6 +85,8 @@ test: lint
 bench: bench-packages setup
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/pull.py
+	$(BIN)/python benchmarks/pull_big.py
+	$(BIN)/python benchmarks/pull_oras.py
 	$(BIN)/python benchmarks/build.py
 	$(BIN)/python benchmarks/hpc.py
 

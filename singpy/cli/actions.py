@@ -190,7 +190,7 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         no_sharens=bool(values.get("no_sharens")),
         devices=tuple(values.get("device", [])),
         cdi_dirs=tuple(path for value in values.get("cdi_dirs", []) for path in value.split(",") if path),
-        **_issue28_fields(values, cwd),
+        **_checked_fields(values, cwd),
         netns_path=values.get("netns_path") or "",
         security=tuple(values.get("security", [])),
         fusemount=tuple(values.get("fusemount", [])),
@@ -198,9 +198,9 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
     )
 
 
-def _issue28_fields(values: Mapping[str, Any], cwd: str) -> dict[str, Any]:
-    """Issue 28's flags: --workdir and --scratch (checked by singpy.mounts.workdir, imported only then), --no-env,
-    --no-nv, --no-rocm, --compat32, --runscript-timeout."""
+def _checked_fields(values: Mapping[str, Any], cwd: str) -> dict[str, Any]:
+    """The fields of flags checked here or read apart: --workdir and --scratch (checked by singpy.mounts.workdir,
+    imported only then), --no-env, --no-nv, --no-rocm, --compat32, --runscript-timeout."""
     fields: dict[str, Any] = {"no_nv": bool(values.get("no_nv")), "no_rocm": bool(values.get("no_rocm")),
                               "compat32": bool(values.get("compat32"))}
     if values.get("runscript_timeout"):  # checked here, a command-line mistake (exit 1) as Apptainer's

@@ -92,15 +92,22 @@ def create_new(path: str) -> tuple[int, str]:
             continue
 
 
-def publish(path: str, data: bytes) -> None:
+def publish(path: str, data: bytes, *, mode: int = 0o600, durable: bool = False) -> None:
     """Write `path` whole or not at all: a new file (`create_new`) renamed over it, so a concurrent reader sees
-    the old content or the new, and a link at `path` is replaced, never followed. OSError, leaving nothing."""
+    the old content or the new, and a link at `path` is replaced, never followed. OSError, leaving nothing.
+
+    `mode`: the file's mode once written (0600 until then); `durable`: on disk before it replaces the old one
+    (a keyring, a configuration: not worth losing to a crash; a cache file can be made again)."""
     fd, temporary = create_new(path)
     try:
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+            if mode != 0o600:
+                os.fchmod(fd, mode)
         finally:
             os.close(fd)
         os.replace(temporary, path)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from singpy import __version__, console
+from singpy.constants import SQUASH_MEMORY
 from singpy.errors import ImageError
 from singpy.host.hostfiles import path_problem, shown
 from singpy.image import cache, tools
@@ -88,7 +89,7 @@ def build_sif(target: str, sandbox: str, *, env: Mapping[str, str]) -> None:
     try:
         squashfs = f"{scratch}/rootfs.squashfs"
         owner = root_mode_options(sandbox) if os.getuid() == 0 else ["-all-root"]
-        tools.run_tool([mksquashfs, sandbox, squashfs, "-noappend", "-comp", "gzip", *owner],
+        tools.run_tool([mksquashfs, sandbox, squashfs, "-noappend", "-comp", "gzip", *SQUASH_MEMORY, *owner],
                        label=f"Squashing {os.path.basename(sandbox)}", failure=f"can't build {target}")
         console.verbose(f"writing {target} ({os.path.getsize(squashfs)} bytes of squashfs, {arch})")
         build_sif_from_squashfs(target, squashfs, arch=arch, deffile=deffile,

@@ -20,6 +20,7 @@ from singpy.launch import jobs
 from singpy.launch.request import LaunchRequest as LaunchRequest
 from singpy.mounts import system
 from singpy.plan import (
+    CgroupSpec,
     FuseMountSpec,
     IdMap,
     ImageSpec,
@@ -121,16 +122,8 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                       max_loop_devices=config.number("max loop devices"),
                       underlay=underlay,
                       avoid_features=avoid, netns_path=netns_path, fusemounts=fusemounts)
-    if request.limits:  # resource limits: the container's cgroup (singpy.cgroups, imported only then)
-        from singpy.cgroups.hierarchy import plan_cgroup
-
-        if request.instance:
-            raise UsageError(f"resource limits are set when an instance starts: instance://{request.instance} runs "
-                             "in the instance's cgroup")
-        if share_key is not None:  # a shared container's holder is no launch of this rank's: its cgroup is not ours
-            raise UsageError(f"resource limits need a container of its own, and the ranks of {share_key[1]} share "
-                             "one: add --no-sharens (each rank gets its container and cgroup)")
-        plan = plan.replace(cgroup=plan_cgroup(request.limits, host.uid))
+    if request.limits:
+        plan = plan.replace(cgroup=_cgroup(request, host, share_key))
     if request.instance:
         from singpy.launch.instance import instance_cgroup, socket_name
 
@@ -143,6 +136,19 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
         plan = plan.replace(host_dirs=work.host_dirs)
         warnings += work.warnings
     return Planned(plan, (*job_warnings, *dropped, *netns_warnings, *warnings), (*job_notes, *gpu_notes))
+
+
+def _cgroup(request: LaunchRequest, host: HostInfo, share_key: tuple[str, str] | None) -> CgroupSpec:
+    """Resource limits: the container's cgroup (singpy.cgroups, imported only then)."""
+    from singpy.cgroups.hierarchy import plan_cgroup
+
+    if request.instance:
+        raise UsageError(f"resource limits are set when an instance starts: instance://{request.instance} runs "
+                         "in the instance's cgroup")
+    if share_key is not None:  # a shared container's holder is no launch of this rank's: its cgroup is not ours
+        raise UsageError(f"resource limits need a container of its own, and the ranks of {share_key[1]} share "
+                         "one: add --no-sharens (each rank gets its container and cgroup)")
+    return plan_cgroup(request.limits, host.uid)
 
 
 def _workdir(request: LaunchRequest, config: SysConfig, mounts: list[MountSpec], home_dest: str) -> WorkdirPlan:

@@ -204,7 +204,7 @@ def user_view(env: Mapping[str, str], home: str, user_file: str = "") -> Remotes
 
 def save(remotes: Remotes) -> None:
     """Write the file whole or not at all (a new file renamed over it): 0644 for the system's, else 0600."""
-    from singpy.host.cachefiles import create_new
+    from singpy.host.cachefiles import publish
 
     directory = os.path.dirname(remotes.path) or "."
     if not os.path.isdir(directory):
@@ -212,29 +212,7 @@ def save(remotes: Remotes) -> None:
             os.makedirs(directory, mode=0o700)
         except OSError as error:
             raise RemoteError(f"can't create {directory}: {error.strerror}") from None
-    data = remotes.to_yaml().encode()
-    try:
-        fd, temporary = create_new(remotes.path)
+    try:  # every user reads the system's remotes
+        publish(remotes.path, remotes.to_yaml().encode(), mode=0o644 if remotes.system else 0o600, durable=True)
     except OSError as error:
         raise RemoteError(f"can't write the remote configuration {remotes.path}: {error.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        if remotes.system:
-            os.chmod(temporary, 0o644)  # every user reads the system's remotes
-        os.replace(temporary, remotes.path)
-    except OSError as error:
-        _unlink(temporary)
-        raise RemoteError(f"can't write the remote configuration {remotes.path}: {error.strerror}") from None
-    except BaseException:
-        _unlink(temporary)
-        raise
-
-
-def _unlink(path: str) -> None:
-    try:  # noqa: SIM105 - one call
-        os.unlink(path)
-    except OSError:
-        pass

@@ -4,7 +4,7 @@ A library hands an image file out by redirecting to object storage (a presigned 
 token goes with a request only to the library's own origin (scheme, host and port), never to the host a
 redirect names: the Sylabs client's rule (`samehost`), and what a presigned URL expects (S3 refuses a
 second credential). TLS verifies against the system store plus SSL_CERT_FILE / SSL_CERT_DIR
-(singpy.oci.transport.tls_context). Every failure is one RemoteError naming the URL.
+(singpy.oci.tlsconf.tls_context). Every failure is one RemoteError naming the URL.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def request(method: str, url: str, env: Mapping[str, str], *, token: str = "", b
         raise RemoteError(f"can't use the URL {url[:200]}: bad port") from None
     connection: http.client.HTTPConnection
     if parts.scheme == "https":
-        from singpy.oci.transport import tls_context
+        from singpy.oci.tlsconf import tls_context
 
         connection = http.client.HTTPSConnection(parts.hostname, port, timeout=TIMEOUT, context=tls_context(env))
     else:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Mapping
 
 from singpy import __version__, console
+from singpy.constants import SQUASH_MEMORY
 from singpy.errors import ImageError
 from singpy.image import cache, tools
 from singpy.oci import store
@@ -83,9 +84,12 @@ def cached_image(text: str, options: PullOptions, env: Mapping[str, str], home: 
         known_sif = store.usable_sif(location, known["digest"]) if known else ""
         if ref.digest and known_sif:
             return known_sif  # an index's digest, resolved for this platform before
-        source = _registry(ref, options, env, home)
+        source, reference = None, ref.digest or ref.tag or "latest"
         try:
-            top = source.head_digest(ref.digest or ref.tag or "latest")
+            top = _quick_top(ref, reference, options, env, home) if known_sif else None
+            if top is None:  # nothing cached, or the quick check left it to the full client
+                source = _registry(ref, options, env, home)
+                top = source.head_digest(reference)
         except ImageError as error:
             if not (_unreachable(error) and known_sif):
                 raise
@@ -93,7 +97,7 @@ def cached_image(text: str, options: PullOptions, env: Mapping[str, str], home: 
             return known_sif
         if known and top == known["top"] and known_sif:
             return known_sif
-        return ensure_sif(resolve(ref, source, want), location, env)
+        return ensure_sif(resolve(ref, source or _registry(ref, options, env, home), want), location, env)
     return ensure_sif(resolve(ref, _local(ref), want), location, env)
 
 
@@ -184,6 +188,15 @@ def _registry(ref: Reference, options: PullOptions, env: Mapping[str, str], home
 
     return mirrors.registry_for(ref, env=env, home=home, https=options.https and not nohttps(env),
                                 credentials=credentials)
+
+
+def _quick_top(ref: Reference, reference: str, options: PullOptions, env: Mapping[str, str], home: str) -> Any:
+    """The digest `reference` names now, by singpy.oci.quickhead's one request (no http.client); None: ask
+    the full client (a challenge, a redirect, a proxy, registries.conf...). Only a cached image gains by it."""
+    from singpy.oci import quickhead
+
+    return quickhead.cached_top(ref, reference, login=options.login, https=options.https and not nohttps(env),
+                                env=env, home=home)
 
 
 def _local(ref: Reference) -> Any:
@@ -348,7 +361,7 @@ def _squash(resolved: Resolved, config: dict[str, Any], tree: str, work: str, si
     mksquashfs = tools.require_tool("mksquashfs", env=os.environ, purpose="convert an image to SIF")
     squashfs = f"{work}/rootfs.squashfs"
     extra = squash_options(ownership, f"{work}/pseudo")
-    tools.run_tool([mksquashfs, tree, squashfs, "-noappend", *SQUASH_COMPRESSION, *extra],
+    tools.run_tool([mksquashfs, tree, squashfs, "-noappend", *SQUASH_COMPRESSION, *SQUASH_MEMORY, *extra],
                    label=f"Squashing {resolved.reference}", failure=f"can't convert {resolved.reference} to SIF")
     arch = config.get("architecture")
     deffile = _deffile(resolved.reference)

@@ -40,8 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 from singpy.errors import ImageError
 from singpy.oci.limits import Limits, Meter, TooSlow
-from singpy.oci.tlsconf import host_ca_files
-from singpy.oci.tlsconf import tls_context as tls_context  # re-exported: singpy.library.web imports it from here
+from singpy.oci.tlsconf import host_ca_files, tls_context
 
 CONNECT_TIMEOUT = 30.0  # seconds for a TCP connect (and a TLS handshake)
 # Seconds a read may wait for the next bytes before the connection is taken for dead (and the request

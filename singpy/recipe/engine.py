@@ -318,6 +318,7 @@ def _publish(tree: str, target: str, old: str) -> None:
 
 
 def _write_sif(rootfs: str, text: str, target: str, work: str, idmap: IdMap | None, env: Mapping[str, str]) -> None:
+    from singpy.constants import SQUASH_MEMORY
     from singpy.image import tools
     from singpy.image.builder import root_mode_options
     from singpy.image.detect import host_arch
@@ -331,7 +332,7 @@ def _write_sif(rootfs: str, text: str, target: str, work: str, idmap: IdMap | No
     console.info("Creating SIF file...")
     prefix = mapped.command(idmap) if idmap is not None else []
     root_mode = root_mode_options(rootfs) if idmap is None and os.getuid() == 0 else []  # a private sandbox base
-    tools.run_tool([mksquashfs, rootfs, squashfs, "-noappend", *SQUASH_COMPRESSION, *root_mode],
+    tools.run_tool([mksquashfs, rootfs, squashfs, "-noappend", *SQUASH_COMPRESSION, *SQUASH_MEMORY, *root_mode],
                    label="Squashing the image", failure=f"can't build {target}", prefix=prefix)
     attributes = read_tree(rootfs)
     attributes["deffile"] = text

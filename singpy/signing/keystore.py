@@ -151,35 +151,13 @@ def store_secret(keyring: Keyring, keys: Sequence[Tsk]) -> None:
 
 def write(path: str, data: bytes, mode: int) -> None:
     """The file replaced whole by `data`, created with `mode` (its directory made 0700 if missing)."""
-    from singpy.host.cachefiles import create_new
+    from singpy.host.cachefiles import publish
 
-    directory = os.path.dirname(path)
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        fd, temporary = create_new(path)  # 0600 from the start, O_EXCL | O_NOFOLLOW
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        publish(path, data, mode=mode, durable=True)  # 0600 until written, O_EXCL | O_NOFOLLOW
     except OSError as error:
         raise KeystoreError(f"can't write the keyring {path}: {error.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        if mode != 0o600:
-            os.chmod(temporary, mode)
-        os.replace(temporary, path)
-    except OSError as error:
-        _unlink(temporary)
-        raise KeystoreError(f"can't write the keyring {path}: {error.strerror}") from None
-    except BaseException:
-        _unlink(temporary)
-        raise
-
-
-def _unlink(path: str) -> None:
-    try:  # noqa: SIM105 - one call
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def describe(index: int, cert: Cert) -> str:
