@@ -26,7 +26,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -281,3 +282,28 @@ def other_user() -> pwd.struct_passwd:
     if entry is None:
         pytest.skip("a second user needs root to create")
     return entry
+
+
+def instance_logs(owner: Singpy) -> Path:
+    """Where `owner`'s instances write their output: NAME.out and NAME.err."""
+    return Path(owner.home, ".singpy", "instances", "logs", os.uname().nodename, owner.user)
+
+
+_INSTANCE_PREFIX = f"i{os.getpid()}-{uuid.uuid4().hex[:6]}"  # the homes are shared by suites running at once
+
+
+@pytest.fixture
+def named() -> Iterator[Callable[[Singpy], str]]:
+    """Unique instance names, each stopped (SIGKILL) by its owner and its logs removed at the end, whatever
+    happened."""
+    made: list[tuple[Singpy, str]] = []
+
+    def make(owner: Singpy) -> str:
+        made.append((owner, f"{_INSTANCE_PREFIX}-{uuid.uuid4().hex[:6]}"))
+        return made[-1][1]
+
+    yield make
+    for owner, name in made:
+        owner.run("instance", "stop", "--force", name)
+        for suffix in ("out", "err"):
+            (instance_logs(owner) / f"{name}.{suffix}").unlink(missing_ok=True)

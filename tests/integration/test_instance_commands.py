@@ -14,17 +14,16 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Singpy, assert_one_fatal, readable_by_all
+from tests.conftest import Singpy, assert_one_fatal, instance_logs, readable_by_all
 from tests.integration.test_cgroups import needs_v1
 from tests.support.images import build_busybox_rootfs
 
 LOOP = 'echo "{what} pid=$$ args=$*"\nwhile :; do sleep 0.1; done\n'
-SESSION = f"c{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @pytest.fixture(scope="module")
@@ -39,29 +38,10 @@ def scripted(workdir: Path) -> Path:
     return root
 
 
-def _logs(singpy: Singpy) -> Path:
-    return Path(singpy.home, ".singpy", "instances", "logs", os.uname().nodename, singpy.user)
-
-
 def _record(singpy: Singpy, name: str) -> dict[str, object]:
     path = Path(singpy.home, ".singpy", "instances", "app", os.uname().nodename, singpy.user, f"{name}.json")
     return dict(json.loads(path.read_text()))
 
-
-@pytest.fixture
-def named() -> Iterator[Callable[[Singpy], str]]:
-    """Unique instance names; each one stopped and its logs removed at the end, by its owner."""
-    made: list[tuple[Singpy, str]] = []
-
-    def make(owner: Singpy) -> str:
-        made.append((owner, f"{SESSION}-{uuid.uuid4().hex[:6]}"))
-        return made[-1][1]
-
-    yield make
-    for owner, name in made:
-        owner.run("instance", "stop", "--force", name)
-        for suffix in ("out", "err"):
-            (_logs(owner) / f"{name}.{suffix}").unlink(missing_ok=True)
 
 
 def _wait_for(path: Path, text: str, timeout: float = 10.0) -> str:
@@ -92,12 +72,12 @@ def _listed_pid(singpy: Singpy, name: str, *user: str) -> int:
 def test_instance_run_starts_the_runscript(singpy: Singpy, scripted: Path, named: Callable[..., str]) -> None:
     name = named(singpy)
     singpy.ok("instance", "run", str(scripted), name, "one", "two")
-    log = _wait_for(_logs(singpy) / f"{name}.out", "runscript pid=")
+    log = _wait_for(instance_logs(singpy) / f"{name}.out", "runscript pid=")
     assert "args=one two" in log
     assert "startscript" not in log
     start = named(singpy)
     singpy.ok("instance", "start", str(scripted), start)
-    assert "startscript pid=" in _wait_for(_logs(singpy) / f"{start}.out", "pid=")
+    assert "startscript pid=" in _wait_for(instance_logs(singpy) / f"{start}.out", "pid=")
 
 
 def test_pid_file_holds_the_instance_pid(singpy: Singpy, scripted: Path, named: Callable[..., str]) -> None:
@@ -116,13 +96,13 @@ def test_pid_file_holds_the_instance_pid(singpy: Singpy, scripted: Path, named: 
 def test_pid_file_after_the_image_is_an_argument(singpy: Singpy, scripted: Path, named: Callable[..., str]) -> None:
     name = named(singpy)
     singpy.ok("instance", "run", str(scripted), name, "--pid-file", "x")
-    assert "args=--pid-file x" in _wait_for(_logs(singpy) / f"{name}.out", "runscript pid=")
+    assert "args=--pid-file x" in _wait_for(instance_logs(singpy) / f"{name}.out", "runscript pid=")
 
 
 def test_stats_from_proc_without_a_cgroup(singpy: Singpy, scripted: Path, named: Callable[..., str]) -> None:
     name = named(singpy)
     singpy.ok("instance", "start", str(scripted), name)
-    _wait_for(_logs(singpy) / f"{name}.out", "startscript pid=")
+    _wait_for(instance_logs(singpy) / f"{name}.out", "startscript pid=")
     data = json.loads(singpy.ok("instance", "stats", "--json", "--no-stream", name))
     assert data["source"] == "proc"
     assert data["pids_stats"]["current"] >= 2  # the holder and the startscript (and its sleep)
@@ -140,7 +120,7 @@ def test_stats_from_proc_without_a_cgroup(singpy: Singpy, scripted: Path, named:
 def test_stats_from_the_cgroup_and_its_removal(as_root: Singpy, scripted: Path, named: Callable[..., str]) -> None:
     name = named(as_root)
     as_root.ok("instance", "start", "--pids-limit", "40", "--memory", "64M", str(scripted), name)
-    _wait_for(_logs(as_root) / f"{name}.out", "startscript pid=")
+    _wait_for(instance_logs(as_root) / f"{name}.out", "startscript pid=")
     data = json.loads(as_root.ok("instance", "stats", "--json", "--no-stream", name))
     assert data["source"] == "cgroup"
     assert data["pids_stats"]["limit"] == 40
@@ -189,7 +169,8 @@ def test_user_flag_is_for_root_only(as_user: Singpy, command: list[str]) -> None
 
 
 def test_stats_of_no_instance(singpy: Singpy) -> None:
-    assert_one_fatal(singpy.run("instance", "stats", "--no-stream", f"{SESSION}-none"), "no instance found")
+    never_started = f"never-started-{uuid.uuid4().hex}"
+    assert_one_fatal(singpy.run("instance", "stats", "--no-stream", never_started), "no instance found")
 
 
 def test_root_with_an_unknown_user(as_root: Singpy) -> None:

@@ -7,9 +7,7 @@ the joining command shows them (--dry-run). As root and as the test user; each t
 from __future__ import annotations
 
 import json
-import os
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,25 +16,8 @@ from tests.conftest import Singpy, assert_one_fatal, readable_by_all
 from tests.integration.test_security_flags import _deny, _profile
 from tests.support.images import build_busybox_rootfs
 
-SESSION = f"s{os.getpid()}-{uuid.uuid4().hex[:6]}"
 MKDIR = "mkdir /tmp/sec-$$ && echo made; rmdir /tmp/sec-$$ 2>/dev/null; true"
 
-
-@pytest.fixture
-def named() -> Iterator[Callable[[Singpy], str]]:
-    """Unique instance names, each stopped (SIGKILL) and its logs removed at the end, whatever happened."""
-    made: list[tuple[Singpy, str]] = []
-
-    def make(owner: Singpy) -> str:
-        made.append((owner, f"{SESSION}-{uuid.uuid4().hex[:6]}"))
-        return made[-1][1]
-
-    yield make
-    for owner, name in made:
-        owner.run("instance", "stop", "--force", name)
-        logs = Path(owner.home, ".singpy", "instances", "logs", os.uname().nodename, owner.user)
-        for suffix in ("out", "err"):
-            (logs / f"{name}.{suffix}").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")

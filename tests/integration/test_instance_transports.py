@@ -22,25 +22,6 @@ from tests.support.oci import busybox_image, file, write_layout
 from tests.support.registry import RegistryServer
 from tests.support.sifs import MARKER, new_cache, singpy_sif
 
-SESSION = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"
-
-
-@pytest.fixture
-def named() -> Iterator[Callable[[Singpy], str]]:
-    """Unique instance names, each stopped (SIGKILL) and its logs removed at the end, whatever happened."""
-    made: list[tuple[Singpy, str]] = []
-
-    def make(owner: Singpy) -> str:
-        made.append((owner, f"{SESSION}-{uuid.uuid4().hex[:6]}"))
-        return made[-1][1]
-
-    yield make
-    for owner, name in made:
-        owner.run("instance", "stop", "--force", name)
-        logs = Path(owner.home, ".singpy", "instances", "logs", os.uname().nodename, owner.user)
-        for suffix in ("out", "err"):
-            (logs / f"{name}.{suffix}").unlink(missing_ok=True)
-
 
 @pytest.fixture(scope="module")
 def library(workdir: Path) -> Iterator[LibraryServer]:
