@@ -6,9 +6,9 @@ the file's hash, the file uploaded to the presigned URL the library gives (objec
 there) and the upload completed, then each tag set for the SIF's architecture. An image the library has
 already is not sent again. A push needs the token of a remote (`singpy remote login`).
 
-Apptainer refuses to push an image it can't verify unless --allow-unsigned. singpy can neither sign nor
-verify yet (issue 30): a SIF without any signature object is refused unless --allow-unsigned; one that
-carries signatures is pushed as it is (the library and whoever pulls verify them).
+Apptainer refuses to push an image it can't verify unless --allow-unsigned. singpy refuses a SIF without any
+signature object unless --allow-unsigned (`singpy sign` signs it); one that carries signatures is pushed as it
+is, not verified first (the library and whoever pulls verify them).
 """
 
 from __future__ import annotations
