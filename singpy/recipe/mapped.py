@@ -11,7 +11,6 @@ the ids inside (0, 4242...), which is what the image must record.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from singpy.plan import IdMap
@@ -40,22 +39,15 @@ def decode(text: str) -> tuple[tuple[int, int, int], ...]:
 
 
 def main(argv: list[str]) -> NoReturn:
-    from singpy.errors import SingpyError
     from singpy.kernel import syscalls as k
     from singpy.layers import fakeroot
+    from singpy.recipe.entry import exec_or_report
 
     mode, uids, gids, separator, *program = argv
     if separator != "--" or not program:
         raise SystemExit("usage: python -m singpy.recipe.mapped --helper|--self UIDS GIDS -- PROGRAM [ARGS...]")
     idmap = IdMap(uids=decode(uids), gids=decode(gids), helper=mode == "--helper", note="")
-    try:
-        fakeroot.enter_user_namespace(idmap, k.CLONE_NEWUSER)
-        os.execvp(program[0], program)
-    except SingpyError as error:
-        sys.stderr.write(f"{error.message}\n")
-    except OSError as error:
-        sys.stderr.write(f"can't run {program[0]}: {error.strerror}\n")
-    os._exit(127)
+    exec_or_report(lambda: fakeroot.enter_user_namespace(idmap, k.CLONE_NEWUSER), program, search_path=True)
 
 
 if __name__ == "__main__":

@@ -85,24 +85,21 @@ def _bind_devices(rootfs: str) -> None:
 
 
 def main(argv: list[str]) -> NoReturn:
-    from singpy.errors import SingpyError
+    from singpy.recipe.entry import exec_or_report
 
     if len(argv) < 7 or argv[5] != "--":
         sys.stderr.write("usage: python -m singpy.recipe.osns MODE UIDS GIDS ROOTFS FAKE -- PROGRAM [ARGS...]\n")
         os._exit(2)
     mode, uids, gids, rootfs, fake, _, *program = argv
-    try:
+
+    def prepare() -> None:
         _enter(mode, uids, gids)
         if fake == "--fake":
             _fake_root(rootfs)
         elif fake == "--devices":
             _bind_devices(rootfs)
-        os.execv(program[0], program)
-    except SingpyError as error:
-        sys.stderr.write(f"{error.message}\n")
-    except OSError as error:
-        sys.stderr.write(f"can't run {program[0]}: {error.strerror}\n")
-    os._exit(127)
+
+    exec_or_report(prepare, program, search_path=False)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from tests.conftest import Singpy, assert_one_fatal, instance_logs, readable_by_all
 from tests.integration.test_cgroups import needs_v1
 from tests.support.images import build_busybox_rootfs
+from tests.support.waiting import wait_for_text
 
 LOOP = 'echo "{what} pid=$$ args=$*"\nwhile :; do sleep 0.1; done\n'
 
@@ -44,16 +44,6 @@ def _record(singpy: Singpy, name: str) -> dict[str, object]:
 
 
 
-def _wait_for(path: Path, text: str, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        content = path.read_text() if path.exists() else ""
-        if text in content or time.monotonic() > deadline:
-            assert text in content, content
-            return content
-        time.sleep(0.02)
-
-
 def _runs(pid: int) -> bool:
     """Whether `pid` is a process that has not ended (a zombie waiting for its reaper has)."""
     try:
@@ -72,12 +62,12 @@ def _listed_pid(singpy: Singpy, name: str, *user: str) -> int:
 def test_instance_run_starts_the_runscript(singpy: Singpy, scripted: Path, named: Callable[..., str]) -> None:
     name = named(singpy)
     singpy.ok("instance", "run", str(scripted), name, "one", "two")
-    log = _wait_for(instance_logs(singpy) / f"{name}.out", "runscript pid=")
+    log = wait_for_text(instance_logs(singpy) / f"{name}.out", "runscript pid=")
     assert "args=one two" in log
     assert "startscript" not in log
     start = named(singpy)
     singpy.ok("instance", "start", str(scripted), start)
-    assert "startscript pid=" in _wait_for(instance_logs(singpy) / f"{start}.out", "pid=")
+    assert "startscript pid=" in wait_for_text(instance_logs(singpy) / f"{start}.out", "pid=")
 
 
 def test_pid_file_holds_the_instance_pid(singpy: Singpy, scripted: Path, named: Callable[..., str]) -> None:
@@ -96,13 +86,13 @@ def test_pid_file_holds_the_instance_pid(singpy: Singpy, scripted: Path, named: 
 def test_pid_file_after_the_image_is_an_argument(singpy: Singpy, scripted: Path, named: Callable[..., str]) -> None:
     name = named(singpy)
     singpy.ok("instance", "run", str(scripted), name, "--pid-file", "x")
-    assert "args=--pid-file x" in _wait_for(instance_logs(singpy) / f"{name}.out", "runscript pid=")
+    assert "args=--pid-file x" in wait_for_text(instance_logs(singpy) / f"{name}.out", "runscript pid=")
 
 
 def test_stats_from_proc_without_a_cgroup(singpy: Singpy, scripted: Path, named: Callable[..., str]) -> None:
     name = named(singpy)
     singpy.ok("instance", "start", str(scripted), name)
-    _wait_for(instance_logs(singpy) / f"{name}.out", "startscript pid=")
+    wait_for_text(instance_logs(singpy) / f"{name}.out", "startscript pid=")
     data = json.loads(singpy.ok("instance", "stats", "--json", "--no-stream", name))
     assert data["source"] == "proc"
     assert data["pids_stats"]["current"] >= 2  # the holder and the startscript (and its sleep)
@@ -120,7 +110,7 @@ def test_stats_from_proc_without_a_cgroup(singpy: Singpy, scripted: Path, named:
 def test_stats_from_the_cgroup_and_its_removal(as_root: Singpy, scripted: Path, named: Callable[..., str]) -> None:
     name = named(as_root)
     as_root.ok("instance", "start", "--pids-limit", "40", "--memory", "64M", str(scripted), name)
-    _wait_for(instance_logs(as_root) / f"{name}.out", "startscript pid=")
+    wait_for_text(instance_logs(as_root) / f"{name}.out", "startscript pid=")
     data = json.loads(as_root.ok("instance", "stats", "--json", "--no-stream", name))
     assert data["source"] == "cgroup"
     assert data["pids_stats"]["limit"] == 40

@@ -31,6 +31,7 @@ from tests.conftest import SINGPY, Singpy, assert_one_fatal, readable_by_all
 from tests.support.images import build_busybox_rootfs
 from tests.support.leftovers import in_pid_namespace, settled, traces, wait_until_gone
 from tests.support.users import is_root
+from tests.support.waiting import wait_for_text
 
 # Reports itself, then waits: TERM (unless its first argument is "stubborn") and HUP end it, USR1 is reported only.
 STARTSCRIPT = """#!/bin/sh
@@ -94,14 +95,7 @@ class Instance:
 
     def wait_for_log(self, text: str, log: Path | None = None, timeout: float = 10.0) -> str:
         """The log once it holds `text` (the startscript runs in the background)."""
-        path = log or self.out
-        deadline = time.monotonic() + timeout
-        while True:
-            content = path.read_text() if path.exists() else ""
-            if text in content or time.monotonic() > deadline:
-                assert text in content, content
-                return content
-            time.sleep(0.02)
+        return wait_for_text(log or self.out, text, timeout)
 
     def startscript(self) -> tuple[int, str, str, str]:
         """The startscript's pid, mount and user namespaces and arguments, as it wrote them."""
