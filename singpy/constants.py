@@ -31,8 +31,8 @@ MACHINE_ARCH = {
 FUSE_DEVICE = "/dev/fuse"  # opened by the launcher for squashfuse, fuse-overlayfs; fuse2fs opens its own
 IMAGE_URI_PREFIXES = ("docker://", "oci:", "oci-archive:", "docker-archive:")
 # ...and every transport the launch, `instance start` and `inspect` pull first (singpy.cli.actions.pulled): the
-# SIFs of oras:// and library:// are cached as they are
-PULLED_URI_PREFIXES = (*IMAGE_URI_PREFIXES, "oras://", "library://")
+# SIFs of oras://, library:// and http(s):// are cached as they are
+PULLED_URI_PREFIXES = (*IMAGE_URI_PREFIXES, "oras://", "library://", "http://", "https://")
 
 # mksquashfs's cache bound, for every image singpy squashes (pull, build). Unbounded it takes 25% of the host's
 # memory and fills it with what it reads ahead (1.1 GiB of RSS for a 1.2 GB tree, 1.9 GiB for a 2 GiB one: a login

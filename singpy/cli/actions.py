@@ -127,6 +127,10 @@ def pulled(reference: str, values: Mapping[str, Any], env: Mapping[str, str], ho
         if values.get("global_config"):  # --config DIR/singpy.conf: the system's remote.yaml is DIR's
             env = {**env, "SINGPY_CONFIG": values["global_config"]}
         sif = cached_library_image(reference, LibraryOptions(https=not values.get("no_https")), env, home)
+    elif reference.startswith(("http://", "https://")):  # an image file on a web server, cached as Apptainer's
+        from singpy.oci.netcache import cached_url_image
+
+        sif = cached_url_image(reference, env, home)
     elif reference.startswith("oras://"):  # a SIF stored in a registry: cached as it is, nothing to convert
         from singpy.oci.oras import cached_sif
 

@@ -10,12 +10,14 @@ or wrong download never leaves a file that looks like the image.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from singpy.errors import ImageError
 
 PREFIXES = ("http://", "https://")
 CHUNK = 1 << 20
 TIMEOUT = 60.0  # seconds without a byte from the server before giving up (urllib's socket timeout)
+USER_AGENT = "singpy (apptainer-compatible)"
 
 
 def is_url(reference: str) -> bool:
@@ -38,19 +40,20 @@ def pull_url(url: str, target: str, *, force: bool) -> str:
 
     target = os.path.abspath(target or default_name(url))
     check_target(target, force=force)
-    temporary = _download(url, target)
+    temporary = download(url, target)
     try:
-        _check_image(url, temporary)
+        check_image(url, temporary)
         os.chmod(temporary, 0o755 & ~_umask())  # as Apptainer leaves a pulled image: executable (its launch line)
         os.replace(temporary, target)
     except BaseException:
-        _remove(temporary)
+        remove(temporary)
         raise
     return f"pulled {url} to {target}"
 
 
-def _download(url: str, target: str) -> str:
-    """The body of `url` in a new file beside `target`; one ImageError for any failure (nothing left)."""
+def download(url: str, target: str, *, hasher: Any = None) -> str:
+    """The body of `url` in a new file beside `target` (fed to `hasher` too, if given); one ImageError for any
+    failure (nothing left)."""
     import urllib.error
     import urllib.request
 
@@ -62,26 +65,28 @@ def _download(url: str, target: str) -> str:
         raise ImageError(f"can't write in {os.path.dirname(target)}: {error.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as out:
-            request = urllib.request.Request(url, headers={"User-Agent": "singpy (apptainer-compatible)"})
+            request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
             with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
                 while chunk := response.read(CHUNK):
                     out.write(chunk)
+                    if hasher is not None:
+                        hasher.update(chunk)
     except urllib.error.HTTPError as error:
-        _remove(temporary)
+        remove(temporary)
         raise ImageError(f"can't get {url}: the server answered {error.code} {error.reason}") from None
     except urllib.error.URLError as error:
-        _remove(temporary)
+        remove(temporary)
         raise ImageError(f"can't reach {url}: {error.reason}") from None
     except (OSError, ValueError) as error:  # a reset connection, a full disk, a URL urllib refuses
-        _remove(temporary)
+        remove(temporary)
         raise ImageError(f"can't download {url}: {getattr(error, 'strerror', None) or error}") from None
     except BaseException:
-        _remove(temporary)
+        remove(temporary)
         raise
     return temporary
 
 
-def _check_image(url: str, path: str) -> None:
+def check_image(url: str, path: str) -> None:
     from singpy.image.detect import classify
 
     try:
@@ -98,7 +103,7 @@ def _umask() -> int:
     return mask
 
 
-def _remove(path: str) -> None:
+def remove(path: str) -> None:
     try:  # noqa: SIM105 - contextlib is not imported for one call
         os.unlink(path)
     except OSError:
