@@ -40,7 +40,7 @@ def inspect_command(
     test: bool = typer.Option(False, "--test", "-t", help="show the test script"),
     helpfile: bool = typer.Option(False, "--helpfile", "-H", help="show the help text"),
     environment: bool = typer.Option(False, "--environment", "-e", help="show the environment scripts"),
-    all_: bool = typer.Option(False, "--all", help="show everything"),
+    all_: bool = typer.Option(False, "--all", help="show all available data (implies --json)"),
     list_: bool = typer.Option(False, "--list", help="list the SIF's data objects (descriptors)"),
     list_apps: bool = typer.Option(False, "--list-apps", help="list all apps in a container"),
     as_json: bool = typer.Option(False, "--json", "-j", help="print JSON (with the SIF descriptors)"),
@@ -60,6 +60,7 @@ def inspect_command(
 
         image = pulled(image, {"docker_login": docker_login, "authfile": authfile, "no_https": no_https},
                        os.environ, host.capture().home)
+    as_json = as_json or all_  # Apptainer: --all is JSON only
     spec = classify(image)
     chosen = {"labels": labels, "deffile": deffile, "runscript": runscript, "startscript": startscript,
               "test": test, "helpfile": helpfile, "environment": environment}

@@ -41,6 +41,11 @@ def test_all_json_has_the_apps_too(singpy: Singpy, tested: Path) -> None:
     assert "apps" not in _document(singpy, "--json", str(tested))  # only when asked for
 
 
+def test_all_alone_prints_the_json_document(singpy: Singpy, tested: Path) -> None:
+    """Apptainer's --all implies --json: the same document with or without it."""
+    assert _document(singpy, "--all", str(tested)) == _document(singpy, "--all", "--json", str(tested))
+
+
 def test_list_apps_json_of_a_built_image(singpy: Singpy, built_sif: Path) -> None:
     apps = _document(singpy, "--list-apps", "--json", str(built_sif))["apps"]
     assert isinstance(apps, dict) and sorted(apps) == ["other", "tool"]

@@ -52,7 +52,7 @@ def test_a_forged_platform_is_one_fatal_line(singpy: Singpy, workdir: Path, layo
 def test_labels_and_runscript_are_shown_escaped(singpy: Singpy, workdir: Path, layout: Path) -> None:
     env = singpy.env(SINGPY_CACHEDIR=str(new_cache(singpy, workdir, "escape-labels")))
     reference = f"oci:{layout}:labels"
-    shown = singpy.run("inspect", "--all", reference, env=env)
+    shown = singpy.run("inspect", "--labels", reference, env=env)
     assert shown.returncode == 0, shown.stderr
     assert_no_controls(shown.stdout, shown.stderr)
     lines = shown.stdout.splitlines()
