@@ -75,15 +75,17 @@ def scratch_dir(target: str, prefix: str) -> str:
         raise ImageError(f"can't write {target}: {error.strerror} ({os.path.dirname(target)})") from None
 
 
-def build_sif(target: str, sandbox: str, *, env: Mapping[str, str]) -> None:
+def build_sif(target: str, sandbox: str, *, env: Mapping[str, str], source: str = "") -> None:
+    """A SIF `target` of the directory `sandbox`; `source`: the image the build names as its `from` (default:
+    the sandbox itself; a SIF rebuilt through a scratch tree names the SIF, never that tree)."""
     from singpy.image.metadata import read_tree
     from singpy.image.sifwrite import build_sif_from_squashfs
 
     mksquashfs = tools.require_tool("mksquashfs", env, "build a SIF image")
     arch = host_arch()
-    deffile = f"bootstrap: localimage\nfrom: {sandbox}\n"
+    deffile = f"bootstrap: localimage\nfrom: {source or sandbox}\n"
     attributes = read_tree(sandbox)
-    attributes["labels"] = {**attributes.get("labels", {}), **_sandbox_labels(arch, sandbox)}
+    attributes["labels"] = {**attributes.get("labels", {}), **_sandbox_labels(arch, source or sandbox)}
     attributes.setdefault("deffile", deffile)
     scratch = scratch_dir(target, ".singpy-build-")
     try:
@@ -122,7 +124,7 @@ def resquash(target: str, image: str, *, env: Mapping[str, str]) -> None:
     try:
         tree = f"{scratch}/root"
         unsquash(image, tree, env=env)
-        build_sif(target, tree, env=env)
+        build_sif(target, tree, env=env, source=image)
     finally:
         cache.remove_tree(scratch)
 

@@ -188,6 +188,11 @@ def test_output_kind_comes_from_sandbox_alone(singpy: Singpy, images: dict[str, 
         assert singpy.ok("exec", str(out / name), "cat", "/etc/marker").strip() == sifs.MARKER
     assert (out / "copy" / "etc" / "marker").read_text().strip() == sifs.MARKER and (out / "tree").is_dir()
     assert not [name for name in os.listdir(out) if name.startswith(".singpy-")]
+    # the image each was built from, as its labels name it: the source, never the scratch tree it went through
+    for name, source in (("from-sif.sif", images["singpy"]), ("from-squashfs.sif", images["squashfs"]),
+                         ("from-tree.sif", out / "copy")):
+        labels = singpy.ok("inspect", "--labels", str(out / name))
+        assert f"org.label-schema.usage.singularity.deffile.from: {source}\n" in labels, labels
 
 
 def test_failed_unpack_leaves_nothing(singpy: Singpy, images: dict[str, Path], workdir: Path) -> None:
