@@ -28,7 +28,9 @@ def table(group: object) -> tuple[dict[str, list[str]], list[str]]:
     `group` is the typer app's click group (singpy.cli.app passes it: this
     module is below the app and never imports it).
     """
-    commands: dict[str, list[str]] = {action: _names(ACTION_OPTIONS) for action in ACTIONS}
+    commands: dict[str, list[str]] = {action: _names(tuple(option for option in ACTION_OPTIONS
+                                                          if not option.commands or action in option.commands))
+                                      for action in ACTIONS}
     for name, command in getattr(group, "commands", {}).items():
         if name in ACTIONS:
             continue
