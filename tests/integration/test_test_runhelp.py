@@ -183,3 +183,20 @@ def test_a_built_image_sections(singpy: Singpy, built_sif: Path) -> None:
     assert singpy.ok("inspect", "--list-apps", str(built_sif)) == "other\ntool\n"
     assert "Built with a help section." in singpy.ok("run-help", str(built_sif))
     assert "Help of the tool app." in singpy.ok("run-help", "--app", "tool", str(built_sif))
+
+
+def test_an_app_without_the_script_falls_back_to_the_test_of_an_app_named_singularity(
+        singpy: Singpy, workdir: Path) -> None:
+    """Apptainer's action script: `run --app` and `test --app` of an app without that script run
+    /scif/apps/singularity/scif/test if it is executable (else the error of the tests above)."""
+    root = workdir / "scif-fallback"
+    if not root.exists():
+        build_busybox_rootfs(root / "tree")
+        _write(root / "tree" / "scif" / "apps" / "singularity" / "scif" / "test", '#!/bin/sh\necho "fallback $*"\n',
+               0o755)
+        (root / "tree" / "scif" / "apps" / "plain" / "scif").mkdir(parents=True)
+        readable_by_all(root)
+    for action in ("run", "test"):
+        result = singpy.run(action, "--app", "plain", str(root / "tree"), "x")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == "fallback x\n"
