@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from singpy.cli.pull import AUTHFILE, NO_HTTPS, variables
@@ -31,8 +33,6 @@ def login_command(
     no_https: bool = NO_HTTPS,
 ) -> None:
     """Log in to an OCI/Docker registry: the credentials are checked, then stored for pulls and pushes."""
-    import os
-
     from typer._click.core import ParameterSource
 
     from singpy import console
@@ -58,9 +58,19 @@ def login_command(
     password = password or _ask_password()
     https = not no_https and not nohttps(os.environ)
     files.check_login(registry, Credentials(username=username, password=password), os.environ, https=https)
-    path = files.credentials_file(authfile, host.capture().home)
+    home = host.capture().home
+    path = files.credentials_file(authfile, home, os.environ)
     files.store_login(path, registry, Credentials(username=username, password=password))
+    if not authfile:  # as Apptainer: the login listed in remote.yaml too (no secret there)
+        from singpy.oci import loginlist
+
+        loginlist.record(os.environ, home, _uri(uri, registry), insecure=not https)
     console.info(f"Token stored in {path}")
+
+
+def _uri(uri: str, registry: str) -> str:
+    """The entry's URI as Apptainer writes it: the scheme given, and the registry's host."""
+    return f"{uri.split('://', 1)[0]}://{registry.split('/', 1)[0]}"
 
 
 def _ask_password() -> str:
@@ -87,7 +97,12 @@ def logout_command(uri: str = URI, authfile: str = AUTHFILE) -> None:
     from singpy.oci import authfile as files
 
     registry = files.registry_of(uri)
-    path = files.credentials_file(authfile, host.capture().home)
+    home = host.capture().home
+    path = files.credentials_file(authfile, home, os.environ)
+    if not authfile:
+        from singpy.oci import loginlist
+
+        loginlist.forget(os.environ, home, _uri(uri, registry))
     if not files.remove_login(path, registry):
         console.warning(f"There is no existing login to registry {registry!r}.")
         return
@@ -96,16 +111,27 @@ def logout_command(uri: str = URI, authfile: str = AUTHFILE) -> None:
 
 
 @registry_app.command("list")
-def list_command(authfile: str = AUTHFILE) -> None:
-    """List the registries you are logged in to (and as whom): never a password."""
+def list_command(authfile: str = typer.Option("", "--authfile", metavar="FILE", show_default=False,
+                                             help="list the logins of this Docker-format file instead (with "
+                                             "their usernames; a singpy extension)")) -> None:
+    """List the registries you logged in to (Apptainer's table: URI and SECURE?, from remote.yaml)."""
     from singpy.console import escape
     from singpy.host import host
     from singpy.oci import authfile as files
 
-    rows = [(escape(registry), escape(user)) for registry, user in
-            files.logins(files.credentials_file(authfile, host.capture().home))]
-    width = max([len("REGISTRY"), *(len(registry) for registry, _ in rows)]) + 2
+    home = host.capture().home
+    if authfile:
+        rows = [(escape(registry), escape(user)) for registry, user in
+                files.logins(files.credentials_file(authfile, home, os.environ))]
+        header = ("REGISTRY", "USERNAME")
+    else:
+        from singpy.oci import loginlist
+
+        rows = [(escape(uri), "\u2717!" if insecure else "\u2713")
+                for uri, insecure in loginlist.listed(os.environ, home)]
+        header = ("URI", "SECURE?")
+    width = max([len(header[0]), *(len(first) for first, _ in rows)]) + 2  # Go's tabwriter, padding 2
     print()
-    print(f"{'REGISTRY':<{width}}USERNAME")
-    for registry, user in rows:
-        print(f"{registry:<{width}}{user}")
+    print(f"{header[0]:<{width}}{header[1]}")
+    for first, second in rows:
+        print(f"{first:<{width}}{second}")

@@ -25,6 +25,10 @@ import stat
 
 from singpy.errors import SingpyError
 
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 PATH_MAX = 4096  # bytes, the terminating NUL included (linux/limits.h)
 NAME_MAX = 255  # bytes of one path component
 MAX_TEXT = 1 << 20  # a configuration or environment file is a few KB; 1 MiB is generous
@@ -33,6 +37,16 @@ _SHOWN = 80  # characters of a path quoted in a message
 _KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISLNK, "a symbolic link"))
+
+
+CONFIGDIR_VARIABLES = ("SINGPY_CONFIGDIR", "APPTAINER_CONFIGDIR", "SINGULARITY_CONFIGDIR")
+
+
+def user_config_dir(env: Mapping[str, str], home: str) -> str:
+    """The user's configuration directory, as Apptainer's syfs.ConfigDir: $APPTAINER_CONFIGDIR, else ~/.apptainer
+    (remote.yaml, docker-config.json and the keyrings are kept there)."""
+    configdir = next((env[name] for name in CONFIGDIR_VARIABLES if env.get(name)), "")
+    return os.path.abspath(configdir) if configdir else os.path.join(home, ".apptainer")
 
 
 def kind_name(mode: int) -> str:

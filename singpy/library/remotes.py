@@ -34,7 +34,6 @@ from singpy.errors import SingpyError
 
 FILE = "remote.yaml"
 SYSTEM_DIR = "/etc/singpy"
-CONFIGDIR_VARIABLES = ("SINGPY_CONFIGDIR", "APPTAINER_CONFIGDIR", "SINGULARITY_CONFIGDIR")
 _TOP_KEYS = ("Active", "Remotes", "Credentials")
 _REMOTE_KEYS = ("URI", "Token", "System", "Exclusive", "Insecure", "Keyservers")
 _LIMIT = 1 << 20
@@ -142,8 +141,9 @@ def _ordered(remote: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def user_path(env: Mapping[str, str], home: str) -> str:
-    directory = next((env[name] for name in CONFIGDIR_VARIABLES if env.get(name)), "")
-    return os.path.join(os.path.abspath(directory) if directory else os.path.join(home, ".apptainer"), FILE)
+    from singpy.host.hostfiles import user_config_dir
+
+    return os.path.join(user_config_dir(env, home), FILE)
 
 
 def system_path(env: Mapping[str, str]) -> str:

@@ -107,7 +107,9 @@ def find_credentials(registry: str, env: Mapping[str, str], *, authfile: str | N
     if env.get("DOCKER_CONFIG"):
         candidates = [os.path.join(env["DOCKER_CONFIG"], "config.json")]
     else:
-        candidates = [os.path.join(home, ".apptainer", "docker-config.json"),
+        from singpy.host.hostfiles import user_config_dir
+
+        candidates = [os.path.join(user_config_dir(env, home), "docker-config.json"),
                       os.path.join(home, ".docker", "config.json")]
     for path in candidates:
         if os.path.lexists(path):

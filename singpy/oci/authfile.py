@@ -31,9 +31,11 @@ SCHEMES = ("docker://", "oras://")
 _LIMIT = 1 << 16  # bytes of an answer to /v2/ or of a token read here
 
 
-def credentials_file(authfile: str, home: str) -> str:
-    """Where logins are kept: --authfile, else ~/.apptainer/docker-config.json."""
-    return os.path.abspath(authfile) if authfile else os.path.join(home, ".apptainer", "docker-config.json")
+def credentials_file(authfile: str, home: str, env: Mapping[str, str]) -> str:
+    """Where logins are kept: --authfile, else docker-config.json in ~/.apptainer (or $APPTAINER_CONFIGDIR)."""
+    from singpy.host.hostfiles import user_config_dir
+
+    return os.path.abspath(authfile) if authfile else os.path.join(user_config_dir(env, home), "docker-config.json")
 
 
 def registry_of(uri: str) -> str:

@@ -27,7 +27,6 @@ PUBLIC_FILE = "pgp-public"
 SECRET_FILE = "pgp-secret"
 GLOBAL_PUBLIC_FILE = "global-pgp-public"
 KEYSDIR_VARIABLES = ("SINGPY_KEYSDIR", "APPTAINER_KEYSDIR", "SINGULARITY_SYPGPDIR")
-CONFIGDIR_VARIABLES = ("SINGPY_CONFIGDIR", "APPTAINER_CONFIGDIR", "SINGULARITY_CONFIGDIR")
 MAX_KEYRING = 64 << 20  # a keyring larger than this is not a keyring
 
 
@@ -41,10 +40,9 @@ def keys_dir(env: Mapping[str, str] | None = None) -> str:
     for name in KEYSDIR_VARIABLES:
         if env.get(name):
             return env[name]
-    configdir = next((env[name] for name in CONFIGDIR_VARIABLES if env.get(name)), "")
-    if not configdir:
-        configdir = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".apptainer")
-    return os.path.join(configdir, "keys")
+    from singpy.host.hostfiles import user_config_dir
+
+    return os.path.join(user_config_dir(env, env.get("HOME") or os.path.expanduser("~")), "keys")
 
 
 def public_path(env: Mapping[str, str] | None = None) -> str:

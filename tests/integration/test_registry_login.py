@@ -120,3 +120,35 @@ def test_login_over_tls_needs_the_registrys_ca(singpy: Singpy, registry_tls: Reg
     trusted = singpy.run(*arguments, input="secret", env=singpy.env(SSL_CERT_FILE=registry_tls.ca_file))
     assert trusted.returncode == 0, trusted.stderr
     assert authfile.exists()
+
+
+def test_login_without_authfile_is_listed_in_remote_yaml_as_apptainer_lists_it(
+        singpy: Singpy, registry_basic: RegistryServer, workdir: Path) -> None:
+    """No --authfile: docker-config.json and remote.yaml's Credentials in the configuration directory
+    ($APPTAINER_CONFIGDIR here, in place of ~/.apptainer), `registry list` printing Apptainer's table."""
+    configdir = user_dir(singpy, workdir, "configdir") / "apptainer"
+    env = singpy.env(APPTAINER_CONFIGDIR=str(configdir),
+                     SINGPY_CACHEDIR=str(new_cache(singpy, workdir, "login-configdir")))
+    host = registry_basic.host
+    done = singpy.run("registry", "login", "--no-https", "-u", registry_basic.username, "--password-stdin",
+                      f"docker://{host}", input=registry_basic.password, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == f"INFO:    Token stored in {configdir}/docker-config.json\n"
+    assert host in json.loads((configdir / "docker-config.json").read_text())["auths"]
+    remote = (configdir / "remote.yaml").read_text()
+    assert registry_basic.password not in remote and f"URI: docker://{host}" in remote
+    assert stat.S_IMODE((configdir / "remote.yaml").stat().st_mode) == 0o600
+    # a second login of the same registry (as oras://) replaces nothing else but keeps one entry per URI
+    singpy.ok("registry", "login", "--no-https", "-u", registry_basic.username, "--password-stdin",
+              f"oras://{host}", input=registry_basic.password, env=env)
+    assert singpy.ok("registry", "list", env=env).splitlines() == [
+        "", "URI" + " " * (len(f"docker://{host}") + 2 - 3) + "SECURE?",
+        f"docker://{host}  \u2717!", f"oras://{host}    \u2717!"]
+    # the stored login is what a pull uses, without --authfile
+    sif = configdir.parent / "image.sif"
+    shutil.copyfile(siftool_sif(workdir), sif)
+    os.chown(sif, singpy.uid, singpy.gid)
+    reference = f"oras://{host}/login/configdir-{singpy.profile}:v1"
+    singpy.ok("push", "--no-https", str(sif), reference, env=env)
+    singpy.ok("registry", "logout", f"docker://{host}", env=env)
+    assert singpy.ok("registry", "list", env=env).splitlines()[2:] == [f"oras://{host}  \u2717!"]

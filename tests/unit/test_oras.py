@@ -99,8 +99,9 @@ def test_a_login_needs_a_registry_uri(uri: str) -> None:
 
 
 def test_the_default_file_is_apptainers(tmp_path: Path) -> None:
-    assert authfile.credentials_file("", "/home/u") == "/home/u/.apptainer/docker-config.json"
-    assert authfile.credentials_file("rel.json", "/home/u") == os.path.abspath("rel.json")
+    assert authfile.credentials_file("", "/home/u", {}) == "/home/u/.apptainer/docker-config.json"
+    assert authfile.credentials_file("rel.json", "/home/u", {}) == os.path.abspath("rel.json")
+    assert authfile.credentials_file("", "/home/u", {"APPTAINER_CONFIGDIR": "/c"}) == "/c/docker-config.json"
 
 
 def test_store_remove_and_list_keep_everything_else(tmp_path: Path) -> None:
