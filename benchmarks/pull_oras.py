@@ -5,7 +5,8 @@ against `exec X.sif`.
     .venv/bin/python benchmarks/pull_oras.py       # a ~200 MB SIF, 5 pull rounds, 30 exec rounds
     .venv/bin/python benchmarks/pull_oras.py --quick --no-write
 
-Two measures, each run side by side, rounds interleaved (the order alternates), `sync` before each command:
+Two measures, each run side by side, rounds interleaved, `sync` before each pull (the pull rounds alternate
+their order; the exec rows are shuffled each round after two warm-ups, as pull.py's: pull_exec.measure_exec):
 
 1. `singpy -q pull --no-https OUT.sif oras://HOST/big:v1` with an empty cache (a download into the cache, the
    digest check, the copy to OUT.sif) against `curl -sf -o OUT http://HOST/v2/big/blobs/DIGEST`, the same blob
@@ -16,8 +17,8 @@ Two measures, each run side by side, rounds interleaved (the order alternates), 
 
 The big SIF is a runnable busybox SIF (siftool, as tests.support.sifs makes it) plus a ~200 MB generic object
 of random bytes; it is pushed with `singpy push`. As root the commands run as the test user `singpy-test`, in
-directories it owns (as pull.py does). Prints the table; writes benchmarks/results/DATE-COMMIT-oras.json
-unless --no-write.
+directories it owns (as pull.py does). Prints the section; unless --no-write, writes it into
+docs/performance.md (between its markers) and benchmarks/results/DATE-COMMIT-oras.json (pull_results).
 """
 
 from __future__ import annotations
@@ -25,25 +26,28 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import startup
-from pull_commands import PATH, base_env, make_dirs, remove, run, scratch
-from startup_repo import REPO
+from pull import tool_versions
+from pull_commands import PATH, Dirs, Series, base_env, make_dirs, remove, run, scratch
+from pull_exec import ExecRow, measure_exec
+from pull_results import RunInfo, conditions, save_results, targets_table, write_section
+from startup_records import Target
 from startup_runner import Runner
 
 from tests.support.oci import busybox_image
-from tests.support.registry import start_registry
+from tests.support.registry import RegistryServer, start_registry
 from tests.support.sifs import siftool_sif
 
 MB = 1 << 20
 TARGETS = {"pull": 1.1, "exec": 1.2}
+MARKERS = ("<!-- benchmarks/pull_oras.py: begin -->", "<!-- benchmarks/pull_oras.py: end -->")
 
 
 def big_sif(workdir: Path, size: int) -> Path:
@@ -69,33 +73,49 @@ def sha256(path: Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def timed_pair(runner: Runner, first: tuple[list[str], dict[str, str]], second: tuple[list[str], dict[str, str]],
-               rounds: int, between: list[Path]) -> tuple[list[float], list[float]]:
-    """Seconds of each command over `rounds`, alternating which goes first; `between` removed after each run."""
-    times: tuple[list[float], list[float]] = ([], [])
+def measure_pulls(runner: Runner, dirs: Dirs, commands: dict[str, list[str]], env: dict[str, str],
+                  rounds: int) -> dict[str, Series]:
+    """Each command's seconds over `rounds`, the order alternating; its output and the pull cache removed after."""
+    series = {key: Series(key, key, " ".join(argv[:3])) for key, argv in commands.items()}
+    keys = list(commands)
+    run(runner, ["mkdir", "-m", "700", str(dirs.pull_cache)], env)
     for number in range(rounds):
-        order = (0, 1) if number % 2 == 0 else (1, 0)
-        for which in order:
-            argv, env = (first, second)[which]
-            seconds, failed = run(runner, argv, env)
+        for key in keys if number % 2 == 0 else keys[::-1]:
+            seconds, failed = run(runner, commands[key], env)
             if failed:
                 raise SystemExit(f"benchmark command failed: {failed}")
-            times[which].append(seconds)
-            for path in between:
+            series[key].times.append(seconds)
+            for path in (dirs.out / "big.sif", dirs.pull_cache / "sif", dirs.pull_cache / "refs"):
                 remove(path)
-    return times
+    return series
 
 
-def row(label: str, singpy: list[float], reference: list[float], target: float) -> dict[str, object]:
-    ours, theirs = statistics.median(singpy), statistics.median(reference)
-    return {"label": label, "singpy_median_s": round(ours, 4), "reference_median_s": round(theirs, 4),
-            "ratio": round(ours / theirs, 3), "target": target, "met": ours / theirs <= target,
-            "singpy_s": [round(t, 4) for t in singpy], "reference_s": [round(t, 4) for t in reference]}
+def target(label: str, ours: float | None, theirs: float | None, goal: float) -> Target:
+    ratio = ours / theirs if ours and theirs else None
+    return {"target": f"{label} ≤ {goal}×", "value": f"{ratio:.2f}×" if ratio else "n/a",
+            "met": None if ratio is None else ratio <= goal, "margin": f"{goal - ratio:+.2f}×" if ratio else ""}
+
+
+def exec_rows(runner: Runner, singpy: str, registry: RegistryServer, small: Path,
+              env: dict[str, str]) -> list[ExecRow]:
+    """`exec X.sif` and the cached oras:// (tag, digest) and docker:// (tag) forms of the same image, cached once."""
+    tag = f"oras://{registry.host}/small:v1"
+    digest = f"oras://{registry.host}/small@{manifest_digest(registry.url, 'small', 'v1')}"
+    registry.upload(busybox_image(), "dsmall")  # issue 31: the same check for a docker:// image by tag
+    docker = f"docker://{registry.host}/dsmall:latest"
+    rows = [ExecRow("sif", "exec X.sif true", [singpy, "exec", str(small), "true"], "singpy exec X.sif true")]
+    for key, label, ref in (("oras-tag", "exec oras://X:tag true (cached, one HEAD request)", tag),
+                            ("oras-digest", "exec oras://X@sha256 true (cached, no request)", digest),
+                            ("docker-tag", "exec docker://X:tag true (cached, one HEAD request)", docker)):
+        rows.append(ExecRow(key, label, [singpy, "exec", "--no-https", ref, "true"], label))
+        run(runner, rows[-1].argv, env)  # cached once, untimed
+    return rows
 
 
 def benchmark(workdir: Path, singpy: str, *, size: int, pull_rounds: int, exec_rounds: int,
-              as_root: bool) -> list[dict[str, object]]:
+              as_root: bool) -> tuple[list[str], dict[str, Any], RunInfo]:
     account = startup.choose_account(as_root)
+    info = startup.machine()
     dirs = make_dirs(workdir, account)
     runner = Runner(account.uid, account.gid, account.user, account.home, str(dirs.user), PATH)
     big = big_sif(workdir, size)
@@ -108,35 +128,43 @@ def benchmark(workdir: Path, singpy: str, *, size: int, pull_rounds: int, exec_r
         for sif, name in ((big, "big"), (small, "small")):
             subprocess.run([singpy, "-q", "push", "--no-https", str(sif), f"oras://{registry.host}/{name}:v1"],
                            check=True, env={**os.environ, "SINGPY_CACHEDIR": str(workdir / "root-cache")})
-        blob = f"{registry.url}/v2/big/blobs/{sha256(big)}"
         out = dirs.out / "big.sif"
-        pull_env = {**base_env(dirs), "SINGPY_CACHEDIR": str(dirs.pull_cache)}
-        pull = ([singpy, "-q", "pull", "--no-https", str(out), f"oras://{registry.host}/big:v1"], pull_env)
-        curl = (["curl", "-sf", "-o", str(out), blob], base_env(dirs))
-        run(runner, ["mkdir", "-m", "700", str(dirs.pull_cache)], pull_env)
-        singpy_pull, curl_pull = timed_pair(runner, pull, curl, pull_rounds, [out, dirs.pull_cache / "sif",
-                                                                             dirs.pull_cache / "refs"])
-        reference = f"oras://{registry.host}/small:v1"
-        by_digest = f"oras://{registry.host}/small@{manifest_digest(registry.url, 'small', 'v1')}"
-        for cached_ref in (reference, by_digest):  # cached once, untimed
-            run(runner, [singpy, "exec", "--no-https", cached_ref, "true"], env)
-        as_file = ([singpy, "exec", str(small), "true"], env)
-        exec_tag, exec_file = timed_pair(runner, ([singpy, "exec", "--no-https", reference, "true"], env), as_file,
-                                         exec_rounds, [])
-        exec_digest, exec_file2 = timed_pair(runner, ([singpy, "exec", "--no-https", by_digest, "true"], env),
-                                             as_file, exec_rounds, [])
-        registry.upload(busybox_image(), "dsmall")  # issue 31: the same check for a docker:// image by tag
-        docker = f"docker://{registry.host}/dsmall:latest"
-        run(runner, [singpy, "exec", "--no-https", docker, "true"], env)  # cached once, untimed
-        exec_docker, exec_file3 = timed_pair(runner, ([singpy, "exec", "--no-https", docker, "true"], env),
-                                             as_file, exec_rounds, [])
-    return [row(f"pull oras:// of {size // MB} MB vs curl of the blob", singpy_pull, curl_pull, TARGETS["pull"]),
-            row("exec oras://X:tag (cached, one HEAD request) true vs exec X.sif true", exec_tag, exec_file,
-                TARGETS["exec"]),
-            row("exec oras://X@sha256 (cached, no request) true vs exec X.sif true", exec_digest, exec_file2,
-                TARGETS["exec"]),
-            row("exec docker://X:tag (cached, one HEAD request) true vs exec X.sif true", exec_docker, exec_file3,
-                TARGETS["exec"])]
+        pulls = measure_pulls(runner, dirs, {
+            "singpy": [singpy, "-q", "pull", "--no-https", str(out), f"oras://{registry.host}/big:v1"],
+            "curl": ["curl", "-sf", "-o", str(out), f"{registry.url}/v2/big/blobs/{sha256(big)}"],
+        }, {**base_env(dirs), "SINGPY_CACHEDIR": str(dirs.pull_cache)}, pull_rounds)
+        rows = exec_rows(runner, singpy, registry, small, env)
+        measure_exec(runner, rows, env, exec_rounds, seed=1)
+    info["loadavg_end"] = os.getloadavg()
+    commit, dirty = startup.git_commit()
+    run_info = RunInfo(machine=info, tools=tool_versions(), now=datetime.datetime.now(datetime.UTC), commit=commit,
+                       dirty=dirty, who=account.describe(), rounds=pull_rounds, exec_rounds=exec_rounds)
+    lines, document = render(pulls, rows, size)
+    return [MARKERS[0], "## `oras://` pulls and cached runs (issue 29)", "",
+            "Generated by `benchmarks/pull_oras.py` (run by `make bench`); what the figures mean and the runs so "
+            "far are in [docs/pull.md](pull.md#speed).", "", *conditions(run_info), *lines, MARKERS[1]], \
+        document, run_info
+
+
+def render(pulls: dict[str, Series], rows: list[ExecRow], size: int) -> tuple[list[str], dict[str, Any]]:
+    """The tables (medians) and the targets of one run, and its JSON document."""
+    ours, curl = pulls["singpy"].median, pulls["curl"].median
+    by_key = {row.key: row for row in rows}
+    file_ms = by_key["sif"].median
+    lines = ["| measure | singpy | reference | ratio |", "|---|---:|---:|---:|",
+             f"| `pull oras://` of {size // MB} MB vs `curl` of the blob, {len(pulls['curl'].times)} rounds | "
+             f"{ours or 0:.3f} s | {curl or 0:.3f} s | **{(ours or 0) / (curl or 1):.2f}×** |"]
+    found = [target(f"pull oras:// of {size // MB} MB vs curl", ours, curl, TARGETS["pull"])]
+    for row in rows[1:]:
+        lines.append(f"| `{row.display}` vs `exec X.sif true`, {len(row.times)} rounds | {row.median or 0:.1f} ms | "
+                     f"{file_ms or 0:.1f} ms | **{(row.median or 0) / (file_ms or 1):.2f}×** |")
+        found.append(target(row.label, row.median, file_ms, TARGETS["exec"]))
+    lines += ["", *targets_table(found), ""]
+    document = {"pull_s": {key: series.times for key, series in pulls.items()},
+                "exec_ms": {row.key: row.times for row in rows}, "targets": found,
+                "medians": {"pull_s": {key: series.median for key, series in pulls.items()},
+                            "exec_ms": {row.key: row.median for row in rows}}}
+    return lines, document
 
 
 def manifest_digest(url: str, repository: str, tag: str) -> str:
@@ -147,15 +175,6 @@ def manifest_digest(url: str, repository: str, tag: str) -> str:
                                      headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
     with urllib.request.urlopen(request, timeout=30) as response:
         return str(response.headers["Docker-Content-Digest"])
-
-
-def report(rows: list[dict[str, object]]) -> str:
-    lines = ["| measure | singpy (median s) | reference (median s) | ratio | target |", "|---|---|---|---|---|"]
-    for item in rows:
-        mark = "met" if item["met"] else "MISSED"
-        lines.append(f"| {item['label']} | {item['singpy_median_s']} | {item['reference_median_s']} | "
-                     f"{item['ratio']}x | <= {item['target']}x ({mark}) |")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,19 +192,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     size = 20 * MB if args.quick else 200 * MB
     with scratch("oras") as workdir:
-        rows = benchmark(workdir, singpy, size=size, pull_rounds=2 if args.quick else args.rounds,
-                         exec_rounds=6 if args.quick else args.exec_rounds, as_root=args.as_root)
-    load = os.getloadavg()
-    print(report(rows))
-    print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} ({os.cpu_count()} CPUs)")
+        lines, document, run_info = benchmark(workdir, singpy, size=size,
+                                              pull_rounds=2 if args.quick else args.rounds,
+                                              exec_rounds=6 if args.quick else args.exec_rounds, as_root=args.as_root)
+    section = "\n".join(lines) + "\n"
+    print(section)
     if not args.no_write:
-        commit, dirty = startup.git_commit()
-        now = datetime.datetime.now(datetime.UTC)
-        out = REPO / "benchmarks" / "results" / (f"{now.strftime('%Y-%m-%d')}-{commit}{'-dirty' if dirty else ''}"
-                                                 f"-oras{'-quick' if args.quick else ''}.json")
-        out.write_text(json.dumps({"commit": commit, "dirty": dirty, "when": now.isoformat(), "loadavg": load,
-                                   "rows": rows}, indent=1) + "\n")
-        print(f"wrote {out.relative_to(REPO)}", file=sys.stderr)
+        doc = write_section(section, MARKERS)
+        save_results(run_info, "oras", doc, {"date": run_info.now.isoformat(), "commit": run_info.commit,
+                                             "dirty": run_info.dirty, "machine": run_info.machine,
+                                             "tools": run_info.tools, **document}, quick=args.quick)
     return 0
 
 

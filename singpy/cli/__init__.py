@@ -1,1 +1,1 @@
-"""Command line: a fast parser for run/exec/shell, typer for everything else."""
+"""Command line: a fast parser for run/exec/shell (and fastpull.py for pull), typer for everything else."""

@@ -7,6 +7,7 @@
     GET|POST v1/entities, v1/collections, v1/containers, v1/images       looked up, created when missing
     POST v2/imagefile/ID {filesize, sha256sum, md5sum}  -> uploadURL (presigned: PUT there, no token)
     PUT  v2/imagefile/ID/_complete
+    POST|PUT v2/imagefile/ID/_multipart, PUT .../_multipart_complete, .../_multipart_abort: large files (multipart.py)
     POST v2/tags/CONTAINER_ID {Arch, Tag, ImageID}
     GET  v1/search?value=&arch=&signed=
 
@@ -85,6 +86,14 @@ def download(lib: Library, ref: LibraryRef, arch: str, env: Mapping[str, str], o
         if error.status == 404:
             raise NotFound(_missing(lib, ref, arch, env)) from None
         raise refused(error, ref) from None
+
+
+def call(lib: Library, route: str, env: Mapping[str, str], method: str, data: Any) -> Any:
+    """The JSON answer of a write to the library's `route` (a refusal said in the words of `refused`)."""
+    try:
+        return web.get_json(url(lib, route), env, token=lib.token, method=method, data=data)
+    except web.HTTPError as error:
+        raise refused(error, route) from None
 
 
 def api_version(lib: Library, env: Mapping[str, str]) -> tuple[int, ...]:

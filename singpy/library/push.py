@@ -3,7 +3,8 @@ UploadImage does it (its legacy path: the one for a library without an OCI regis
 
 The entity, collection and container are looked up and created when missing, the image record made for
 the file's hash, the file uploaded to the presigned URL the library gives (object storage: no token goes
-there) and the upload completed, then each tag set for the SIF's architecture. An image the library has
+there, in parts for a large file when the library offers it: singpy.library.multipart) and the upload
+completed, then each tag set for the SIF's architecture. An image the library has
 already is not sent again. A push needs the token of a remote (`singpy remote login`).
 
 Apptainer refuses to push an image it can't verify unless --allow-unsigned. singpy refuses a SIF without any
@@ -18,7 +19,7 @@ from typing import Any
 
 from singpy import console
 from singpy.errors import ImageError
-from singpy.library import client, endpoint, remotes, web
+from singpy.library import client, endpoint, multipart, remotes, web
 from singpy.library.ref import LibraryRef, parse
 from singpy.library.remotes import RemoteError
 
@@ -43,7 +44,7 @@ def push(path: str, text: str, env: Mapping[str, str], home: str, *, library: st
     if not image.get("uploaded"):
         _upload(lib, path, str(image["id"]), size, sha256, md5, env)
     for tag in ref.tag.split(","):
-        _call(lib, f"v2/tags/{container}", env, "POST", {"Arch": arch, "Tag": tag, "ImageID": image["id"]})
+        client.call(lib, f"v2/tags/{container}", env, "POST", {"Arch": arch, "Tag": tag, "ImageID": image["id"]})
     if not signed:  # said once it is done: an error before it stays the one line a failure prints
         console.warning(f"{path} is not signed: pushed without verification (--allow-unsigned)")
     return f"pushed {path} to {ref} ({arch})"
@@ -97,7 +98,7 @@ def _image(lib: endpoint.Library, ref: LibraryRef, arch: str, container: str, ha
         return client.get_image(lib, LibraryRef(host=ref.host, path=ref.path, tag=hash_tag), arch, env)
     except client.NotFound:
         pass
-    image = _call(lib, "v1/images", env, "POST", {"hash": hash_tag, "container": container,
+    image = client.call(lib, "v1/images", env, "POST", {"hash": hash_tag, "container": container,
                                                   "description": description or "No description"})
     if not isinstance(image, dict) or not isinstance(image.get("id"), str):
         raise RemoteError(f"the library gave no id for the image of {ref}")
@@ -106,7 +107,9 @@ def _image(lib: endpoint.Library, ref: LibraryRef, arch: str, container: str, ha
 
 def _upload(lib: endpoint.Library, path: str, image_id: str, size: int, sha256: str, md5: str,
             env: Mapping[str, str]) -> None:
-    answer = _call(lib, f"v2/imagefile/{image_id}", env, "POST",
+    if size > multipart.MINIMUM_PART_SIZE and multipart.upload(lib, path, image_id, size, env):
+        return  # in parts (a library without multipart answers 404: the single upload below)
+    answer = client.call(lib, f"v2/imagefile/{image_id}", env, "POST",
                    {"filesize": size, "sha256sum": sha256, "md5sum": md5})
     upload_url = answer.get("uploadURL") if isinstance(answer, dict) else None
     if not isinstance(upload_url, str) or not upload_url.startswith(("http://", "https://")):
@@ -122,11 +125,4 @@ def _upload(lib: endpoint.Library, path: str, image_id: str, size: int, sha256: 
         raise ImageError(f"can't read {path}: {error.strerror}") from None
     if response.status != 200:
         raise RemoteError(f"the object store answered {response.status} to the upload of {path}")
-    _call(lib, f"v2/imagefile/{image_id}/_complete", env, "PUT", {})
-
-
-def _call(lib: endpoint.Library, route: str, env: Mapping[str, str], method: str, data: Any) -> Any:
-    try:
-        return web.get_json(client.url(lib, route), env, token=lib.token, method=method, data=data)
-    except web.HTTPError as error:
-        raise client.refused(error, route) from None
+    client.call(lib, f"v2/imagefile/{image_id}/_complete", env, "PUT", {})

@@ -4,7 +4,8 @@ A library hands an image file out by redirecting to object storage (a presigned 
 token goes with a request only to the library's own origin (scheme, host and port), never to the host a
 redirect names: the Sylabs client's rule (`samehost`), and what a presigned URL expects (S3 refuses a
 second credential). TLS verifies against the system store plus SSL_CERT_FILE / SSL_CERT_DIR
-(singpy.oci.tlsconf.tls_context). Every failure is one RemoteError naming the URL.
+(singpy.oci.tlsconf.tls_context); the proxy variables are honoured as for docker:// (`_connection`). Every
+failure is one RemoteError naming the URL.
 """
 
 from __future__ import annotations
@@ -48,21 +49,12 @@ def request(method: str, url: str, env: Mapping[str, str], *, token: str = "", b
         port = parts.port
     except ValueError:
         raise RemoteError(f"can't use the URL {url[:200]}: bad port") from None
-    connection: http.client.HTTPConnection
-    if parts.scheme == "https":
-        from singpy.oci.tlsconf import tls_context
-
-        connection = http.client.HTTPSConnection(parts.hostname, port, timeout=TIMEOUT, context=tls_context(env))
-    else:
-        connection = http.client.HTTPConnection(parts.hostname, port, timeout=TIMEOUT)
-    sent = {"User-Agent": USER_AGENT, **(headers or {})}
+    connection, target, sent = _connection(parts, port, env)
+    sent.update({"User-Agent": USER_AGENT, **(headers or {})})
     if token:
         sent["Authorization"] = f"Bearer {token}"
     if stream is not None:
         sent["Content-Length"] = str(length)
-    target = parts.path or "/"
-    if parts.query:
-        target += "?" + parts.query
     try:
         connection.request(method, target, body=stream if stream is not None else body, headers=sent)
         response = connection.getresponse()
@@ -75,6 +67,44 @@ def request(method: str, url: str, env: Mapping[str, str], *, token: str = "", b
         raise HTTPError(f"{_shown(url)} answered {response.status} {response.reason}"
                         f"{': ' + detail if detail else ''}", status=response.status, detail=detail)
     return response
+
+
+_BLOCK = 1 << 20  # bytes per read of an uploaded file (http.client's default, 8 KiB, means thousands of calls)
+
+
+def _connection(parts: Any, port: int | None, env: Mapping[str, str]) -> tuple[Any, str, dict[str, str]]:
+    """The connection for a request to `parts` (a URL split), its request target and headers it needs.
+
+    The proxy variables are honoured as for docker:// (singpy.oci.transport.proxy_for: https_proxy,
+    http_proxy, all_proxy, no_proxy, in either case): https through a CONNECT tunnel, plain http by
+    absolute URL, a proxy's credentials in Proxy-Authorization.
+    """
+    from singpy.errors import ImageError
+    from singpy.oci.transport import proxy_for
+
+    https = parts.scheme == "https"
+    port = port or (443 if https else 80)
+    try:
+        proxy = proxy_for(parts.scheme, parts.hostname, port, env)
+    except ImageError as error:
+        raise RemoteError(error.message) from None
+    host, connect_port = (proxy.host, proxy.port) if proxy is not None else (parts.hostname, port)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    headers: dict[str, str] = {}
+    if proxy is not None and proxy.authorization and not https:
+        headers["Proxy-Authorization"] = proxy.authorization
+    if not https:
+        if proxy is not None:
+            target = f"http://{parts.netloc.rpartition('@')[2]}{target}"
+        return http.client.HTTPConnection(host, connect_port, timeout=TIMEOUT, blocksize=_BLOCK), target, headers
+    from singpy.oci.tlsconf import tls_context
+
+    connection = http.client.HTTPSConnection(host, connect_port, timeout=TIMEOUT, context=tls_context(env),
+                                             blocksize=_BLOCK)
+    if proxy is not None:
+        tunnel = {"Proxy-Authorization": proxy.authorization} if proxy.authorization else None
+        connection.set_tunnel(parts.hostname, port, headers=tunnel)
+    return connection, target, headers
 
 
 def get_json(url: str, env: Mapping[str, str], *, token: str = "", method: str = "GET",

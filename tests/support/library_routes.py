@@ -58,23 +58,24 @@ def _split(rest: str) -> tuple[str, str]:
     return path, tag or "latest"
 
 
-def image(handler: Any, rest: str, query: Query, user: str) -> None:
+def _resolved(handler: Any, rest: str, query: Query) -> dict[str, Any] | None:
+    """The uploaded image PATH:TAG of `rest` for the query's arch (else the 404 is sent and None returned)."""
     path, tag = _split(rest)
-    found = handler.library.store.resolve(path, tag, _one(query, "arch"))
+    found: dict[str, Any] | None = handler.library.store.resolve(path, tag, _one(query, "arch"))
     if found is None:
         handler.fail(404, f"image {rest} not found for {_one(query, 'arch') or 'any architecture'}")
-        return
-    handler.answer({**found, "tags": handler.library.store.tags_of(found)})
+    return found
+
+
+def image(handler: Any, rest: str, query: Query, user: str) -> None:
+    if (found := _resolved(handler, rest, query)) is not None:
+        handler.answer({**found, "tags": handler.library.store.tags_of(found)})
 
 
 def image_file(handler: Any, rest: str, query: Query, user: str) -> None:
-    path, tag = _split(rest)
-    found = handler.library.store.resolve(path, tag, _one(query, "arch"))
-    if found is None:
-        handler.fail(404, f"image {rest} not found")
-        return
-    location = handler.library.sign("GET", found["hash"].removeprefix("sha256."))
-    handler.send_body(303, b"", headers={"Location": location})
+    if (found := _resolved(handler, rest, query)) is not None:
+        location = handler.library.sign("GET", found["hash"].removeprefix("sha256."))
+        handler.send_body(303, b"", headers={"Location": location})
 
 
 def lookup(kind: str) -> Any:
@@ -106,24 +107,24 @@ def create_entity(handler: Any, rest: str, query: Query, user: str) -> None:
     handler.answer(handler.library.store.make_entity(name, user))
 
 
+def _create_under(handler: Any, user: str, body: dict[str, Any], parent_kind: str, parents: dict[str, Any],
+                  make: Any) -> None:
+    """A collection or container made under the parent whose id `body` names, in an entity of the user's."""
+    parent = next((one for one in parents.values() if one["id"] == body.get(parent_kind)), None)
+    if parent is None:
+        handler.fail(400, f"no such {parent_kind}")
+    elif _owner_check(handler, parent.get("entityName", parent["name"]), user):
+        handler.answer(make(parent, str(body.get("name") or "")))
+
+
 def create_collection(handler: Any, rest: str, query: Query, user: str) -> None:
-    body = _json(handler)
     store = handler.library.store
-    entity = next((one for one in store.entities.values() if one["id"] == body.get("entity")), None)
-    if entity is None:
-        handler.fail(400, "no such entity")
-    elif _owner_check(handler, entity["name"], user):
-        handler.answer(store.make_collection(entity, str(body.get("name") or "")))
+    _create_under(handler, user, _json(handler), "entity", store.entities, store.make_collection)
 
 
 def create_container(handler: Any, rest: str, query: Query, user: str) -> None:
-    body = _json(handler)
     store = handler.library.store
-    collection = next((one for one in store.collections.values() if one["id"] == body.get("collection")), None)
-    if collection is None:
-        handler.fail(400, "no such collection")
-    elif _owner_check(handler, collection["entityName"], user):
-        handler.answer(store.make_container(collection, str(body.get("name") or "")))
+    _create_under(handler, user, _json(handler), "collection", store.collections, store.make_container)
 
 
 def create_image(handler: Any, rest: str, query: Query, user: str) -> None:
@@ -134,38 +135,6 @@ def create_image(handler: Any, rest: str, query: Query, user: str) -> None:
         handler.fail(400, "no such container, or not a sha256 hash")
     elif _owner_check(handler, container["entityName"], user):
         handler.answer(store.make_image(container, str(body["hash"]), str(body.get("description") or "")))
-
-
-def upload(handler: Any, rest: str, query: Query, user: str) -> None:
-    """POST v2/imagefile/ID: the presigned URL to PUT the file to (multipart is not offered: 404)."""
-    store = handler.library.store
-    found = store.images.get(rest)
-    if found is None:
-        handler.fail(404, f"no image {rest}")
-        return
-    container = store.container_by_id(found["container"])
-    if not _owner_check(handler, container["entityName"], user):
-        return
-    body = _json(handler)
-    if f"sha256.{body.get('sha256sum')}" != found["hash"] or not isinstance(body.get("filesize"), int):
-        handler.fail(400, "the sha256sum is not the image's hash, or no filesize")
-        return
-    handler.library.uploads[rest] = {"filesize": body["filesize"], "sha256sum": body["sha256sum"]}
-    handler.answer({"uploadURL": handler.library.sign("PUT", rest)})
-
-
-def complete(handler: Any, rest: str, query: Query, user: str) -> None:
-    image_id = rest.removesuffix("/_complete")
-    store = handler.library.store
-    found = store.images.get(image_id)
-    done = handler.library.uploads.get(image_id, {})
-    if found is None or not rest.endswith("/_complete") or "stored" not in done:
-        handler.fail(404 if found is None else 400, "no upload to complete")
-        return
-    if not _owner_check(handler, found["entityName"], user):
-        return
-    found.update(uploaded=True, size=done["filesize"], arch=done["arch"])
-    handler.answer({"quota": {"quotaTotal": 0, "quotaUsage": done["filesize"]}, "containerUrl": ""})
 
 
 def tags(handler: Any, rest: str, query: Query, user: str) -> None:
@@ -223,8 +192,6 @@ ROUTES = (
     ("POST", "/v1/collections", create_collection),
     ("POST", "/v1/containers", create_container),
     ("POST", "/v1/images", create_image),
-    ("POST", "/v2/imagefile/", upload),
-    ("PUT", "/v2/imagefile/", complete),
     ("GET", "/v2/tags/", tags),
     ("POST", "/v2/tags/", set_tag),
     ("GET", "/v1/search", search),

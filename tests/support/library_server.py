@@ -16,7 +16,8 @@ service refuses:
 Image files are not served by the library: `GET v1/imagefile/...` answers 303 with a presigned URL of a
 second server on another port ("object storage"), which checks the signature and expiry and, as S3 does,
 refuses a request that carries an Authorization header besides (400): a client that sends the library's
-token there fails. Uploads go there too (`POST v2/imagefile/ID` gives the presigned PUT URL).
+token there fails. Uploads go there too (`POST v2/imagefile/ID` gives the presigned PUT URL; a large file
+goes in parts: tests.support.library_uploads).
 
     with start_library(tmp_path, tokens={"TOKEN": "alice"}, tls=False) as library:
         library.url          http://127.0.0.1:PORT (the endpoint: remote add NAME 127.0.0.1:PORT --insecure)
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.support.library_store import LibraryStore, sif_arch
+from tests.support.library_store import LibraryStore
 from tests.support.registry_http import Handler, Server, shutdown
 from tests.support.registry_tls import make_tls
 
@@ -59,6 +60,10 @@ class LibraryServer:
         self.requests: list[tuple[str, str, str]] = []
         self.object_requests: list[tuple[str, str, str]] = []
         self.uploads: dict[str, dict[str, Any]] = {}  # image id -> the announced size and sha256
+        self.multipart_offered = True  # POST v2/imagefile/ID/_multipart answers (else 404: single uploads)
+        self.part_size = 64 << 20  # the part size it announces (a test makes it small)
+        self.multiparts: dict[str, dict[str, Any]] = {}  # upload id -> its parts (tests.support.library_uploads)
+        self.refuse_part = 0  # object storage refuses this part number (500)
         self.stall = 0.0  # seconds object storage pauses in the middle of a file
         self.stalled = threading.Event()  # set when it does
         self.context: ssl.SSLContext | None = None
@@ -95,7 +100,7 @@ class LibraryServer:
         """A presigned URL of object storage for `action` on `name`."""
         expires = str(int(time.time()) + SIGNATURE_LIFETIME)
         signature = hmac.new(self.key, f"{action} {name} {expires}".encode(), hashlib.sha256).hexdigest()
-        kind = "objects" if action == "GET" else "uploads"
+        kind = {"GET": "objects", "PUT": "uploads", "PART": "parts"}[action]
         return f"{self.object_url}/{kind}/{name}?X-Expires={expires}&X-Signature={signature}"
 
     def signed(self, action: str, name: str, query: dict[str, list[str]]) -> bool:
@@ -158,7 +163,7 @@ class LibraryHandler(_Base):
         return self.library.tokens.get(token) if scheme == "Bearer" else None
 
     def dispatch(self, method: str, path: str, query: dict[str, list[str]], user: str) -> None:
-        from tests.support.library_routes import ROUTES
+        from tests.support.library_uploads import ROUTES
 
         for route_method, prefix, function in ROUTES:
             if method == route_method and (path == prefix or (prefix.endswith("/") and path.startswith(prefix))):
@@ -198,28 +203,20 @@ class ObjectHandler(_Base):
                 self.wfile.write(chunk)
 
     def do_PUT(self) -> None:
+        from tests.support.library_uploads import store_part, store_upload
+
         parts = urlsplit(self.path)
-        image_id = parts.path.removeprefix("/uploads/")
+        kind, _, name = parts.path.lstrip("/").partition("/")
         self.library.object_requests.append(("PUT", parts.path, self.headers.get("Authorization") or ""))
         data = self.body()
         if self.headers.get("Authorization"):
             self.fail(400, "Only one auth mechanism allowed")
-            return
-        if not parts.path.startswith("/uploads/") or not self.library.signed("PUT", image_id, parse_qs(parts.query)):
+        elif kind == "uploads" and self.library.signed("PUT", name, parse_qs(parts.query)):
+            store_upload(self, name, data)
+        elif kind == "parts" and self.library.signed("PART", name, parse_qs(parts.query)):
+            store_part(self, name, data)
+        else:
             self.fail(403, "signature does not match or has expired")
-            return
-        announced = self.library.uploads.get(image_id, {})
-        digest = hashlib.sha256(data).hexdigest()
-        if len(data) != announced.get("filesize") or digest != announced.get("sha256sum"):
-            self.fail(400, "the body is not the size and sha256 announced")
-            return
-        path = self.library.store.object_path(digest)
-        path.write_bytes(data)
-        announced.update(stored=str(path), arch=sif_arch(path))
-        self.send_response(200)
-        self.send_header("ETag", f'"{hashlib.md5(data).hexdigest()}"')  # noqa: S324 - S3's ETag is an MD5
-        self.send_header("Content-Length", "0")
-        self.end_headers()
 
 
 @contextmanager

@@ -1,0 +1,206 @@
+"""`singpy pull` without typer: the common command lines parsed by hand, the rest left to typer.
+
+A pull of a large SIF is a download, and typer's start-up (the whole command tree registered: ~0.1 s,
+`make bench`'s `singpy version` row) was most of what it cost beyond `curl` of the same blob. So
+singpy.cli.main hands `pull`'s arguments here first: `parse` accepts only what it fully understands (the
+flags of `pull --help`, each once or more, the last one winning as with click; OUT.sif and the reference;
+Apptainer's variables of these flags, read as click reads them) and answers None for anything else
+(`--help`, an unknown or misspelt flag, a missing value, a boolean variable click would refuse), which
+typer then parses, with its own messages. Both paths run `pull_words`, the one body of the command,
+so what they write and every error they raise are the same (tests/integration/test_pull_fastpath.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from singpy.host.host import HostInfo
+    from singpy.oci.pull import PullOptions
+
+PREFIXES = ("SINGPY_", "APPTAINER_", "SINGULARITY_")  # singpy's precedence (docs/usage.md)
+
+# Each flag of `singpy pull`: its destination, whether it takes a value, and Apptainer's EnvKeys (the typer
+# options of singpy.cli.pull read the same keys from here).
+FLAGS: dict[str, tuple[str, bool]] = {
+    "--force": ("force", False), "-F": ("force", False),
+    "--arch": ("arch", True),
+    "--docker-login": ("docker_login", False),
+    "--authfile": ("authfile", True),
+    "--no-https": ("no_https", False), "--nohttps": ("no_https", False),
+    "--name": ("name", True),
+    "--dir": ("directory", True),
+    "--library": ("library", True),
+    "--disable-cache": ("disable_cache", False),
+}
+BOOLEANS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if not takes_value}))
+TEXTS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if takes_value}))
+ENV_KEYS: dict[str, tuple[str, ...]] = {
+    "force": ("FORCE",), "arch": ("PULL_ARCH",), "docker_login": ("DOCKER_LOGIN",),
+    "authfile": ("AUTH_FILE", "AUTHFILE"), "no_https": ("NOHTTPS", "NO_HTTPS"), "name": ("PULL_NAME",),
+    "directory": ("PULLDIR", "PULLFOLDER"), "library": ("LIBRARY",), "disable_cache": ("DISABLE_CACHE",),
+}
+# click's boolean words (typer._click.types.BoolParamType); any other value is left to typer to refuse
+_CLICK_WORDS = {"1": True, "yes": True, "true": True, "on": True, "t": True, "y": True,
+             "0": False, "no": False, "false": False, "off": False, "f": False, "n": False}
+
+
+def variables(*keys: str) -> list[str]:
+    """Apptainer's EnvKeys as typer's envvar list, SINGPY_ first: click takes the first one set (not empty)."""
+    return [prefix + key for key in keys for prefix in PREFIXES]
+
+
+def parse(argv: list[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str | bool]] | None:
+    """The words (OUT.sif, REF) and flag values of `pull ARGV`, or None: typer must parse this one."""
+    values: dict[str, str | bool] = {}
+    words: list[str] = []
+    rest = list(argv)
+    while rest:
+        word = rest.pop(0)
+        if word == "--":
+            words.extend(rest)
+            break
+        if not word.startswith("-"):
+            words.append(word)
+            continue
+        name, inline, value = word.partition("=") if word.startswith("--") else (word, "", "")
+        known = FLAGS.get(name)
+        if known is None:
+            return None  # --help, -h, a flag of another command, a typo, -Fq...: typer's message
+        dest, takes_value = known
+        if not takes_value:
+            if inline:
+                return None
+            values[dest] = True
+            continue
+        if not inline:
+            if not rest or rest[0].startswith("-"):
+                return None
+            value = rest.pop(0)
+        values[dest] = value
+    if not words or "-" in words:
+        return None
+    if not _from_env(values, env):
+        return None
+    return words, values
+
+
+def _from_env(values: dict[str, str | bool], env: Mapping[str, str]) -> bool:
+    """Fill the flags not given from their variables; False when a boolean one holds a word click refuses."""
+    for dest, keys in ENV_KEYS.items():
+        if dest in values:
+            continue
+        raw = next((env[name] for name in variables(*keys) if env.get(name)), None)
+        if raw is None:
+            continue
+        if dest in BOOLEANS:
+            state = _CLICK_WORDS.get(raw.strip().lower())
+            if state is None:
+                return False
+            values[dest] = state
+        else:
+            values[dest] = raw
+    return True
+
+
+def run(argv: list[str]) -> int | None:
+    """`singpy pull ARGV` when `parse` understands it (0: done; errors raise), else None."""
+    import os
+
+    parsed = parse(argv, os.environ)
+    if parsed is None:
+        return None
+    words, values = parsed
+    flags = {key: bool(values.get(key)) for key in BOOLEANS}
+    pull_words(words, **flags, **{key: str(values.get(key, "")) for key in TEXTS})  # type: ignore[arg-type]
+    return 0
+
+
+def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool) -> PullOptions:
+    """The PullOptions of these flags."""
+    from singpy.oci.pull import PullOptions
+
+    return PullOptions(arch=arch, login=docker_login, authfile=authfile, https=not no_https)
+
+
+def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, authfile: str, no_https: bool,
+               name: str, directory: str, library: str, disable_cache: bool = False) -> None:
+    """The body of `singpy pull`, whichever parser read the command line."""
+    from singpy import console
+    from singpy.host import host
+    from singpy.oci import netpull
+
+    target, reference = pull_target(words, name, directory)
+    if netpull.is_url(reference):  # a finished image file on a web server (Nextflow's nf-core images)
+        console.info(netpull.pull_url(reference, target, force=force))
+        return
+    info = host.capture()
+    options = pull_options(arch, docker_login, authfile, no_https)
+
+    def pulled(where: HostInfo) -> int:
+        console.info(_pull(reference, target, options, where, force=force, library=library))
+        return 0
+
+    if disable_cache:  # as Apptainer's: a temporary cache, removed after the pull (singpy.cli.nocache)
+        from singpy.cli.nocache import in_temporary_cache
+
+        in_temporary_cache(info, pulled)
+    else:
+        pulled(info)
+
+
+def _pull(reference: str, target: str, options: PullOptions, info: HostInfo, *, force: bool, library: str) -> str:
+    """The image `reference` to the file `target` through the cache of `info.env`; the line that says so."""
+    if reference.startswith("library://"):  # a SIF in a Sylabs library (singpy.library.pull)
+        from singpy.library.pull import LibraryOptions
+        from singpy.library.pull import pull as pull_library
+
+        library_options = LibraryOptions(arch=options.arch, library=library, https=options.https)
+        return pull_library(reference, target, library_options, info.env, info.home, force=force)
+    if reference.startswith("oras://"):  # a SIF stored as an OCI artifact: downloaded as it is
+        from singpy.oci import oras
+
+        return oras.pull(reference, target, options, info.env, info.home, force=force)
+    from singpy.oci.pull import pull
+
+    return pull(reference, target, options, info.env, info.home, force=force)
+
+
+def pull_target(words: list[str], name: str, directory: str) -> tuple[str, str]:
+    """The file to write ("" for the default name in the working directory) and the reference, as Apptainer
+    reads them: `--name` wins over OUT.sif, and `--dir` is the directory of either (or of the default name)."""
+    import os
+
+    from singpy.errors import UsageError
+
+    if len(words) > 2:
+        raise UsageError(f"singpy pull takes [OUT.sif] REF, not {len(words)} arguments",
+                         hint="Run 'singpy pull --help' for usage.")
+    reference = words[-1]
+    target = name or (words[0] if len(words) == 2 else "")
+    if directory:
+        if not target:
+            target = _default_name(reference)
+        target = os.path.join(directory, target)
+    return target, reference
+
+
+def _default_name(reference: str) -> str:
+    """NAME_TAG.sif (or the URL's file name) of `reference`, as a pull without OUT.sif writes it."""
+    from singpy.oci import netpull
+    from singpy.oci.pull import default_name
+
+    if netpull.is_url(reference):
+        return netpull.default_name(reference)
+    if reference.startswith("library://"):
+        from singpy.library import ref as library_ref
+
+        return library_ref.default_name(library_ref.parse(reference))
+    if reference.startswith("oras://"):
+        from singpy.oci.oras import parse_ref
+
+        return default_name(parse_ref(reference))
+    from singpy.oci.ref import parse as parse_docker
+
+    return default_name(parse_docker(reference))
