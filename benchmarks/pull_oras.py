@@ -13,7 +13,8 @@ their order; the exec rows are shuffled each round after two warm-ups, as pull.p
    from the same registry (docker-registry on 127.0.0.1, plain HTTP), which checks nothing. Target: <= 1.1x.
 2. `singpy exec oras://HOST/small:v1 true` with the SIF cached (one HEAD request: has the tag moved?) against
    `singpy exec SMALL.sif true`, the same SIF as a file. Target: <= 1.2x. The same by digest (no request),
-   and `singpy exec docker://HOST/dsmall:latest true` of a cached busybox image (issue 31, the same target).
+   and `singpy exec docker://HOST/dsmall:latest true` of a cached busybox image (issue 31, the same target),
+   over plain HTTP and over TLS (a second registry, its CA in SSL_CERT_FILE).
 
 The big SIF is a runnable busybox SIF (siftool, as tests.support.sifs makes it) plus a ~200 MB generic object
 of random bytes; it is pushed with `singpy push`. As root the commands run as the test user `singpy-test`, in
@@ -97,7 +98,7 @@ def target(label: str, ours: float | None, theirs: float | None, goal: float) ->
 
 
 def exec_rows(runner: Runner, singpy: str, registry: RegistryServer, small: Path,
-              env: dict[str, str]) -> list[ExecRow]:
+              env: dict[str, str], tls: RegistryServer | None = None) -> list[ExecRow]:
     """`exec X.sif` and the cached oras:// (tag, digest) and docker:// (tag) forms of the same image, cached once."""
     tag = f"oras://{registry.host}/small:v1"
     digest = f"oras://{registry.host}/small@{manifest_digest(registry.url, 'small', 'v1')}"
@@ -109,6 +110,12 @@ def exec_rows(runner: Runner, singpy: str, registry: RegistryServer, small: Path
                             ("docker-tag", "exec docker://X:tag true (cached, one HEAD request)", docker)):
         rows.append(ExecRow(key, label, [singpy, "exec", "--no-https", ref, "true"], label))
         run(runner, rows[-1].argv, env)  # cached once, untimed
+    if tls is not None:  # issue 31: the same over HTTPS (its CA in SSL_CERT_FILE, as a site's private CA)
+        tls.upload(busybox_image(), "dsmall")
+        label = "exec docker://X:tag true over TLS (cached, one HEAD request)"
+        rows.append(ExecRow("docker-tag-tls", label, [singpy, "exec", f"docker://{tls.host}/dsmall:latest", "true"],
+                            label))
+        run(runner, rows[-1].argv, env)
     return rows
 
 
@@ -123,7 +130,9 @@ def benchmark(workdir: Path, singpy: str, *, size: int, pull_rounds: int, exec_r
     small.write_bytes(siftool_sif(workdir).read_bytes())
     os.chown(small, account.uid, account.gid)
     env = {**base_env(dirs), "SINGPY_CACHEDIR": str(dirs.exec_cache)}
-    with start_registry(workdir / "registry") as registry:
+    with start_registry(workdir / "registry") as registry, \
+            start_registry(workdir / "registry-tls", tls=True) as tls_registry:  # the TLS row's
+        env["SSL_CERT_FILE"] = tls_registry.ca_file or ""
         print(f"pushing {big.stat().st_size // MB} MB to {registry.host} ...", file=sys.stderr)
         for sif, name in ((big, "big"), (small, "small")):
             subprocess.run([singpy, "-q", "push", "--no-https", str(sif), f"oras://{registry.host}/{name}:v1"],
@@ -133,7 +142,7 @@ def benchmark(workdir: Path, singpy: str, *, size: int, pull_rounds: int, exec_r
             "singpy": [singpy, "-q", "pull", "--no-https", str(out), f"oras://{registry.host}/big:v1"],
             "curl": ["curl", "-sf", "-o", str(out), f"{registry.url}/v2/big/blobs/{sha256(big)}"],
         }, {**base_env(dirs), "SINGPY_CACHEDIR": str(dirs.pull_cache)}, pull_rounds)
-        rows = exec_rows(runner, singpy, registry, small, env)
+        rows = exec_rows(runner, singpy, registry, small, env, tls_registry)
         measure_exec(runner, rows, env, exec_rounds, seed=1)
     info["loadavg_end"] = os.getloadavg()
     commit, dirty = startup.git_commit()

@@ -23,13 +23,12 @@ import os
 from collections.abc import Callable, Mapping
 
 from singpy.errors import ImageError
-from singpy.oci.auth import Authenticator, AuthFailure, Credentials, parse_challenges
+from singpy.oci.auth import Authenticator, Credentials
 from singpy.oci.oras import EMPTY_CONFIG, SIF_CONFIG, SIF_LAYER, TITLE, as_oras, parse_ref, shown
 from singpy.oci.ref import Reference
 from singpy.oci.regerrors import detail
 from singpy.oci.registry import Registry
-from singpy.oci.retries import RETRY_STATUSES, backoff, first, retry_after
-from singpy.oci.transport import Origin, TransportError
+from singpy.oci.transport import Origin
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -50,41 +49,9 @@ class Uploader(Registry):
 
     def send(self, method: str, url: str, headers: dict[str, str],
              body: bytes | None = None) -> http.client.HTTPResponse:
-        """One request with a body: a 401 answered once, retriable failures tried again, no redirect followed."""
-        tries = 0
-        answered = False
-        while True:
-            sent = dict(headers)
-            to_registry = Origin(url).key == self._origin
-            authorization = self._authorization() if to_registry else None
-            if authorization:
-                sent["Authorization"] = authorization
-            if body is not None or method in ("PUT", "PATCH", "POST"):
-                sent["Content-Length"] = str(len(body or b""))
-            try:
-                response = self.transport.request(method, url, sent, body)
-            except TransportError as error:
-                tries += 1
-                if not error.retriable or tries >= self.limits.retries:
-                    raise self.unreachable(error) from None
-                self.sleep(backoff(tries - 1))
-                continue
-            if response.status == 401 and to_registry and not answered:
-                challenges = parse_challenges(response.headers.get_all("WWW-Authenticate") or [])
-                self.transport.discard(url, response)
-                answered = True
-                try:
-                    self._auth.answer(challenges, used=authorization)
-                except AuthFailure as failure:
-                    raise self._denied(failure.reason) from None
-                continue
-            if response.status in RETRY_STATUSES and tries + 1 < self.limits.retries:
-                delay = first(retry_after(response), backoff(tries))
-                self.transport.discard(url, response)
-                tries += 1
-                self.sleep(delay)
-                continue
-            return response
+        """One request of an upload, through the client's one loop (Registry.exchange: a 401 answered once,
+        retriable failures tried again); no redirect is followed: an upload answered 3xx is an error."""
+        return self.exchange(method, url, headers, body=body, follow=False)[0]
 
     def expect(self, response: http.client.HTTPResponse, url: str, statuses: tuple[int, ...], what: str) -> None:
         """Nothing when the answer is one of `statuses` (its body discarded), else the ImageError it means."""

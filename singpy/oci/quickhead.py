@@ -3,7 +3,7 @@
 `singpy exec docker://X:TAG` (and `oras://`) of a cached image asks the registry one thing: the digest
 its tag names now. singpy.oci.registry would ask it through http.client, whose import (with `email`,
 `urllib.parse` and `socket`) costs more than the rest of the run; this module sends that one request
-itself, on the C socket module (and `ssl` for an https registry only), and reads the answer's status
+itself, on the C socket module (and the C TLS module `_ssl` for an https registry only), and reads the answer's status
 line and headers. It answers only what it is sure of: a 200 with a valid Docker-Content-Digest. Every
 other case is left to the full client (`None`): a challenge (401: credentials, tokens), a redirect,
 another status, a malformed or oversized answer, a proxy in the environment, a dropped connection (which
@@ -21,6 +21,7 @@ the full client tries again). The rules stay the client's:
 
 from __future__ import annotations
 
+import _socket
 import time
 from collections.abc import Mapping
 
@@ -29,13 +30,19 @@ from singpy.oci.ref import Reference, valid_digest, valid_tag
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
-    import _socket
     from typing import Any
 
 HEADER_LIMIT = 64 << 10  # bytes of a HEAD answer's status line and headers (a registry sends ~500)
 CONNECT_TIMEOUT = 30.0  # as singpy.oci.transport's (not imported: it loads http.client)
 READ_TIMEOUT = 30.0
 _PROXY_VARIABLES = ("https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")
+
+
+class _Socket(_socket.socket):
+    """A socket `_ssl` can wrap: it keeps a weak reference to it (socket.socket, this class's sibling, has the
+    same slot; importing `socket` for it would cost its enums)."""
+
+    __slots__ = ("__weakref__",)
 
 
 class _Undecided(Exception):
@@ -120,8 +127,6 @@ def _exchange(host: str, port: int, request: bytes, *, https: bool, env: Mapping
 
 def _connect(host: str, port: int, deadline: float, endpoint: str) -> _socket.socket:
     """A TCP connection to the first address of `host` that accepts one (as socket.create_connection)."""
-    import _socket
-
     from singpy.oci.regerrors import Unreachable
 
     try:
@@ -131,7 +136,7 @@ def _connect(host: str, port: int, deadline: float, endpoint: str) -> _socket.so
         raise Unreachable(f"can't reach registry {endpoint}: {reason}") from None
     failure: OSError | None = None
     for family, kind, proto, _, address in addresses:
-        sock = _socket.socket(family, kind, proto)
+        sock = _Socket(family, kind, proto)
         try:
             sock.settimeout(_left(deadline, CONNECT_TIMEOUT, endpoint))
             sock.connect(address)
@@ -150,21 +155,44 @@ def _connect(host: str, port: int, deadline: float, endpoint: str) -> _socket.so
 
 def _wrap(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str], deadline: float) -> Any:
     """TLS on `sock`, verified as singpy.oci.transport verifies (the handshake bounded by CONNECT_TIMEOUT;
-    an SSLError, an OSError, goes to the full client, which says what is wrong with the certificate)."""
-    import socket
+    an SSLError, an OSError, goes to the full client, which says what is wrong with the certificate).
 
-    from singpy.oci.tlsconf import host_ca_files, tls_context
+    On `_ssl` itself (singpy.oci.tlsconf.quick_context): what `ssl.SSLSocket` adds is Python around the same
+    calls; the C object verifies the chain and, given server_hostname, the name or IP address (OpenSSL's
+    X509_VERIFY_PARAM host check) during do_handshake, bounded by the socket's timeout as every read is.
+    """
+    from singpy.oci.tlsconf import host_ca_files, quick_context
 
-    # The system store's directory alone (tlsconf: a subset, never more): a certificate it can't verify is
-    # asked again by the full client with the whole store.
-    context = tls_context(env, host_ca_files(endpoint.removesuffix(":443")), system_dir_only=True)
-    plain = socket.socket(fileno=sock.detach())
+    context = quick_context(env, host_ca_files(endpoint.removesuffix(":443")))
+    sock.settimeout(_left(deadline, CONNECT_TIMEOUT, endpoint))
     try:
-        plain.settimeout(_left(deadline, CONNECT_TIMEOUT, endpoint))  # CPython bounds the whole handshake by it
-        return context.wrap_socket(plain, server_hostname=host)
-    except BaseException:
-        plain.close()
-        raise
+        tls = context._wrap_socket(sock, False, host)  # type: ignore[attr-defined]  # not in typeshed
+    except (AttributeError, TypeError) as error:  # another Python's _ssl: the full client (through `ssl`)
+        raise _Undecided(f"_ssl: {error}") from None
+    tls.do_handshake()
+    return _TLS(sock, tls)
+
+
+class _TLS:
+    """The socket calls _exchange and _read_head make, over TLS (`_ssl` reads and writes; the TCP socket's
+    timeout bounds each)."""
+
+    def __init__(self, sock: _socket.socket, tls: Any) -> None:
+        self._sock, self._tls = sock, tls
+
+    def settimeout(self, seconds: float) -> None:
+        self._sock.settimeout(seconds)
+
+    def sendall(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[self._tls.write(view):]
+
+    def recv(self, size: int) -> bytes:
+        return bytes(self._tls.read(size))
+
+    def close(self) -> None:
+        self._sock.close()
 
 
 def _read_head(sock: _socket.socket, deadline: float, endpoint: str) -> bytes:

@@ -40,6 +40,7 @@ from singpy.oci.transport import Origin, Transport, TransportError, _failure
 CHUNK = 1 << 20  # bytes per read of a blob: few Python calls per MB
 MAX_REDIRECTS = 10
 _REDIRECT_STATUSES = frozenset((301, 302, 303, 307, 308))
+_UPLOAD_METHODS = frozenset(("PUT", "PATCH", "POST"))
 
 
 class Registry:
@@ -176,23 +177,33 @@ class Registry:
 
     def request(self, method: str, path: str, headers: dict[str, str],
                  range_from: int = 0, document: bool = True) -> tuple[http.client.HTTPResponse, str]:
-        """Send and follow: auth challenges answered once, redirects followed, retriable failures retried.
+        """Send `path` (of this registry) and follow: see exchange. Returns the final response and its URL."""
+        return self.exchange(method, self.base + path, headers, range_from=range_from, document=document)
 
-        Returns the final response (headers read) and its URL. `document`: see Transport.request.
+    def exchange(self, method: str, url: str, headers: dict[str, str], *, body: bytes | None = None,
+                 range_from: int = 0, document: bool = True,
+                 follow: bool = True) -> tuple[http.client.HTTPResponse, str]:
+        """The one request loop of this client, a pull's and a push's (singpy.oci.oraspush): auth challenges
+        answered once, retriable failures and statuses tried again, redirects followed unless not `follow`.
+
+        `body` is sent with its Content-Length, again on each try (a push's chunk: bounded bytes in memory);
+        an upload (PUT, PATCH, POST) without one says Content-Length: 0. Returns the final response (headers
+        read) and its URL. `document`: see Transport.request.
         """
-        url = self.base + path
         tries = redirects = 0
         answered = False
         while True:
             send = dict(headers)
             if range_from:
                 send["Range"] = f"bytes={range_from}-"
+            if body is not None or method in _UPLOAD_METHODS:
+                send["Content-Length"] = str(len(body or b""))
             to_registry = Origin(url).key == self._origin
             authorization = self._authorization() if to_registry else None
             if authorization:
                 send["Authorization"] = authorization
             try:
-                response = self.transport.request(method, url, send, document=document)
+                response = self.transport.request(method, url, send, body, document=document)
             except TransportError as error:
                 tries += 1
                 if not error.retriable or tries >= self.limits.retries:
@@ -200,7 +211,7 @@ class Registry:
                 self.sleep(backoff(tries - 1))
                 continue
             status = response.status
-            if status in _REDIRECT_STATUSES:
+            if follow and status in _REDIRECT_STATUSES:
                 location = response.getheader("Location") or ""
                 self.transport.discard(url, response)
                 redirects += 1

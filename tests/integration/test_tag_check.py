@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
+import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +20,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
+from tests.support.answering import Answering
 from tests.support.oci import Image, busybox_image, file
 from tests.support.registry import RegistryServer, start_registry
+from tests.support.registry_tls import OPENSSL, openssl
 from tests.support.sifs import new_cache, siftool_sif
 
 QUICK = "quick check of"  # the -d line of an answer singpy.oci.quickhead gave alone
@@ -120,6 +121,66 @@ def test_an_untrusted_certificate_is_still_refused(singpy: Singpy, registry_tls:
     assert_one_fatal(result, f"can't make a TLS connection to {registry_tls.host}")
 
 
+def test_a_custom_ca_directory_is_trusted(singpy: Singpy, registry_tls: RegistryServer, workdir: Path) -> None:
+    """SSL_CERT_DIR (a hashed directory, as `openssl rehash` makes it) verifies the quick check's TLS too."""
+    assert registry_tls.ca_file
+    name = f"tagcheck/cadir-{singpy.profile}"
+    registry_tls.upload(marked("cadir"), name)
+    ca_dir = workdir / "tagcheck-cadir" / singpy.profile
+    ca_dir.mkdir(parents=True)
+    shutil.copyfile(registry_tls.ca_file, ca_dir / "tests-ca.pem")
+    subprocess.run([OPENSSL, "rehash", str(ca_dir)], check=True)
+    for path in (ca_dir.parent, ca_dir):
+        path.chmod(0o755)
+    env = singpy.env(SINGPY_CACHEDIR=str(new_cache(singpy, workdir, "tag-cadir")), SSL_CERT_DIR=str(ca_dir))
+    assert run_marker(singpy, registry_tls, registry_tls.ref(name), env)[0] == "cadir\n"
+    output, debug = run_marker(singpy, registry_tls, registry_tls.ref(name), env)
+    assert output == "cadir\n" and QUICK in debug, debug
+
+
+def server_certificate(ca_file: str, folder: Path, name: str) -> tuple[Path, Path]:
+    """A certificate for DNS:`name` alone, signed by the CA of `ca_file` (its key is ../ca.key: make_tls's)."""
+    ca_key = Path(ca_file).parent.parent / "ca.key"
+    key, csr, cert, extensions = (folder / f"{name}.{kind}" for kind in ("key", "csr", "crt", "ext"))
+    openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}")
+    extensions.write_text(f"basicConstraints=critical,CA:FALSE\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:{name}\n")
+    openssl("x509", "-req", "-in", str(csr), "-CA", ca_file, "-CAkey", str(ca_key), "-CAcreateserial",
+            "-CAserial", str(folder / "ca.srl"), "-out", str(cert), "-days", "2", "-extfile", str(extensions))
+    return cert, key
+
+
+MOVED = (b"HTTP/1.1 200 OK\r\nDocker-Content-Digest: sha256:" + b"1" * 64
+         + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")  # a tag moved: trusted, it would be pulled
+
+
+def test_a_certificate_for_another_host_is_refused(singpy: Singpy, workdir: Path, tmp_path: Path) -> None:
+    """The quick check verifies the registry's name, not only its CA: a certificate the same CA made for another
+    host is refused (one FATAL line, as a pull says it), never taken for the registry's answer."""
+    cache = str(new_cache(singpy, workdir, "tag-wronghost"))
+    folder = workdir / "tagcheck-wronghost" / singpy.profile  # not tmp_path (0700): the user reads the CA
+    folder.mkdir(parents=True)
+    for path in (folder.parent, folder):
+        path.chmod(0o755)
+    with start_registry(folder / "registry", tls=True) as registry:
+        assert registry.ca_file
+        ca_file = registry.ca_file
+        registry.upload(marked("cached"), "tagcheck/wronghost")
+        reference = registry.ref("tagcheck/wronghost")
+        env = singpy.env(SINGPY_CACHEDIR=cache, SSL_CERT_FILE=ca_file)
+        singpy.ok("exec", reference, "true", env=env)
+    cert, key = server_certificate(ca_file, tmp_path, "elsewhere.test")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    server = Answering(MOVED, port=int(registry.host.rpartition(":")[2]), tls=context)
+    try:
+        result = singpy.run("exec", reference, "cat", "/marker", env=env)
+    finally:
+        server.stop()
+    assert_one_fatal(result, f"can't make a TLS connection to {registry.host}")
+    assert "certificate" in result.stderr and server.requests == [], result.stderr
+
+
 def test_wrong_credentials_are_still_refused(singpy: Singpy, registry_basic: RegistryServer, workdir: Path) -> None:
     name = f"tagcheck/refused-{singpy.profile}"
     registry_basic.upload(marked("basic"), name)
@@ -132,50 +193,9 @@ def test_wrong_credentials_are_still_refused(singpy: Singpy, registry_basic: Reg
     assert_one_fatal(singpy.run("exec", "--no-https", reference, "true", env=wrong), "was refused")
 
 
-class Stalling:
-    """A server on `port` that accepts, reads the request, then answers `head` one byte per `interval` (or,
-    with no head, never): a registry gone slow after the image was cached."""
-
-    def __init__(self, port: int, head: bytes, interval: float) -> None:
-        self.listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
-        self.head, self.interval = head, interval
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        self.listener.settimeout(0.2)
-        connections = []
-        while not self.stopping.is_set():
-            try:
-                connection, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            connections.append(connection)
-            threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
-        for connection in connections:
-            connection.close()
-
-    def _answer(self, connection: socket.socket) -> None:
-        try:
-            connection.recv(65536)
-            for byte in self.head:
-                if self.stopping.wait(self.interval):
-                    return
-                connection.sendall(bytes([byte]))
-            self.stopping.wait()
-        except OSError:
-            return
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        self.listener.close()
-
-
 @pytest.fixture
 def cached_then_stalling(singpy: Singpy, workdir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
-        tuple[str, dict[str, str], Stalling]]:
+        tuple[str, dict[str, str], Answering]]:
     """An image cached from a registry whose port then answers as request.param says ("silent", "trickle")."""
     cache = str(new_cache(singpy, workdir, f"tag-stalling-{request.param}"))
     env = singpy.env(SINGPY_CACHEDIR=cache, SINGPY_PULL_DOCUMENT_TIMEOUT="2", SINGPY_PULL_STALL_TIMEOUT="1",
@@ -186,7 +206,7 @@ def cached_then_stalling(singpy: Singpy, workdir: Path, tmp_path: Path, request:
         singpy.ok("exec", "--no-https", reference, "true", env=env)
     port = int(registry.host.rpartition(":")[2])
     head = b"" if request.param == "silent" else b"HTTP/1.1 200 OK\r\nDocker-Content-Digest: sha256:" + b"0" * 64
-    stalling = Stalling(port, head, 0.3)
+    stalling = Answering(head, step=1, interval=0.3, hold=True, port=port)  # a registry gone slow
     try:
         yield reference, env, stalling
     finally:
@@ -195,7 +215,7 @@ def cached_then_stalling(singpy: Singpy, workdir: Path, tmp_path: Path, request:
 
 @pytest.mark.parametrize("cached_then_stalling", ["silent", "trickle"], indirect=True)
 def test_a_registry_gone_slow_runs_the_cached_image_in_bounded_time(
-        singpy: Singpy, cached_then_stalling: tuple[str, dict[str, str], Stalling]) -> None:
+        singpy: Singpy, cached_then_stalling: tuple[str, dict[str, str], Answering]) -> None:
     reference, env, _ = cached_then_stalling
     started = time.monotonic()
     result = singpy.run("exec", "--no-https", reference, "cat", "/marker", env=env, timeout=60)
@@ -206,16 +226,21 @@ def test_a_registry_gone_slow_runs_the_cached_image_in_bounded_time(
     assert 2 <= elapsed < 15, elapsed  # the document deadline (2 s) ended the wait, once
 
 
-def test_a_cached_tag_check_loads_no_http_client(singpy: Singpy, registry_plain: RegistryServer,
+@pytest.mark.parametrize("kind", ["plain", "tls"])
+def test_a_cached_tag_check_loads_no_http_client(singpy: Singpy, kind: str, request: pytest.FixtureRequest,
                                                  workdir: Path) -> None:
-    """The point of the quick check (issue 31): http.client and email (~20 ms of imports) stay unloaded."""
-    name = f"tagcheck/imports-{singpy.profile}"
-    registry_plain.upload(marked("imports"), name)
-    env = singpy.env(SINGPY_CACHEDIR=str(new_cache(singpy, workdir, "tag-imports")))
-    singpy.ok("exec", "--no-https", registry_plain.ref(name), "true", env=env)
-    result = singpy.run("exec", "--no-https", registry_plain.ref(name), "cat", "/marker",
+    """The point of the quick check (issue 31): http.client and email (~20 ms of imports) stay unloaded, and so
+    does `ssl` (~9 ms: over TLS the check uses the C module `_ssl` alone)."""
+    registry: RegistryServer = request.getfixturevalue(f"registry_{kind}")
+    name = f"tagcheck/imports-{kind}-{singpy.profile}"
+    registry.upload(marked("imports"), name)
+    env = singpy.env(SINGPY_CACHEDIR=str(new_cache(singpy, workdir, f"tag-imports-{kind}")),
+                     SSL_CERT_FILE=registry.ca_file or "")
+    singpy.ok("exec", *flags(registry), registry.ref(name), "true", env=env)
+    result = singpy.run("exec", *flags(registry), registry.ref(name), "cat", "/marker",
                         env={**env, "PYTHONPROFILEIMPORTTIME": "1"})
     assert result.returncode == 0 and result.stdout == "imports\n", result.stderr
     imported = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "singpy.oci.quickhead" in imported  # the import log is there
+    assert ("_ssl" in imported) == (kind == "tls"), sorted(imported)
     assert not imported & {"http.client", "email.parser", "singpy.oci.transport", "ssl"}, sorted(imported)

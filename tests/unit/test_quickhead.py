@@ -7,56 +7,20 @@ registries are tests/integration/test_tag_check.py's.
 from __future__ import annotations
 
 import socket
-import threading
+import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from singpy.oci import mirrors, quickhead
+from singpy.oci import mirrors, quickhead, tlsconf
 from singpy.oci.ref import parse
 from singpy.oci.regerrors import Unreachable
+from tests.support.answering import Answering
+from tests.support.registry_tls import make_tls
 
 DIGEST = "sha256:" + "ab" * 32
-
-
-class Answering:
-    """A server answering every connection with `answer` (bytes sent `step` at a time, `interval` apart), then
-    closing it (or, with `hold`, keeping it open and silent)."""
-
-    def __init__(self, answer: bytes, *, step: int = 1 << 20, interval: float = 0.0, hold: bool = False) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.answer, self.step, self.interval, self.hold = answer, step, interval, hold
-        self.requests: list[bytes] = []
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        self.listener.settimeout(0.1)
-        while not self.stopping.is_set():
-            try:
-                connection, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            with connection:
-                try:
-                    self.requests.append(connection.recv(65536))
-                    for start in range(0, len(self.answer), self.step):
-                        if self.stopping.wait(self.interval):
-                            break
-                        connection.sendall(self.answer[start:start + self.step])
-                    if self.hold:  # the connection stays open, silent
-                        self.stopping.wait()
-                except OSError:
-                    pass
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        self.listener.close()
 
 
 @pytest.fixture
@@ -101,6 +65,53 @@ def test_a_trickle_or_a_silence_ends_at_the_document_deadline(server: Answering)
     with pytest.raises(Unreachable, match="is too slow"):
         ask(server.port)
     assert 0.9 <= time.monotonic() - started < 5
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
+    """A CA and a certificate it signed for 127.0.0.1 / localhost (openssl)."""
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+def tls_answering(tls_files: tuple[str, str, str], answer: bytes = OK) -> Answering:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls_files[1], tls_files[2])
+    return Answering(answer, tls=context)
+
+
+def ask_tls(host: str, port: int, **env: str) -> str | None:
+    ref = parse(f"docker://{host}:{port}/some/image:v1")
+    return quickhead.tag_digest(ref, "v1", https=True, env={"SINGPY_PULL_DOCUMENT_TIMEOUT": "5", **env})
+
+
+def test_over_tls_a_trusted_registry_answers(tls_files: tuple[str, str, str]) -> None:
+    """The CA of SSL_CERT_FILE verifies the server, by IP address and by name (the integration tests show no
+    `ssl` import: test_tag_check.py)."""
+    server = tls_answering(tls_files)
+    try:
+        assert ask_tls("127.0.0.1", server.port, SSL_CERT_FILE=tls_files[0]) == DIGEST
+        assert ask_tls("localhost", server.port, SSL_CERT_FILE=tls_files[0]) == DIGEST
+    finally:
+        server.stop()
+    assert len(server.requests) == 2 and server.requests[0].startswith(b"HEAD /v2/some/image/manifests/v1 ")
+
+
+def test_over_tls_an_untrusted_certificate_is_left_to_the_full_client(tls_files: tuple[str, str, str]) -> None:
+    """Without its CA the handshake fails: no answer taken, and the full client (which says why) asks again."""
+    server = tls_answering(tls_files)
+    try:
+        assert ask_tls("127.0.0.1", server.port) is None
+    finally:
+        server.stop()
+    assert server.requests == []
+
+
+def test_the_quick_context_verifies_as_a_pulls_context() -> None:
+    """`_ssl`'s context and the pull's `ssl.SSLContext`: the same verification, versions and options."""
+    quick, full = tlsconf.quick_context({}), tlsconf.tls_context({})
+    assert quick.check_hostname and quick.verify_mode == ssl.CERT_REQUIRED
+    assert (quick.options, quick.verify_flags, quick.minimum_version, quick.maximum_version) == (
+        full.options, full.verify_flags, full.minimum_version, full.maximum_version)
 
 
 def test_a_refused_connection_is_unreachable() -> None:
