@@ -182,6 +182,11 @@ class ImageSpec(Record):
     strategy: str = "directory"  # how the root is obtained: directory, loop, fuse or extract (image.squashfs)
     tool: str = ""  # host path of the program the strategy runs (squashfuse, unsquashfs)
     cache: str = ""  # the user's extraction cache directory (extract)
+    # `unsquash in background` (singpy.image.warm), for a user's FUSE run: "cached" (the tree a background unpacking
+    # left in `cache`, used as `extract`), "background" (FUSE now, the image unpacked into `cache` behind this run),
+    # "wait" (an unpacking of this small image is under way: wait for it, then use its tree), "" (none)
+    warm: str = ""
+    unpacker: str = ""  # host path of unsquashfs for `warm` ("background", "wait")
     overlay_offset: int = 0  # sif: byte offset of its writable overlay partition (ext3), 0 when it has none
     overlay_size: int = 0  # sif: that partition's size in bytes
     encryption: str = ""  # sif: "gocryptfs" or "luks" (dm-crypt) for an encrypted root (image.cryptmount), or ""

@@ -85,6 +85,9 @@ def clean_command(
         console.info("nothing removed")
         raise typer.Exit(1)
     removed = _clean_pulled(location, days, dry_run=False)
+    from singpy.image import warm
+
+    warm.remove_stale_locks(location)  # left by a killed background unpacking (singpy.image.warm)
     if trees:
         from singpy.recipe.layered import remove_build_trees
 

@@ -65,13 +65,19 @@ def _dispatch(args: list[str]) -> int:
         _exit_now(run_action(rest[0], rest[1:], global_values))
     from singpy import console
     from singpy.cli.actions import verbosity
-    from singpy.cli.app import run_app
 
     console.set_level(verbosity(global_values))  # APPTAINER_QUIET=1 too: the typer callback sees flags only
     if global_values.get("config"):  # the commands typer runs (build, instance start) read the conf this way
         os.environ["SINGPY_CONFIG"] = global_values["config"]
     if global_values.get("nocolor"):  # the one colour singpy has: rich's progress bars of a pull, which honour it
         os.environ["NO_COLOR"] = "1"
+    if rest and rest[0] == "pull":  # a download: typer's start-up was most of its cost (singpy.cli.fastpull)
+        from singpy.cli.fastpull import run as fast_pull
+
+        if (status := fast_pull(rest[1:])) is not None:
+            return status
+    from singpy.cli.app import run_app
+
     return run_app(args)
 
 

@@ -2,9 +2,10 @@
 
 Key material, as Apptainer chooses it: `--certificate` (with `--certificate-intermediates`,
 `--certificate-roots`), else `--key PUBLIC.pem`, else the OpenPGP keyrings (the user's
-`pgp-public` and the global `global-pgp-public`; singpy has no keyserver lookup, so `--local`
-changes nothing). Each signature's outcome is printed as it is checked; the first bad one is
-a `FATAL:` line and exit status 255.
+`pgp-public` and the global `global-pgp-public`) and, unless `--local`, the keyserver (`--url`,
+else the first of the remote in use) asked for a signer no keyring holds: its key serves that
+verification only ([REMOTE]), it is not imported. Each signature's outcome is printed as it is
+checked; the first bad one is a `FATAL:` line and exit status 255.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from singpy.cli.pull import variables
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pysequoia import Cert
+
     from singpy.signing.verify import KeyMaterial, SignatureResult
 
 IMAGE = typer.Argument(..., metavar="IMAGE.sif", show_default=False, help="the SIF image to verify")
@@ -29,7 +34,7 @@ def verify_command(
     group_id: int = GROUP_ID,
     sif_id: int = SIF_ID,
     url: str = typer.Option("", "--url", "-u", metavar="URL", envvar=variables("URL"), show_envvar=False,
-                            help="specify a URL for a key server (not used: singpy verifies with local keys)"),
+                            help="specify a URL for a key server"),
     certificate: str = typer.Option("", "--certificate", metavar="FILE", envvar=variables("VERIFY_CERTIFICATE"),
                                     show_envvar=False, help="path to the certificate"),
     intermediates: str = typer.Option("", "--certificate-intermediates", metavar="FILE",
@@ -53,9 +58,11 @@ def verify_command(
     from singpy import console
     from singpy.signing import verify
 
-    del url, local  # no keyserver: the keyrings are all singpy verifies with
     group_id, sif_id = deprecated_ids(group_id, sif_id, old_group_id, old_sif_id)
     material = _material(certificate, intermediates, roots, ocsp, key)
+    if material.local_certs is not None and not local:
+        _check_url(url)
+        material = material._replace(fetch=_from_keyserver(url))
     options = {"groups": [group_id] if group_id else [], "objects": [sif_id] if sif_id else [],
                "legacy": legacy, "all_objects": verify_all}
     if as_json:
@@ -114,6 +121,44 @@ def _material(certificate: str, intermediates: str, roots: str, ocsp: bool, key:
             raise SingpyError(f"Failed to load key material: {e.message}") from None
     console.info("Verifying image with PGP key material")
     return verify.pgp_material()
+
+
+def _check_url(url: str) -> None:
+    """A `--url` that names no keyserver fails before anything is verified, as Apptainer's client config does."""
+    from singpy.errors import SingpyError
+    from singpy.signing import hkp
+
+    if url:
+        try:
+            hkp.normalize(url)
+        except hkp.KeyserverError as e:
+            raise SingpyError(f"Error while getting keyserver client config: {e.message}") from None
+
+
+def _from_keyserver(url: str) -> Callable[[str], tuple[Cert, ...]]:
+    """The keys a keyserver gives for a fingerprint or key ID (Apptainer's hybrid keyring): none when no
+    keyserver is configured, or with a warning when it fails, as Apptainer's "failed to get key material"."""
+
+    def fetch(wanted: str) -> tuple[Cert, ...]:
+        from singpy import console
+        from singpy.cli.key import choose_keyserver
+        from singpy.errors import SingpyError
+        from singpy.signing import hkp, keyring
+
+        try:
+            server, auth = choose_keyserver(url)
+        except hkp.KeyserverError as e:
+            console.verbose(f"no keyserver asked for key {wanted}: {e.message}")
+            return ()
+        try:
+            certs = keyring.parse_certs(hkp.fetch(server, wanted, auth=auth), f"the keyserver {server}'s answer")
+        except SingpyError as e:
+            console.warning(f"failed to get key material: {e.message}")
+            return ()
+        # a fingerprint asked for: only that key (a server may answer with more); a key ID may be a subkey's
+        return tuple(cert for cert in certs if len(wanted) != 40 or keyring.fingerprint(cert) == wanted.upper())
+
+    return fetch
 
 
 def _type_name(datatype: int) -> str:

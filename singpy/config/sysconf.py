@@ -83,6 +83,10 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("network ptp subnet", STRING, "10.23.0.0/16",
               "IPv4 subnet of --network ptp; its first address is the host end's"),
     Directive("unsquash", BOOL, False, "always extract SIF/squashfs images instead of mounting them"),
+    Directive("unsquash in background", BOOL, False, "after a user's FUSE run of a SIF/squashfs image, unpack it "
+              "into the user's cache in the background, for later runs (docs/images.md)"),
+    Directive("unsquash in background max size", INT, 4096, "size in MiB of the largest squashfs partition "
+              "unpacked in the background (larger images are always mounted with FUSE; 0: no limit)"),
     Directive("allow kernel extfs", BOOL, True, "let root mount ext3 images (overlays, Singularity 2.x images) with "
               "the kernel's ext3 on a loop device (no: fuse2fs, as for users; SingularityCE's directive)"),
     Directive("allow kernel squashfs", BOOL, True, "let root mount SIF/squashfs images with the kernel's "

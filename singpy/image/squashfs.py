@@ -16,7 +16,9 @@ anything is started ([1] sif.md section 13, after Apptainer and SingularityCE):
    `/dev/fd/N`, libfuse >= 3.3), so it needs no privilege and no setuid
    fusermount, as Apptainer's starter does. squashfuse must stay alive as
    long as the container, so the launcher stays as its supervisor
-   (`singpy.launch.process.supervise`).
+   (`singpy.launch.process.supervise`). With `unsquash in background = yes`,
+   a user's FUSE run also unpacks the image into the cache behind itself, and
+   later runs take that tree as `extract` does (`singpy.image.warm`).
 3. ``extract``: `unsquashfs` into the per-user cache (`singpy.image.cache`),
    reused by later runs; the tree is then used like a sandbox directory.
    Chosen with `--unsquash` or `unsquash = yes`, and whenever neither of
@@ -45,12 +47,15 @@ _MOUNT_FLAGS = k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV
 
 
 def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, env: Mapping[str, str],
-           cache: str, user_namespace: bool = False) -> ImageSpec:
+           cache: str, user_namespace: bool = False, background: int | None = None) -> ImageSpec:
     """Pick how to get the root of a SIF or squashfs image; reported at --verbose.
 
     `user_namespace`: root will mount it inside a user namespace of its own
     (--fakeroot), where the kernel refuses squashfs (not mountable in a user
-    namespace): FUSE or extraction then, as for a user.
+    namespace): FUSE or extraction then, as for a user. `background`: a
+    user's FUSE run unpacks the image into the cache behind it, up to this
+    many bytes (0: any), for later runs (`unsquash in background`,
+    singpy.image.warm); None: never.
     """
     from singpy.image.tools import find_tool
 
@@ -65,8 +70,14 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
     tool = next((path for name in FUSE_TOOLS if (path := find_tool(name, env))), None)
     usable = os.access(FUSE_DEVICE, os.R_OK | os.W_OK)
     if tool is not None and usable:
-        console.verbose(f"mounting it with {os.path.basename(tool)} (FUSE)")
-        return image.replace(strategy="fuse", tool=tool)
+        image = image.replace(strategy="fuse", tool=tool)
+        if background is not None and uid != 0:
+            from singpy.image import warm
+
+            image = warm.plan(image, cache=cache, limit=background, env=env)  # the tree unpacked, if there is one
+        if image.strategy == "fuse":
+            console.verbose(f"mounting it with {os.path.basename(tool)} (FUSE)")
+        return image
     why = "squashfuse is not installed" if tool is None else f"{FUSE_DEVICE} is not readable and writable by you"
     console.verbose(f"can't use FUSE ({why}): extracting the image into the cache instead")
     return _extract(image, env, cache, fuse_missing="tool" if tool is None else "device")
@@ -104,8 +115,13 @@ def _cannot_open(image: ImageSpec, env: Mapping[str, str], fuse_missing: str | N
 
 
 def prepare(image: ImageSpec, *, root: bool) -> ImageSpec:
-    """Called on the host, before any namespace: unpack into the cache (once) for `extract`."""
-    if image.strategy != "extract":
+    """Called on the host, before any namespace: unpack into the cache (once) for `extract`; for a FUSE run
+    planned to unpack in the background (singpy.image.warm), start it (or wait for the one under way)."""
+    if image.warm in ("background", "background-or-wait"):
+        from singpy.image import warm
+
+        return warm.start(image)
+    if image.strategy != "extract" or image.warm:  # warm: the tree is known already
         return image
     from singpy.image import cache
 

@@ -198,14 +198,21 @@ def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tupl
     sys.stdout.write("\n")
 
 
-def _check_ecl(image: str, config_path: str) -> None:
+def _check_ecl(image: str, config_path: str, host: HostInfo) -> None:
     """The execution control list beside the configuration (singpy.signing.ecl), read only where there is one:
-    a host without it pays one stat, and nothing of the signing code is imported."""
+    a host without it pays one stat, and nothing of the signing code is imported. Allowed verdicts are recorded
+    in the caller's cache (singpy.signing.eclrecord)."""
     directory = os.path.dirname(os.path.abspath(config_path)) if config_path else "/etc/singpy"
     if os.path.lexists(os.path.join(directory, "ecl.toml")):
+        from singpy.host.cachefiles import cache_dir
+        from singpy.signing import eclrecord
+
+        records = cache_dir(host.env, host.home)
+        if eclrecord.allowed(image, config_path, records):
+            return
         from singpy.signing import ecl
 
-        ecl.check(image, config_path)
+        ecl.check(image, config_path, records=records)
 
 
 def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: bool) -> ImageSpec:
@@ -216,7 +223,7 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
     """
     image = detect(request.image)
     if image.kind == "sif":
-        _check_ecl(image.path, config.path)
+        _check_ecl(image.path, config.path, host)
     if host.uid != 0 and config.changed(IMAGE_LIMITS):  # before anything is extracted from a refused image
         from singpy.host import policy
 
@@ -251,7 +258,9 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
     image = squashfs.choose(image, uid=host.uid, unsquash=request.unsquash or config.flag("unsquash"),
                             allow_kernel=config.flag("allow kernel squashfs"), env=host.env,
                             cache=cachefiles.cache_dir(host.env, host.home),
-                            user_namespace=request.fakeroot or request.userns)
+                            user_namespace=request.fakeroot or request.userns,
+                            background=None if request.writable or not config.flag("unsquash in background")
+                            else int(str(config.get("unsquash in background max size"))) << 20)
     return image if dry_run else squashfs.prepare(image, root=host.uid == 0)
 
 

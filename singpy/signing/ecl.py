@@ -24,28 +24,26 @@ a host without an ECL pays one stat; the signatures are verified by singpy.signi
 from __future__ import annotations
 
 import os
-import stat
 
 from singpy.errors import SingpyError
 from singpy.record import Record
+from singpy.signing.eclfile import FILE, SYSTEM_DIR, EclError, path_for, read_trusted
+
+__all__ = ["FILE", "SYSTEM_DIR", "Ecl", "EclError", "ExecGroup", "check", "decide", "group_of", "load", "parse",
+           "parse_fingerprints", "parse_text", "path_for", "require_signers"]
 
 TYPE_CHECKING = False  # see singpy.record: `typing` costs the launch milliseconds it has not got
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any
 
+    from singpy.signing.eclrecord import Verdicts
+
     Verifier = Callable[..., list[str]]
 
-FILE = "ecl.toml"
-SYSTEM_DIR = "/etc/singpy"
 MODES = ("whitelist", "whitestrict", "blacklist")
 _TOP_KEYS = {"activated", "legacyinsecure", "execgroup"}
 _GROUP_KEYS = {"tagname", "mode", "dirpath", "keyfp"}
-_LIMIT = 1 << 20
-
-
-class EclError(SingpyError):
-    """An ecl.toml that can't be trusted or read, or an image it refuses."""
 
 
 class ExecGroup(Record):
@@ -66,44 +64,24 @@ class Ecl(Record):
     groups: tuple[ExecGroup, ...]
 
 
-def path_for(config_path: str) -> str:
-    """ecl.toml beside the configuration file in use ("" : the built-in defaults, read from /etc/singpy)."""
-    return os.path.join(os.path.dirname(os.path.abspath(config_path)) if config_path else SYSTEM_DIR, FILE)
-
-
 def load(path: str) -> Ecl:
     """Read and validate `path`: root's, written by no one else, Apptainer's keys with their types."""
+    return parse_text(read_trusted(path), path)
+
+
+def parse_text(data: bytes, path: str) -> Ecl:
+    """The ECL in `data` (the bytes of `path`), validated."""
     import tomllib
 
-    text = _read_trusted(path)
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise EclError(f"while validating ECL configuration {path}: {error}") from None
-    return parse(data, path)
-
-
-def _read_trusted(path: str) -> str:
-    """The file's text, opened without following a link and checked on the descriptor that is read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as error:
-        raise EclError(f"can't read the execution control list {path}: {error.strerror}") from None
-    with os.fdopen(fd, "rb") as stream:
-        info = os.fstat(stream.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise EclError(f"the execution control list {path} is not a regular file")
-        if info.st_uid != 0:
-            raise EclError(f"{path} must be owned by root")
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise EclError(f"{path} must not be writable by group or others (mode {info.st_mode & 0o7777:o})")
-        data = stream.read(_LIMIT + 1)
-    if len(data) > _LIMIT:
-        raise EclError(f"the execution control list {path} is larger than {_LIMIT} bytes")
-    try:
-        return data.decode()
+        text = data.decode()
     except UnicodeDecodeError:
         raise EclError(f"the execution control list {path} is not UTF-8 text") from None
+    try:
+        parsed = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise EclError(f"while validating ECL configuration {path}: {error}") from None
+    return parse(parsed, path)
 
 
 def parse(data: dict[str, Any], path: str) -> Ecl:
@@ -179,16 +157,31 @@ def _verifier(given: Verifier | None) -> Verifier:
     return signer_fingerprints
 
 
-def check(image: str, config_path: str, *, verifier: Verifier | None = None) -> None:
-    """Refuse (EclError) a SIF the execution control list beside `config_path` does not let run."""
-    ecl = load(path_for(config_path))
+def check(image: str, config_path: str, *, verifier: Verifier | None = None, records: str = "") -> None:
+    """Refuse (EclError) a SIF the execution control list beside `config_path` does not let run.
+
+    `records`: the caller's cache directory, where an allowed verdict is recorded (singpy.signing.eclrecord;
+    the launch looks it up first with eclrecord.allowed, and calls this only when that says no)."""
+    import time
+
+    path = path_for(config_path)
+    data = read_trusted(path)
+    image = os.path.realpath(image)  # as Apptainer, which resolves the image path before it looks at dirpath
+    now = time.time()
+    verdicts = None
+    if records and verifier is None:
+        from singpy.signing import eclrecord
+
+        verdicts = eclrecord.open_for(records, path, data, image)
+    ecl = parse_text(data, path)
     if not ecl.activated:
         return
-    image = os.path.realpath(image)  # as Apptainer, which resolves the image path before it looks at dirpath
     group = group_of(ecl, image)
     if group is None:
         raise EclError(f"image prohibited by ECL ({ecl.path}): {image} not part of any execgroup")
     config_dir = os.path.dirname(ecl.path)
+    if verdicts is not None:
+        verdicts.before_verifying(image)
     try:
         # the global keyring alone, as Apptainer's ECL: a key a user imported vouches for nothing here
         signers = _verifier(verifier)(image, legacy=ecl.legacy, config_dir=config_dir, global_only=True)
@@ -201,6 +194,26 @@ def check(image: str, config_path: str, *, verifier: Verifier | None = None) -> 
     why = decide(group, signers)
     if why:
         raise EclError(f"image prohibited by ECL ({ecl.path}, {group.describe()}): {why}")
+    if verdicts is not None:
+        _remember(verdicts, image, now, signers)
+
+
+def _remember(verdicts: Verdicts, image: str, now: float, signers: Sequence[str]) -> None:
+    """Record an allowed image, valid until the first of its signers' keys expires (at most a day): only if the
+    global keyring is still the one whose bytes name the record."""
+    from singpy.signing import keyring
+
+    try:
+        keys = keyring.read_bytes(verdicts.keyring_path)
+        certs = keyring.parse_certs(keys, verdicts.keyring_path)
+    except SingpyError:
+        return
+    if keys != verdicts.keyring:
+        return
+    wanted = {fingerprint.upper() for fingerprint in signers}
+    expirations = [cert.expiration.timestamp() for cert in certs
+                   if keyring.fingerprint(cert) in wanted and cert.expiration is not None]
+    verdicts.remember(image, now, expirations)
 
 
 def parse_fingerprints(header: str) -> list[str]:

@@ -161,7 +161,7 @@ def write(path: str, data: bytes, mode: int) -> None:
 
 
 def describe(index: int, cert: Cert) -> str:
-    """One key as `singpy key list` shows it (Apptainer's printEntity, without the bit length Sequoia hides)."""
+    """One key as `singpy key list` shows it (Apptainer's printEntity)."""
     from pysequoia.packet import PacketPile, Tag
 
     from singpy.console import escape
@@ -172,11 +172,36 @@ def describe(index: int, cert: Cert) -> str:
              *(f"{pad}  User:              {user}" for user in users[1:])]
     primary = next(packet for packet in PacketPile.from_bytes(bytes(cert)) if packet.tag == Tag.PublicKey)
     created = primary.key_created
-    algorithm = str(primary.key_algorithm).rsplit(".", 1)[-1]
     lines += [f"{pad}  Creation time:     {created:%Y-%m-%d %H:%M:%S %z}" if created else "",
               f"{pad}  Fingerprint:       {fingerprint(cert)}",
-              f"{pad}  Algorithm:         {algorithm}"]
+              f"{pad}  Length (in bits):  {bit_length(bytes(primary.body))}"]
     return "\n".join(line for line in lines if line) + "\n"
+
+
+# The key algorithms (RFC 9580 9.1) whose public key starts with an MPI (RSA, ElGamal, DSA), with a curve OID
+# then an MPI (ECDH, ECDSA, EdDSALegacy), and those of a fixed size (X25519, X448, Ed25519, Ed448: bytes).
+_FIRST_MPI = {1, 2, 3, 16, 17}
+_OID_THEN_MPI = {18, 19, 22}
+_FIXED_BYTES = {25: 32, 26: 56, 27: 32, 28: 57}
+
+
+def bit_length(body: bytes) -> int:
+    """The public key's length in bits as Apptainer prints it (go-crypto's PublicKey.BitLength: the first MPI's
+    bit count, the curve point's for ECC keys, the key size for the fixed-size ones); 0 when it can't tell.
+
+    Sequoia parsed the packet and exposes its body, not this number: it is read from the body's fields (version,
+    creation time, algorithm, [v6: material length], then the algorithm's key material), never trusted beyond
+    its length."""
+    if len(body) < 6 or body[0] not in (4, 6):
+        return 0
+    algorithm, start = body[5], 6 if body[0] == 4 else 10
+    if algorithm in _FIXED_BYTES:
+        return _FIXED_BYTES[algorithm] * 8
+    if algorithm in _OID_THEN_MPI and len(body) > start:
+        start += 1 + body[start]
+    elif algorithm not in _FIRST_MPI:
+        return 0
+    return int.from_bytes(body[start:start + 2], "big") if len(body) >= start + 2 else 0
 
 
 def generate(user_id: str, bits: int, passphrase: str = "") -> Tsk:

@@ -34,6 +34,8 @@ class PgpError(SingpyError):
 class UnknownSignerError(PgpError):
     """No key given made the signature."""
 
+    keyid = ""  # the signature's issuer key ID (16 hex digits), as gpgv names it: what a keyserver is asked for
+
 
 class PgpResult(NamedTuple):
     fingerprint: str  # the signing key's primary fingerprint, uppercase hex
@@ -85,7 +87,9 @@ def verify_clearsigned(message: bytes, certs: list[Cert]) -> PgpResult:
     if "BADSIG" in status:
         raise PgpError("openpgp: invalid signature: hash tag doesn't match")
     if "NO_PUBKEY" in status or ("ERRSIG" in status and status["ERRSIG"][-1:] == ["9"]):
-        raise UnknownSignerError("openpgp: signature made by unknown entity")
+        unknown = UnknownSignerError("openpgp: signature made by unknown entity")
+        unknown.keyid = (status.get("NO_PUBKEY") or status.get("ERRSIG") or [""])[0].upper()
+        raise unknown
     if "NODATA" in status:
         raise PgpError("clearsigned message not found")
     raise PgpError("openpgp: signature not valid")

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pysequoia import Cert
 
     from singpy.image.sif import RawDescriptor
+    from singpy.signing import pgp
     from singpy.signing.dsse import PublicKey
     from singpy.signing.sifsig import SifObjects
 
@@ -34,6 +35,8 @@ class SignatureNotFoundError(SingpyError):
 
 class UnknownSignerError(SingpyError):
     """A signature made by a key that is not in the keyrings (Apptainer: "unknown entity")."""
+
+    keyid = ""  # the issuer key ID the signature names (16 hex digits), "" if not known
 
 
 class Signer(NamedTuple):
@@ -61,6 +64,9 @@ class KeyMaterial(NamedTuple):
     keys: tuple[PublicKey, ...] | None = None  # None: no DSSE material
     key_kind: str = "key"  # "key" or "certificate"
     key_label: str = ""  # for a certificate: its chain, subject first
+    # `verify` without --local: asked for a fingerprint or key ID no keyring holds, the certificates a keyserver
+    # gives for it (Apptainer's hybrid keyring; used for this verification only, never imported)
+    fetch: Callable[[str], tuple[Cert, ...]] | None = None
 
 
 def pgp_material(config_dir: str | None = None) -> KeyMaterial:
@@ -130,31 +136,51 @@ def _tasks(image: SifObjects, groups: list[int], object_ids: list[int], legacy: 
     return tasks
 
 
-def _pgp_signer(material: KeyMaterial, fingerprint: str) -> Signer:
+def _pgp_signer(material: KeyMaterial, fingerprint: str, fetched: tuple[Cert, ...] = ()) -> Signer:
+    """Who signed, and where the key was: the global keyring, the user's, else a keyserver ("": REMOTE)."""
     from singpy.signing import keyring
 
-    for where, certs in (("GLOBAL", material.global_certs), ("LOCAL", material.local_certs or ())):
+    for where, certs in (("GLOBAL", material.global_certs), ("LOCAL", material.local_certs or ()), ("", fetched)):
         for cert in certs:
             if keyring.fingerprint(cert) == fingerprint:
                 return Signer("pgp", fingerprint, keyring.primary_name(cert), where)
     return Signer("pgp", fingerprint, "", "")
 
 
-def _open_pgp(data: bytes, sig: RawDescriptor, claimed: str, material: KeyMaterial) -> tuple[bytes, Signer]:
+def _gpgv(data: bytes, sig: RawDescriptor, certs: list[Cert]) -> pgp.PgpResult:
+    """pgp.verify_clearsigned, its failures as this module's: an unknown signer, else an integrity error."""
     from singpy.signing import pgp
+    from singpy.signing.sifsig import IntegrityError
+
+    try:
+        return pgp.verify_clearsigned(data, certs)
+    except pgp.UnknownSignerError as e:
+        unknown = UnknownSignerError(f"integrity: signature object {sig.id} not valid: {e.message}")
+        unknown.keyid = e.keyid
+        raise unknown from None
+    except pgp.PgpError as e:
+        raise IntegrityError(f"integrity: signature object {sig.id} not valid: {e.message}") from None
+
+
+def _open_pgp(data: bytes, sig: RawDescriptor, claimed: str, material: KeyMaterial) -> tuple[bytes, Signer]:
     from singpy.signing.sifsig import IntegrityError
 
     if material.local_certs is None:
         raise SingpyError("integrity: key material not provided for PGP clear-sign signature")
+    certs = [*material.global_certs, *material.local_certs]
+    fetched: tuple[Cert, ...] = ()
     try:
-        result = pgp.verify_clearsigned(data, [*material.global_certs, *material.local_certs])
-    except pgp.UnknownSignerError as e:
-        raise UnknownSignerError(f"integrity: signature object {sig.id} not valid: {e.message}") from None
-    except pgp.PgpError as e:
-        raise IntegrityError(f"integrity: signature object {sig.id} not valid: {e.message}") from None
+        result = _gpgv(data, sig, certs)
+    except UnknownSignerError as unknown:
+        # the keyrings lack the signer: the keyserver is asked for the fingerprint the descriptor names (else the
+        # signature's key ID); what it gives is only a candidate, which gpgv checks as any other key
+        fetched = material.fetch(claimed or unknown.keyid) if material.fetch and (claimed or unknown.keyid) else ()
+        if not fetched:
+            raise
+        result = _gpgv(data, sig, [*certs, *fetched])
     if claimed and result.fingerprint != claimed:
         raise IntegrityError("integrity: fingerprint in descriptor does not correspond to signing entity")
-    return result.plaintext, _pgp_signer(material, result.fingerprint)
+    return result.plaintext, _pgp_signer(material, result.fingerprint, fetched)
 
 
 def _open_dsse(data: bytes, sig: RawDescriptor, hash_name: str, material: KeyMaterial) -> tuple[bytes, Signer]:

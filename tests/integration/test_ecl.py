@@ -9,9 +9,11 @@ root's; every case runs as root and as the test user with `--config SITE/singpy.
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -221,3 +223,101 @@ def test_a_base_image_not_signed_by_the_fingerprints_fails_before_post(singpy: S
     assert_one_fatal(result, "while checking fingerprint: image not signed by required entities")
     assert "POST-RAN-MARKER" not in result.stdout + result.stderr
     assert sorted(os.listdir(out)) == ["recipe.def"]
+
+
+# Recorded verdicts (singpy.signing.eclrecord): an allowed launch leaves a record in the caller's cache, and the
+# next launch of the same bytes under the same ECL and global keyring skips the verification; every refusal is
+# still decided in full.
+
+WHITELIST_UNIT = f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n'
+
+
+def _own_copy(singpy: Singpy, site: Site, source: str, label: str) -> Path:
+    """A copy of a site image that this test alone uses (its path names its record)."""
+    copy = Path(site.image(f"{label}-{singpy.profile}-{os.getpid()}"))
+    shutil.copy(site.image(source), copy)
+    copy.chmod(0o644)
+    return copy
+
+
+def _records(singpy: Singpy) -> Path:
+    from singpy.signing import eclrecord
+
+    return singpy.cachedir / eclrecord.SUBDIR
+
+
+def _imported(result: subprocess.CompletedProcess[str]) -> set[str]:
+    return {line.split("|")[-1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+
+
+def test_an_allowed_image_is_recorded_and_then_not_verified_again(singpy: Singpy, site: Site) -> None:
+    site.ecl(WHITELIST_UNIT)
+    image = _own_copy(singpy, site, "by-unit", "recorded")
+    profile = singpy.env(PYTHONPROFILEIMPORTTIME="1")
+    first = singpy.run("--config", site.conf, "exec", str(image), "cat", "/etc/marker", env=profile)
+    assert first.returncode == 0 and first.stdout == sifs.MARKER + "\n", first.stderr
+    assert {"singpy.signing.verify", "tomllib"} <= _imported(first)
+    records = [entry for entry in _records(singpy).iterdir() if not entry.name.startswith(".")]
+    assert records and all(entry.stat().st_uid == singpy.uid and entry.stat().st_mode & 0o077 == 0
+                           for entry in [*records, _records(singpy)])
+    second = singpy.run("--config", site.conf, "exec", str(image), "cat", "/etc/marker", env=profile)
+    assert second.returncode == 0 and second.stdout == sifs.MARKER + "\n", second.stderr
+    assert not {"singpy.signing.ecl", "singpy.signing.verify", "singpy.signing.pgp", "pysequoia", "tomllib",
+                "subprocess", "hashlib"} & _imported(second)
+
+
+def test_a_recorded_image_changed_in_place_is_refused_and_allowed_again_once_restored(singpy: Singpy,
+                                                                                         site: Site) -> None:
+    site.ecl(WHITELIST_UNIT)
+    image = _own_copy(singpy, site, "by-unit", "changed")
+    original = image.read_bytes()
+    singpy.ok("--config", site.conf, "exec", str(image), "true")  # recorded
+    offset = sifs.primary_offset(image) + 100
+    with image.open("r+b") as stream:  # the same path, so the same record name: its digest must not match
+        stream.seek(offset)
+        stream.write(bytes([original[offset] ^ 0xFF]))
+    assert_one_fatal(singpy.run("--config", site.conf, "exec", str(image), "true"), "image signature not valid")
+    image.write_bytes(original)
+    singpy.ok("--config", site.conf, "exec", str(image), "true")
+
+
+@pytest.mark.parametrize("policy", ["blacklist", "whitelist-other"])
+def test_a_recorded_verdict_does_not_survive_a_policy_change(singpy: Singpy, site: Site, policy: str) -> None:
+    site.ecl(WHITELIST_UNIT)
+    image = _own_copy(singpy, site, "by-unit", f"policy-{policy}")
+    singpy.ok("--config", site.conf, "exec", str(image), "true")  # recorded
+    mode, key = ("blacklist", UNIT_TEST_KEY) if policy == "blacklist" else ("whitelist", site.other_key)
+    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "changed"\nmode = "{mode}"\nkeyfp = ["{key}"]\n')
+    assert_one_fatal(singpy.run("--config", site.conf, "exec", str(image), "true"), "execgroup 'changed'")
+
+
+@pytest.mark.parametrize("directory", ["the caller's", "another user's", "writable by others"])
+def test_a_record_counts_only_in_a_directory_only_the_caller_can_write(singpy: Singpy, site: Site,
+                                                                        other_user: pwd.struct_passwd,
+                                                                        directory: str) -> None:
+    """A record made by hand for an unsigned image: believed in the caller's own private cache (it is the
+    caller's word, and the caller could run the image another way anyway: docs/security.md), never where someone
+    else could have written it."""
+    from singpy.signing import ecl, eclrecord, keyring
+
+    site.ecl(WHITELIST_UNIT)
+    image = _own_copy(singpy, site, "unsigned", f"forged-{directory.split()[0].strip(chr(39))}")
+    cache = Path(tempfile.mkdtemp(prefix="forged-cache-", dir=singpy.workdir))
+    records = cache / eclrecord.SUBDIR
+    records.mkdir(mode=0o700)
+    ecl_path = ecl.path_for(site.conf)
+    name = eclrecord.record_name(str(site.root), Path(ecl_path).read_bytes(),
+                                 keyring.read_bytes(str(site.root / keyring.GLOBAL_PUBLIC_FILE)), str(image))
+    record = records / name
+    record.write_text(f"singpy-ecl-verdict-1\0{eclrecord.image_digest(str(image))}\0{time.time() + 3600!r}")
+    owner = other_user.pw_uid if directory == "another user's" else singpy.uid
+    for path in (cache, records, record):
+        os.chown(path, owner, owner)
+    if directory == "writable by others":
+        records.chmod(0o777)
+    result = singpy.run("--config", site.conf, "exec", str(image), "cat", "/etc/marker",
+                        env=singpy.env(SINGPY_CACHEDIR=str(cache)))
+    if directory == "the caller's":
+        assert result.returncode == 0 and result.stdout == sifs.MARKER + "\n", result.stderr
+    else:
+        assert_one_fatal(result, "execgroup 'unit' (whitelist")

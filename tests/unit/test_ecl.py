@@ -146,8 +146,8 @@ def test_without_an_ecl_the_launch_imports_nothing_of_it(tmp_path: Path) -> None
     import subprocess
     import sys
 
-    code = ("import sys\nfrom singpy.launch.launch import _check_ecl\n"
-            f"_check_ecl({str(tmp_path / 'image.sif')!r}, {str(tmp_path / 'singpy.conf')!r})\n"
+    code = ("import sys\nfrom singpy.launch.launch import _check_ecl\nfrom singpy.host.host import capture\n"
+            f"_check_ecl({str(tmp_path / 'image.sif')!r}, {str(tmp_path / 'singpy.conf')!r}, capture())\n"
             "print(sorted(name for name in sys.modules if name.startswith(('singpy.signing', 'tomllib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out == "[]\n"

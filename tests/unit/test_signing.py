@@ -105,3 +105,37 @@ def test_validly_signed_garbage_metadata_is_one_error(tmp_path: Path, payload: b
     material = verify.KeyMaterial(keys=(dsse.PublicKey(key.public_key(), "test"),))
     with pytest.raises(sifsig.IntegrityError, match="integrity: "):
         verify.verify(str(copy), material)
+
+
+def _primary_body(cert: object) -> bytes:
+    from pysequoia.packet import PacketPile, Tag
+
+    return bytes(next(packet for packet in PacketPile.from_bytes(bytes(cert))  # type: ignore[call-overload]
+                      if packet.tag == Tag.PublicKey).body)
+
+
+@pytest.mark.parametrize(("profile", "bits"), [("golden", 2048), ("RFC4880", 263), ("RFC9580", 256)])
+def test_key_bit_length_is_go_cryptos(profile: str, bits: int) -> None:
+    """`key list`'s "Length (in bits)" as Apptainer's go-crypto counts it: RSA the modulus, a legacy EdDSA key the
+    MPI of its prefixed point (263), a v6 Ed25519 key its size (256)."""
+    import warnings
+
+    import pysequoia
+
+    from singpy.signing import keystore
+
+    if profile == "golden":
+        cert = pysequoia.Cert.from_file(str(TRUST / "private.asc"))
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            cert = pysequoia.Cert.generate("Bits <bits@example.org>", profile=getattr(pysequoia.Profile, profile))
+    assert keystore.bit_length(_primary_body(cert)) == bits
+    assert keystore.describe(0, cert).endswith(f"    Length (in bits):  {bits}\n")
+
+
+@pytest.mark.parametrize("body", [b"", b"\x04\x00\x00\x00\x00\x01\x08", b"\x05" + bytes(10), b"\x04\0\0\0\0\x63\0\x10"])
+def test_a_key_body_that_says_too_little_has_no_bit_length(body: bytes) -> None:
+    from singpy.signing import keystore
+
+    assert keystore.bit_length(body) == 0

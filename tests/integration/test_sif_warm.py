@@ -1,0 +1,223 @@
+"""`unsquash in background` (singpy.image.warm): a user's first FUSE run of a SIF unpacks it behind itself,
+later runs start from the unpacked tree; a burst unpacks once; nothing tampered, foreign or half-made is used.
+
+Every run here has /dev/fuse open to users (the `fuse_open` fixture), the only case the directive changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Singpy
+from tests.support import sifs
+from tests.support.sifs import MARKER
+
+UNPACKED_NOTE = "using the tree a background unpacking left in the cache"
+STARTED_NOTE = "into the cache in the background, for later runs"
+
+
+@pytest.fixture(scope="session")
+def images(workdir: Path) -> dict[str, Path]:
+    return sifs.all_images(workdir)
+
+
+@pytest.fixture
+def conf(workdir: Path) -> Path:
+    path = workdir / "warm.conf"
+    path.write_text("unsquash in background = yes\n")
+    path.chmod(0o644)
+    return path
+
+
+def unpacker_dir(workdir: Path, name: str, body: str) -> Path:
+    """A directory (first in PATH) whose `unsquashfs` records each call in `calls`, then runs `body`."""
+    directory = workdir / name
+    directory.mkdir(exist_ok=True)
+    directory.chmod(0o777)
+    wrapper = directory / "unsquashfs"
+    wrapper.write_text(f'#!/bin/sh\necho "$$" >> "$(dirname "$0")/calls"\n{body}\n')
+    wrapper.chmod(0o755)
+    return directory
+
+
+def calls(directory: Path) -> int:
+    path = directory / "calls"
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+def trees(cache: Path) -> list[str]:
+    root = cache / "rootfs"
+    return [name for name in os.listdir(root) if len(name) == 64] if root.exists() else []
+
+
+def busy(cache: Path) -> bool:
+    """A background unpacking's lock is there (held, or left by a killed one)."""
+    index = cache / "index"
+    return any(name.endswith(".warm") for name in os.listdir(index)) if index.exists() else False
+
+
+def wait_unpacked(cache: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (busy(cache) or not trees(cache)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert trees(cache) and not busy(cache), f"no tree unpacked in {cache}: {sorted(os.listdir(cache))}"
+
+
+def run(singpy: Singpy, conf: Path, cache: Path, *args: str, path: str = "/usr/bin:/bin") -> \
+        subprocess.CompletedProcess[str]:
+    return singpy.run("--config", str(conf), "-v", "exec", *args, env=singpy.env(SINGPY_CACHEDIR=str(cache),
+                                                                                  PATH=path))
+
+
+def test_second_run_starts_from_the_unpacked_tree(singpy: Singpy, images: dict[str, Path], workdir: Path,
+                                                  conf: Path, fuse_open: str) -> None:
+    """A user: FUSE and an unpacking behind the first run, the tree after; root: the loop device, nothing unpacked."""
+    cache = sifs.new_cache(singpy, workdir, "warm-second-run")
+    image = str(images["singpy"])
+    planned = json.loads(singpy.ok("--config", str(conf), "exec", "--dry-run", image, "true",
+                                   env=singpy.env(SINGPY_CACHEDIR=str(cache))))["plan"]
+    first = run(singpy, conf, cache, image, "cat", "/etc/marker")
+    assert first.returncode == 0 and first.stdout.split() == [MARKER], first.stderr
+    if singpy.uid == 0:
+        assert planned["image"]["strategy"] == "loop" and planned["image"]["warm"] == ""
+        assert "loop device" in first.stderr and STARTED_NOTE not in first.stderr
+        assert trees(cache) == []
+        return
+    assert planned["image"]["strategy"] == "fuse" and planned["image"]["warm"] == "background-or-wait"
+    assert "squashfuse" in first.stderr and STARTED_NOTE in first.stderr
+    wait_unpacked(cache)
+    second = run(singpy, conf, cache, image, "sh", "-c",
+                 "cat /etc/marker; grep -c fuse.squashfuse /proc/mounts || true")
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.split() == [MARKER, "0"]  # the image's content, and no FUSE mount under it
+    assert UNPACKED_NOTE in second.stderr and "squashfuse" not in second.stderr
+    planned = json.loads(singpy.ok("--config", str(conf), "exec", "--dry-run", image, "true",
+                                   env=singpy.env(SINGPY_CACHEDIR=str(cache))))["plan"]
+    assert planned["image"]["warm"] == "cached" and planned["image"]["rootfs"].startswith(str(cache))
+    # `cache clean` removes it: the next run mounts the image again
+    singpy.ok("cache", "clean", "--force", env=singpy.env(SINGPY_CACHEDIR=str(cache)))
+    assert trees(cache) == [] and not busy(cache)
+    third = run(singpy, conf, cache, image, "true")
+    assert third.returncode == 0 and STARTED_NOTE in third.stderr, third.stderr
+    wait_unpacked(cache)
+
+
+def test_burst_after_a_clean_unpacks_once(as_user: Singpy, images: dict[str, Path], workdir: Path, conf: Path,
+                                          fuse_open: str) -> None:
+    """16 runs at once after `cache clean`: all succeed, one unpacking (its lock: no second one starts)."""
+    cache = sifs.new_cache(as_user, workdir, "warm-burst")
+    tools = unpacker_dir(workdir, "warm-burst-tools", 'exec /usr/bin/unsquashfs "$@"')
+    as_user.ok("cache", "clean", "--force", env=as_user.env(SINGPY_CACHEDIR=str(cache)))
+    env = as_user.env(SINGPY_CACHEDIR=str(cache), PATH=f"{tools}:/usr/bin:/bin")
+    runs = [as_user.popen(["--config", str(conf), "exec", str(images["siftool"]), "cat", "/etc/marker"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(16)]
+    results = [process.communicate(timeout=120) for process in runs]
+    assert [process.returncode for process in runs] == [0] * 16, [err for _, err in results]
+    assert all(out.split() == [MARKER] for out, _ in results)
+    wait_unpacked(cache)
+    assert calls(tools) == 1
+    assert len(trees(cache)) == 1
+
+
+def test_tampered_index_or_shared_cache_is_not_used(as_user: Singpy, images: dict[str, Path], workdir: Path,
+                                                    conf: Path, fuse_open: str) -> None:
+    """An index link of another form, or a cache others could write, is never followed: FUSE, as before."""
+    cache = sifs.new_cache(as_user, workdir, "warm-tampered")
+    image = str(images["singpy"])
+    assert run(as_user, conf, cache, image, "true").returncode == 0
+    wait_unpacked(cache)
+    fake = workdir / "warm-fake-tree"
+    shutil.copytree(cache / "rootfs" / trees(cache)[0], fake, symlinks=True)
+    (fake / "etc" / "marker").write_text("planted\n")
+    link = next(path for path in (cache / "index").iterdir() if path.is_symlink())
+    link.unlink()
+    link.symlink_to(fake)  # absolute: not a link singpy writes
+    result = run(as_user, conf, cache, image, "cat", "/etc/marker")
+    assert result.returncode == 0 and result.stdout.split() == [MARKER], result.stderr
+    assert UNPACKED_NOTE not in result.stderr
+    wait_unpacked(cache)
+    (cache / "rootfs").chmod(0o777)  # writable by others: refused, and the run goes on with FUSE
+    try:
+        result = run(as_user, conf, cache, image, "cat", "/etc/marker")
+        assert result.returncode == 0 and result.stdout.split() == [MARKER], result.stderr
+        assert "not using the cache for this image" in result.stderr and "squashfuse" in result.stderr
+    finally:
+        (cache / "rootfs").chmod(0o700)
+
+
+def test_another_users_cache_is_not_used(as_user: Singpy, other_user: object, images: dict[str, Path],
+                                         workdir: Path, conf: Path, fuse_open: str) -> None:
+    """A cache owned by another user, holding this image's tree, is neither read nor written."""
+    cache = sifs.new_cache(as_user, workdir, "warm-theirs")
+    image = str(images["singpy"])
+    assert run(as_user, conf, cache, image, "true").returncode == 0
+    wait_unpacked(cache)
+    uid, gid = other_user.pw_uid, other_user.pw_gid  # type: ignore[attr-defined]
+    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(cache)], check=True)
+    before = sorted(str(path) for path in cache.rglob("*"))
+    result = run(as_user, conf, cache, image, "cat", "/etc/marker")
+    assert result.returncode == 0 and result.stdout.split() == [MARKER], result.stderr
+    assert UNPACKED_NOTE not in result.stderr and "squashfuse" in result.stderr
+    assert "not using the cache" in result.stderr
+    time.sleep(0.5)
+    assert sorted(str(path) for path in cache.rglob("*")) == before
+
+
+def kill_midway(singpy: Singpy, conf: Path, cache: Path, image: str, tools: Path) -> None:
+    """A first run whose background unpacking is killed (SIGKILL) once unsquashfs has written its tree."""
+    first = run(singpy, conf, cache, image, "true", path=f"{tools}:/usr/bin:/bin")
+    assert first.returncode == 0 and STARTED_NOTE in first.stderr, first.stderr
+    stalled = _wait_file(tools / "calls")
+    unpacker = _wait_file(tools / "unpacker")
+    deadline = time.monotonic() + 30
+    while not any(name.startswith(".") and "tmp-" in name for name in sifs.entries(cache)):
+        assert time.monotonic() < deadline, "no temporary tree"
+        time.sleep(0.05)
+    for pid in (unpacker, stalled):  # the detached singpy and its unsquashfs wrapper (now `sleep`)
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert trees(cache) == []  # the half-made tree is hidden and never renamed into place
+
+
+STALLING = 'echo "$PPID" > "$(dirname "$0")/unpacker"; /usr/bin/unsquashfs "$@"; exec sleep 300'
+
+
+def test_killed_unpacking_leaves_nothing_trusted(as_user: Singpy, images: dict[str, Path], workdir: Path,
+                                                 conf: Path, fuse_open: str) -> None:
+    """SIGKILL of the background unpacking midway: its half tree is never used; the next unpacking replaces it."""
+    cache = sifs.new_cache(as_user, workdir, "warm-killed")
+    image = str(images["siftool"])
+    kill_midway(as_user, conf, cache, image, unpacker_dir(workdir, "warm-killed-tools", STALLING))
+    second = run(as_user, conf, cache, image, "cat", "/etc/marker")
+    assert second.returncode == 0 and second.stdout.split() == [MARKER], second.stderr
+    assert UNPACKED_NOTE not in second.stderr and STARTED_NOTE in second.stderr
+    wait_unpacked(cache)
+    assert not [name for name in sifs.entries(cache) if "tmp-" in name]  # removed by the next unpacking
+    third = run(as_user, conf, cache, image, "cat", "/etc/marker")
+    assert third.returncode == 0 and third.stdout.split() == [MARKER] and UNPACKED_NOTE in third.stderr
+
+
+def test_cache_clean_removes_a_killed_unpacking(as_user: Singpy, images: dict[str, Path], workdir: Path,
+                                                conf: Path, fuse_open: str) -> None:
+    """What a killed unpacking left (its temporary tree, its lock) goes with `singpy cache clean`."""
+    cache = sifs.new_cache(as_user, workdir, "warm-killed-clean")
+    kill_midway(as_user, conf, cache, str(images["singpy"]), unpacker_dir(workdir, "warm-clean-tools", STALLING))
+    assert busy(cache)  # its lock file stayed (no one holds it)
+    as_user.ok("cache", "clean", "--force", env=as_user.env(SINGPY_CACHEDIR=str(cache)))
+    assert sifs.entries(cache) == [] and not busy(cache)
+
+
+def _wait_file(path: Path, timeout: float = 30) -> int:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.05)
+    return int(path.read_text().split()[0])
