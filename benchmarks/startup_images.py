@@ -132,6 +132,35 @@ def write_conf(directory: Path, extra: str = "") -> Path:
     return conf
 
 
+def build_signed(workdir: Path, sif: Path) -> tuple[Path | None, Path | None, str]:
+    """A copy of the SIF signed by a fresh key, and a configuration whose ecl.toml (root's) whitelists that key
+    alone, its public half in the global keyring beside it: (signed SIF, singpy.conf, why not)."""
+    if os.geteuid() != 0:
+        return None, None, "an active ECL must be root's: run the benchmark as root"
+    singpy = str(REPO / ".venv" / "bin" / "singpy")
+    site = workdir / "conf-ecl"
+    conf = write_conf(site)
+    env = {"PATH": DEFAULT_PATH, "HOME": str(workdir), "APPTAINER_KEYSDIR": str(workdir / "signer-keys"),
+           "LANG": "C.UTF-8", "SINGPY_CONFIG": str(conf)}
+    signed = workdir / "signed" / "busybox.sif"
+    signed.parent.mkdir(mode=0o755)
+    shutil.copy(sif, signed)
+    steps = [["key", "newpair", "-N", "Bench Signer", "-E", "bench@example.org", "-C", "", "-P", "", "-b", "2048"],
+             ["sign", str(signed)], ["key", "import", "--global", str(workdir / "signer-keys" / "pgp-public")]]
+    outputs = []
+    for step in steps:
+        done = subprocess.run([singpy, *step], env=env, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            return None, None, f"singpy {step[0]} {step[1]} failed: {done.stderr.strip()[-200:]}"
+        outputs.append(done.stdout)
+    fingerprint = outputs[0].split("Key fingerprint: ")[1].split()[0]
+    (site / "ecl.toml").write_text(f'activated = true\n[[execgroup]]\ntagname = "bench"\nmode = "whitelist"\n'
+                                   f'keyfp = ["{fingerprint}"]\n')
+    for path in (signed, site / "ecl.toml", site / "global-pgp-public"):
+        path.chmod(0o755 if path == signed else 0o644)
+    return signed, conf, ""
+
+
 def prepare_images(workdir: Path) -> Images:
     print(f"building images in {workdir} ...", file=sys.stderr)
     sandbox = build_sandbox(workdir)
@@ -139,7 +168,11 @@ def prepare_images(workdir: Path) -> Images:
     confs = {"default": write_conf(workdir / "conf"),
              "unsquash": write_conf(workdir / "conf-unsquash", "unsquash = yes\n"),
              "liblist": write_conf(workdir / "conf-liblist", "use nvidia-container-cli = no\n")}
-    return Images(sandbox=sandbox, sif=sif, sif_reason=sif_reason, confs=confs)
+    signed, ecl_conf, signed_reason = build_signed(workdir, sif) if sif else (None, None, sif_reason)
+    if ecl_conf is not None:
+        confs["ecl"] = ecl_conf
+    return Images(sandbox=sandbox, sif=sif, sif_reason=sif_reason, confs=confs, signed=signed,
+                  signed_reason=signed_reason)
 
 
 def prepare_gpu_host(workdir: Path, wanted: bool) -> GpuSetup:

@@ -31,12 +31,23 @@ def forbidden_in(modules: Iterable[str], forbidden: tuple[str, ...]) -> list[str
     return sorted(name for name in names for bad in forbidden if name == bad or name.startswith(bad + "."))
 
 
+def shebang_flags(script: str) -> list[str]:
+    """The interpreter flag of a script's `#!` line (`-S`: the tuned console script, singpy.cli.launcher)."""
+    try:
+        with open(script, encoding="utf-8") as text:
+            words = text.readline(300).split()
+    except (OSError, UnicodeDecodeError):
+        return []
+    return words[1:2] if words[:1] and words[0].startswith("#!") and words[1:] == ["-S"] else []
+
+
 def import_profile(runner: Runner, python: str, argv: list[str], env: dict[str, str] | None,
                    runs: int) -> ImportProfile | None:
     """Median self/cumulative import time per module over `runs` runs of `python -X importtime argv`."""
     samples: list[dict[str, tuple[int, int]]] = []
+    flags = shebang_flags(argv[0])
     for _ in range(runs):
-        done = runner.capture([python, "-X", "importtime", *argv], env)
+        done = runner.capture([python, *flags, "-X", "importtime", *argv], env)
         if done.returncode != 0:
             return None
         samples.append(parse_importtime(done.stderr))

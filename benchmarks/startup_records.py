@@ -73,7 +73,9 @@ class Images(Record):
     sandbox: Path
     sif: Path | None
     sif_reason: str  # why there is no SIF, "" when there is one
-    confs: dict[str, Path]  # singpy.conf variants: "default", "unsquash", "liblist"
+    confs: dict[str, Path]  # singpy.conf variants: "default", "unsquash", "liblist" (and "ecl" when signed)
+    signed: Path | None = None  # the SIF signed, for the ECL row (startup_images.build_signed)
+    signed_reason: str = "not built"  # why there is no signed SIF and ECL, "" when there are
 
 
 class GpuSetup(Record):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -56,6 +57,8 @@ def variant_rows(singpy: str, images: Images, env: dict[str, str], gpu: GpuSetup
             display="singpy exec SIF true", na=sif_reason),
         Row("sif-cache", "singpy exec SIF true (extraction cache)", [singpy, "exec", sif, "true"],
             env=cache_env, display="singpy exec SIF true  # unsquash = yes", na=sif_reason),
+        warm_row(singpy, images, env),
+        ecl_row(singpy, images, env),
         Row("nv", "singpy exec --nv (nvidia-container-cli)", [singpy, "exec", "--nv", sb, "true"], env=env,
             display="singpy exec --nv SANDBOX true", na=gpu_reason),
         Row("nv-liblist", "singpy exec --nv (nvliblist.conf + ld cache)", [singpy, "exec", "--nv", sb, "true"],
@@ -73,3 +76,28 @@ def variant_rows(singpy: str, images: Images, env: dict[str, str], gpu: GpuSetup
         Row("typer-path", "singpy version (typer path, off the hot path)", [singpy, "version"], env=env,
             display="singpy version"),
     ]
+
+
+def warm_row(singpy: str, images: Images, env: dict[str, str]) -> Row:
+    """The SIF's second and later runs under `unsquash in background = yes` (singpy.image.warm): its first run
+    (the probe) mounted it with squashfuse and unpacked it behind itself into a cache of its own."""
+    from startup_images import write_conf
+
+    workdir = Path(images.confs["default"]).parent.parent
+    conf = write_conf(workdir / "conf-warm", "unsquash in background = yes\n")
+    user_cache = Path(env["SINGPY_CACHEDIR"])
+    cache = user_cache.parent / "cache-warm"
+    cache.mkdir(mode=0o700, exist_ok=True)
+    os.chown(cache, user_cache.stat().st_uid, user_cache.stat().st_gid)
+    return Row("sif-warm", "singpy exec SIF true (second run)", [singpy, "exec", str(images.sif), "true"],
+               env={**env, "SINGPY_CONFIG": str(conf), "SINGPY_CACHEDIR": str(cache)},
+               display="singpy exec SIF true  # second run, unsquash in background = yes", na=images.sif_reason)
+
+
+def ecl_row(singpy: str, images: Images, env: dict[str, str]) -> Row:
+    """The SIF signed, under an ecl.toml that whitelists its signer (compared with the unsigned SIF's row)."""
+    conf = images.confs.get("ecl")
+    return Row("sif-ecl", "singpy exec SIGNED.sif true (active ECL)",
+               [singpy, "exec", str(images.signed), "true"], env={**env, "SINGPY_CONFIG": str(conf)},
+               display="singpy exec SIGNED.sif true  # ecl.toml: a whitelist of its signer",
+               na=images.signed_reason)

@@ -15,6 +15,9 @@ import sys
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from importlib.machinery import ModuleSpec
+    from types import ModuleType
     from typing import NoReturn
 
 FAST_COMMANDS = ("run", "exec", "shell", "test")
@@ -26,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     import gc
 
     gc.disable()
+    if sys.flags.no_site and not _site_state:  # the tuned script (singpy.cli.launcher): site when needed
+        _site_on_demand()
     args = sys.argv[1:] if argv is None else argv
     from singpy import console
     from singpy.errors import SingpyError
@@ -63,6 +68,7 @@ def _dispatch(args: list[str]) -> int:
         from singpy.cli.actions import run_action
 
         _exit_now(run_action(rest[0], rest[1:], global_values))
+    run_site()  # typer and the rest: the interpreter as a plain `python3` start leaves it
     from singpy import console
     from singpy.cli.actions import verbosity
 
@@ -79,6 +85,45 @@ def _dispatch(args: list[str]) -> int:
     from singpy.cli.app import run_app
 
     return run_app(args)
+
+
+_site_state: list[int] = []  # [st_dev, st_ino] of the host's root while site waits; [0] once it has run
+
+
+def _site_on_demand() -> None:
+    """Run site on the first import the standard library and singpy cannot answer (a last meta path finder).
+
+    Never inside a container: once the root is not the host's (pivot_root), a
+    missing module stays missing rather than site reading `.pth` files and
+    `sitecustomize` from the image.
+    """
+    root = os.stat("/")
+    _site_state[:] = [root.st_dev, root.st_ino]
+    sys.meta_path.append(_SiteFinder)  # a class with a static find_spec is a finder, as the built-in ones are
+
+
+class _SiteFinder:
+    @staticmethod
+    def find_spec(name: str, path: Sequence[str] | None = None, target: ModuleType | None = None) -> ModuleSpec | None:
+        root = os.stat("/")
+        if _site_state[:2] != [root.st_dev, root.st_ino]:
+            return None
+        run_site()
+        from importlib.machinery import PathFinder
+
+        return PathFinder.find_spec(name, path, target)
+
+
+def run_site() -> None:
+    """What `-S` skipped (site-packages, `.pth` files, sitecustomize), once; nothing in a plain start."""
+    if not sys.flags.no_site or _site_state == [0]:
+        return
+    _site_state[:] = [0]
+    if _SiteFinder in sys.meta_path:
+        sys.meta_path.remove(_SiteFinder)
+    import site
+
+    site.main()
 
 
 def _debug_variable() -> bool:
