@@ -96,8 +96,11 @@ def benchmark(options: Options, info: Machine, workdir: Path, singpy: str, pytho
     """Everything after the checks: set up, measure, report, in `workdir` (which the caller removes)."""
     account = choose_account(options.as_root)
     images = prepare_images(workdir)
+    first_namespace = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)  # before the GPU host's
     gpu = prepare_gpu_host(workdir, options.gpu_host)
     runner = Runner(account.uid, account.gid, account.user, account.home, str(workdir), gpu.path)
+    if not gpu.reason:  # its namespace was entered: --containall runs in the first one (startup_runner)
+        runner.host_mnt_fd = first_namespace
     rows = make_rows(singpy, python, images, user_cache(workdir, account), gpu)
     by_key = probe_rows(runner, rows)
     gpu_note = gpu_host_note(runner, singpy, images.sandbox, by_key, gpu)

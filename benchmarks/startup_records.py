@@ -16,8 +16,9 @@ class Row:
     """One command of the table."""
 
     def __init__(self, key: str, label: str, argv: list[str], *, env: dict[str, str] | None = None,
-                 display: str = "", na: str = "") -> None:
+                 display: str = "", na: str = "", host_namespace: bool = False) -> None:
         self.key, self.label, self.argv, self.env = key, label, argv, env
+        self.host_namespace = host_namespace  # run outside the simulated GPU host's mount namespace (startup_runner)
         self.display = display or " ".join(argv)
         self.na = na  # reason the row is not measured, "" when it is
         self.times: list[float] = []  # ms

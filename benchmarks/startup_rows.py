@@ -70,7 +70,7 @@ def variant_rows(singpy: str, images: Images, env: dict[str, str], gpu: GpuSetup
         Row("contain", "singpy exec --contain", [singpy, "exec", "--contain", sb, "true"], env=env,
             display="singpy exec --contain SANDBOX true"),
         Row("containall", "singpy exec --containall", [singpy, "exec", "--containall", sb, "true"], env=env,
-            display="singpy exec --containall SANDBOX true"),
+            display="singpy exec --containall SANDBOX true", host_namespace=True),
         Row("writable-tmpfs", "singpy exec --writable-tmpfs", [singpy, "exec", "--writable-tmpfs", sb, "true"],
             env=env, display="singpy exec --writable-tmpfs SANDBOX true"),
         Row("typer-path", "singpy version (typer path, off the hot path)", [singpy, "version"], env=env,
