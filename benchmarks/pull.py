@@ -38,6 +38,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 # Run as a script, sys.path[0] is benchmarks/ (startup.py and its modules importable); startup_repo puts the
@@ -57,8 +58,8 @@ from tests.support.registry import start_registry
 
 # What build.py and hpc.py use of this module (`pull.NAME`, `from pull import NAME`).
 __all__ = ["MB", "PATH", "QUICK_BYTES", "ImageInfo", "ResultsHeader", "RunInfo", "Series", "SeriesResult",
-           "cached_layout", "conditions", "main", "mb", "remove", "run", "save_results", "scratch", "targets_table",
-           "write_section"]
+           "cached_layout", "conditions", "main", "mb", "remove", "run", "run_benchmark", "save_results", "scratch",
+           "targets_table", "write_section"]
 
 
 class Options(Record):
@@ -131,8 +132,9 @@ def benchmark(options: Options, workdir: Path, singpy: str, python: str) -> None
 
 
 
-def main(argv: list[str] | None = None) -> int:
-    options = parse_options(argv)
+def run_benchmark(body: Callable[[Path, str, str], None]) -> int:
+    """What pull.py and pull_big.py share around their measures: the venv's commands, the tools, fresh
+    bytecode, then `body(workdir, singpy, python)` in a scratch directory; 1 when something is missing."""
     if (commands := startup.venv_commands()) is None:
         return 1
     singpy, python = commands
@@ -143,8 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl-C: the registry is stopped and the scratch directory removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with scratch() as workdir:
-        benchmark(options, workdir, singpy, python)
+        body(workdir, singpy, python)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_options(argv)
+    return run_benchmark(lambda workdir, singpy, python: benchmark(options, workdir, singpy, python))
 
 
 if __name__ == "__main__":

@@ -21,16 +21,15 @@ import argparse
 import datetime
 import os
 import random
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import startup
-from pull import missing_tools, tool_versions
+from pull import run_benchmark, tool_versions
 from pull_big_image import GIB, FrameworkInfo, framework_layout
-from pull_commands import PATH, make_dirs, scratch
+from pull_commands import PATH, make_dirs
 from pull_convert import PullBench
 from pull_results import RunInfo, conditions, save_results, targets_table, write_section
 from startup_runner import Runner
@@ -196,18 +195,7 @@ def benchmark(options: argparse.Namespace, workdir: Path, singpy: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     options = parse_options(argv)
-    if (commands := startup.venv_commands()) is None:
-        return 1
-    singpy, python = commands
-    if missing := missing_tools():
-        print(f"not installed: {', '.join(missing)} (`make setup` installs them)", file=sys.stderr)
-        return 1
-    startup.fresh_bytecode(python)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with scratch() as workdir:
-        benchmark(options, workdir, singpy)
-    return 0
-
+    return run_benchmark(lambda workdir, singpy, _python: benchmark(options, workdir, singpy))
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -47,6 +47,7 @@ from singpy.host.hostfiles import write_all
 from singpy.oci import whiteouts
 from singpy.oci.layertree import MAX_CACHED, OPEN_DIR, EntryError, LayerTree, clean, join, shown
 from singpy.oci.owners import Ownership
+from singpy.oci.readahead import ReadAhead
 from singpy.oci.streams import CHUNK, BoundedTarInfo, Readable, reason
 
 _TAR_BUFFER = 1 << 16  # tarfile's read size; larger only costs a copy of the rest on every header
@@ -68,12 +69,13 @@ def apply_layer(root: str, stream: Readable, *, ownership: Ownership | None, sou
     layer = _Layer(root, ownership, source)
     try:
         try:
-            with tarfile.open(fileobj=stream, mode="r|", bufsize=_TAR_BUFFER,  # type: ignore[call-overload]
-                              tarinfo=BoundedTarInfo) as archive:
+            # the stream is inflated and hashed on a thread while this one writes (singpy.oci.readahead)
+            with ReadAhead(stream) as ahead, tarfile.open(  # type: ignore[call-overload]
+                    fileobj=ahead, mode="r|", bufsize=_TAR_BUFFER, tarinfo=BoundedTarInfo) as archive:
                 for member in archive:
                     archive.members.clear()  # a stream's members are kept in a list nobody here reads
                     layer.apply(member, archive)
-            _drain(stream)
+                _drain(ahead)
         except (tarfile.TarError, ValueError, OverflowError, EOFError, RecursionError) as error:
             # tarfile's own errors, and what its parsing lets through on hostile headers: a bad number in a
             # GNU sparse map (ValueError), a chain of hundreds of extended headers (read recursively)
