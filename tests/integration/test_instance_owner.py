@@ -29,13 +29,19 @@ from tests.conftest import SINGPY, Singpy, assert_one_fatal
 from tests.integration.test_instances import SESSION, Instance
 from tests.support.users import is_root
 
-# Binds every name given, then says so and waits (the attacker's squatting process).
+# Binds every name given, then says so and waits (the attacker's squatting process). A name already bound is
+# squatted all the same (another copy of the suite's squatter holds the uid-wide one at times): skipped.
 SQUAT = """
-import socket, sys, time
+import errno, socket, sys, time
 held = []
 for name in sys.argv[1:]:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.bind(b"\\0" + name.encode())
+    try:
+        s.bind(b"\\0" + name.encode())
+    except OSError as error:
+        if error.errno != errno.EADDRINUSE:
+            raise
+        continue
     s.listen(1)
     held.append(s)
 print("bound", flush=True)

@@ -57,6 +57,7 @@ AuthType=auth/munge
 AuthInfo=socket={munge_socket}
 CredType=cred/munge
 StateSaveLocation={state}
+FirstJobId={first_job}
 SlurmdSpoolDir={spool}
 SlurmctldPidFile={run}/slurmctld.pid
 SlurmdPidFile={run}/slurmd-%n.pid
@@ -85,6 +86,12 @@ UnkillableStepTimeout=30
 NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName={partition} Nodes={node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 """
+
+
+# Job ids start at a random point of this range, not at 1: PMIx names each step's namespace after its job and
+# step ids (slurm.pmix.JOB.STEP), and what it keeps under that name outside the spool must not meet another
+# copy of the suite's cluster's step 1.0 (srun: "task 0 launch failed" when two suites ran side by side).
+FIRST_JOB_IDS = (1000, 60_000_000)  # Slurm's MaxJobId is 67,043,328
 
 
 def missing() -> str | None:
@@ -227,7 +234,7 @@ class SlurmCluster:
             cluster=self.cluster, node=self.node, partition=self.partition, cpus=CPUS, srun_first=first,
             srun_last=last, munge_socket=self.munge_socket, state=self.directory / "state",
             spool=self.directory / "spool", run=self.directory / "run", log=self.logs, conf_dir=self.conf.parent,
-            **ports))
+            first_job=FIRST_JOB_IDS[0] + uuid.uuid4().int % (FIRST_JOB_IDS[1] - FIRST_JOB_IDS[0]), **ports))
 
     def _start(self, name: str, argv: list[str]) -> None:
         with open(self.logs / f"{name}.out", "wb") as output:  # what a daemon says before its log file is open
