@@ -16,10 +16,13 @@ from collections.abc import Mapping
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from typing import NoReturn
+
     from singpy.host.host import HostInfo
     from singpy.oci.pull import PullOptions
 
 PREFIXES = ("SINGPY_", "APPTAINER_", "SINGULARITY_")  # singpy's precedence (docs/usage.md)
+URL_PREFIXES = ("http://", "https://")  # singpy.oci.netpull.PREFIXES: not imported for other pulls (typing)
 
 # Each flag of `singpy pull`: its destination, whether it takes a value, and Apptainer's EnvKeys (the typer
 # options of singpy.cli.pull read the same keys from here).
@@ -105,7 +108,8 @@ def _from_env(values: dict[str, str | bool], env: Mapping[str, str]) -> bool:
 
 
 def run(argv: list[str]) -> int | None:
-    """`singpy pull ARGV` when `parse` understands it (0: done; errors raise), else None."""
+    """`singpy pull ARGV` when `parse` understands it (the process exits when it is done; errors raise),
+    else None."""
     import os
 
     parsed = parse(argv, os.environ)
@@ -114,7 +118,24 @@ def run(argv: list[str]) -> int | None:
     words, values = parsed
     flags = {key: bool(values.get(key)) for key in BOOLEANS}
     pull_words(words, **flags, **{key: str(values.get(key, "")) for key in TEXTS})  # type: ignore[arg-type]
-    return 0
+    _leave()
+
+
+def _leave() -> NoReturn:
+    """Exit 0 without the interpreter's finalization (module teardown, a last collection: ~12 ms of a pull, as
+    singpy.cli.main._exit_now skips it for run/exec): the pull is done (its file renamed into place, its
+    threads joined, its lock released), and the kernel closes what is left open. An error raised above
+    never gets here: singpy.cli.main prints it."""
+    import os
+    import sys
+
+    status = 0
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`singpy pull ... | head -1`)
+            status = 1
+    os._exit(status)
 
 
 def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool) -> PullOptions:
@@ -129,10 +150,11 @@ def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, 
     """The body of `singpy pull`, whichever parser read the command line."""
     from singpy import console
     from singpy.host import host
-    from singpy.oci import netpull
 
     target, reference = pull_target(words, name, directory)
-    if netpull.is_url(reference):  # a finished image file on a web server (Nextflow's nf-core images)
+    if reference.startswith(URL_PREFIXES):  # a finished image file on a web server (Nextflow's nf-core images)
+        from singpy.oci import netpull
+
         console.info(netpull.pull_url(reference, target, force=force))
         return
     info = host.capture()

@@ -6,8 +6,15 @@ Every cache of the run (the pulled layers and SIF, a squashfs extracted for want
 goes there, by pointing SINGPY_CACHEDIR at it for this run only (singpy.host.cachefiles.cache_dir); the
 container never sees that variable (launcher variables never pass). The directory is made in $TMPDIR
 (0700, the user's) and removed when this process exits, after the container: the launch runs in a child
-that this process supervises (singpy.launch.process.supervise), where it would otherwise exec the payload. A
-SIGKILL of the launcher leaves the directory in $TMPDIR, as Apptainer leaves its own.
+that this process supervises (singpy.launch.process.supervise), where it would otherwise exec the payload.
+
+A SIGKILL of the launcher (or of `pull --disable-cache`) leaves the directory in $TMPDIR, as Apptainer
+leaves its own; singpy sweeps such leftovers at the next --disable-cache run. Each directory holds a
+`.lock` that its process flocks for its whole life (the lock is shared with the supervised child, and the
+kernel drops it when the last of them dies), so the sweep removes only directories of dead runs: in
+$TMPDIR, named singpy-nocache-*, real directories (never a link) of the caller's, whose `.lock` (a
+regular file of the caller's, opened without following a link) it can lock. A directory without a `.lock`
+(an instance's, whose holder removes it; one of an older singpy) is left alone.
 """
 
 from __future__ import annotations
@@ -36,8 +43,10 @@ def in_temporary_cache(host: HostInfo, body: Callable[[HostInfo], int]) -> int:
     whether it returned (the container ended: `launched`) or raised (the pull failed)."""
     import tempfile
 
+    sweep(tempfile.gettempdir())
     try:
-        directory = tempfile.mkdtemp(prefix="singpy-nocache-")  # $TMPDIR, else /tmp; 0700
+        directory = tempfile.mkdtemp(prefix=PREFIX)  # $TMPDIR, else /tmp; 0700
+        lock = _hold(directory)
     except OSError as error:
         from singpy.errors import SingpyError
 
@@ -47,6 +56,88 @@ def in_temporary_cache(host: HostInfo, body: Callable[[HostInfo], int]) -> int:
         return body(host.replace(env={**host.env, "SINGPY_CACHEDIR": directory}))
     finally:
         _remove(directory)
+        os.close(lock)
+
+
+PREFIX = "singpy-nocache-"
+LOCK = ".lock"
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _hold(directory: str) -> int:
+    """Create and flock `directory`/.lock for the life of this run (and of its supervised child)."""
+    import fcntl
+
+    fd = os.open(f"{directory}/{LOCK}", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ours alone: just made, in a 0700 directory
+    except OSError:
+        os.close(fd)
+        _remove(directory)
+        raise
+    return fd
+
+
+def sweep(parent: str) -> None:
+    """Remove the temporary caches in `parent` that runs killed before they could (see the module)."""
+    try:
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        for name in os.listdir(parent_fd):
+            lock = _abandoned(parent_fd, name) if name.startswith(PREFIX) else -1
+            if lock >= 0:
+                try:  # with its lock held: another run sweeping at the same time skips it
+                    _remove_at(parent_fd, name, f"{parent}/{name}")
+                finally:
+                    os.close(lock)
+    except OSError:  # $TMPDIR unreadable: nothing to sweep
+        pass
+    finally:
+        os.close(parent_fd)
+
+
+def _abandoned(parent_fd: int, name: str) -> int:
+    """The locked `.lock` of `name` in `parent_fd` where it is a temporary cache of the caller's that no live
+    process holds (a run that died); -1 otherwise."""
+    import fcntl
+    import stat
+
+    uid = os.geteuid()
+    try:
+        directory = os.open(name, _DIRECTORY, dir_fd=parent_fd)  # a link there: ELOOP or ENOTDIR, skipped
+    except OSError:
+        return -1
+    try:
+        info = os.fstat(directory)
+        if info.st_uid != uid or not stat.S_ISDIR(info.st_mode):
+            return -1  # someone else's: never touched
+        lock = os.open(LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+    except OSError:
+        return -1  # no lock there: an instance's, or an older singpy's
+    finally:
+        os.close(directory)
+    try:
+        held = os.fstat(lock)
+        if held.st_uid == uid and stat.S_ISREG(held.st_mode):
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+    except OSError:  # locked: its run is alive
+        pass
+    os.close(lock)
+    return -1
+
+
+def _remove_at(parent_fd: int, name: str, shown: str) -> None:
+    from singpy import console
+    from singpy.image import trees
+
+    console.verbose(f"removing the temporary image directory of a killed run: {shown}")
+    try:
+        trees.remove_at(parent_fd, name)
+    except OSError as error:
+        console.warning(f"could not remove the temporary image directory {shown}: {error.strerror}")
 
 
 def _remove(directory: str) -> None:

@@ -8,46 +8,70 @@ already there hashed first; a server that answers 200 instead of 206 (or
 furthest one had are bounded (a registry that ignores Range and cuts every
 answer short fails the pull). It is fsynced once (its writeback started every
 32 MB on the way, so that fsync is short) and renamed to TARGET only once
-verified; a mismatch removes it. The requests are the registry client's
-(singpy.oci.registry, which imports this module when it fetches a blob).
+verified; a mismatch removes it. The requests are the client's: the registry client
+(singpy.oci.registry, which imports this module when it fetches a blob), or singpy.oci.quickget's
+anonymous one. Neither http.client nor singpy.oci.transport is imported here: the quick client's
+download loads neither (their errors can only come from a client that loaded them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import http.client
 import os
+import sys
 from collections.abc import Callable
 
 from singpy.errors import ImageError
 from singpy.oci.regerrors import CantWrite, DigestMismatch, detail
 from singpy.oci.retries import backoff
-from singpy.oci.transport import Origin, TransportError, _failure
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
-    from typing import Any, Protocol
+    import http.client
+    import mmap
+    from typing import Any, Protocol, TypeGuard
+
+    Buffer = bytearray | mmap.mmap  # a chunk's memory: the reader's own, or one of _HashThread's
 
     from singpy.oci.limits import Limits
-    from singpy.oci.transport import Transport
+    from singpy.oci.transport import TransportError
+
+    class Response(Protocol):
+        """What a download reads of an answer (http.client.HTTPResponse, or singpy.oci.quickget's)."""
+
+        status: int
+        reason: str
+
+        def getheader(self, name: str) -> str | None: ...
+
+        def readinto(self, buffer: Buffer) -> int: ...
+
+    class Connections(Protocol):
+        """What a download asks of the client's connections (singpy.oci.transport.Transport)."""
+
+        def discard(self, url: str, response: Any, *, limit: int = ...) -> None: ...
+
+        def close_connection(self, url: str) -> None: ...
 
     class Client(Protocol):
         """What a download asks of the registry client (singpy.oci.registry.Registry)."""
 
         host: str
         limits: Limits
-        transport: Transport
         sleep: Callable[[float], None]
 
+        @property
+        def transport(self) -> Connections: ...
+
         def request(self, method: str, path: str, headers: dict[str, str], range_from: int = 0,
-                    document: bool = True) -> tuple[http.client.HTTPResponse, str]: ...
+                    document: bool = True) -> tuple[Any, str]: ...
 
         def blob_path(self, digest: str) -> str: ...
 
         def blob_name(self, digest: str) -> str: ...
 
-        def error_body(self, response: http.client.HTTPResponse, url: str) -> bytes: ...
+        def error_body(self, response: Any, url: str) -> bytes: ...
 
         def raise_for(self, status: int, body: bytes, url: str, what: str, reason: str | None) -> None: ...
 
@@ -66,12 +90,14 @@ def _hasher(algorithm: str) -> Any:
 
 
 def fetch_blob(client: Client, digest: str, target: str, *, size: int | None,
-               progress: Callable[[int], None] | None = None) -> None:
+               progress: Callable[[int], None] | None = None, durable: bool = True) -> None:
     """Download blob `digest` to `target` (atomically, verified), resuming `target`.partial if there is one.
 
     `progress(n)` is called with the byte count of each chunk as it arrives, once at the start with the
     bytes a resumed partial file already holds, and with a negative count when a download restarts
-    from zero (so a running sum is always the bytes held).
+    from zero (so a running sum is always the bytes held). `durable`: fsynced before the rename (its
+    writeback started on the way); without it, the caller's record of the file must let a later reader
+    notice a crash that tore it (singpy.oci.store.seal_sif's `unsynced`).
     """
     partial = f"{target}.partial"
     try:
@@ -79,8 +105,11 @@ def fetch_blob(client: Client, digest: str, target: str, *, size: int | None,
     except OSError as error:
         raise CantWrite(f"can't write {partial}: {error.strerror}") from None
     try:
-        Download(client, digest, fd, partial, size, progress).run()
-        os.fsync(fd)
+        download = Download(client, digest, fd, partial, size, progress)
+        download.durable = durable
+        download.run()
+        if durable:
+            os.fsync(fd)
     except OSError as error:  # writing: reading failures are TransportErrors, handled in run()
         full = error.errno in (errno.ENOSPC, errno.EDQUOT)
         if full:
@@ -111,6 +140,7 @@ class Download:
         self.source = registry.host  # who sent the bytes (named in a mismatch)
         self.fresh = True  # every byte held came from this download (no partial file of an earlier run)
         self.furthest = 0  # the most bytes held at any time: only bytes beyond it are progress
+        self.durable = True  # to be fsynced at the end: its writeback is started on the way
 
     def run(self) -> None:
         self._hash_existing()
@@ -128,7 +158,9 @@ class Download:
                 continue
             try:
                 complete = self._one_request()
-            except TransportError as error:
+            except Exception as error:
+                if not _is_transport_error(error):
+                    raise
                 tries = self._tried(tries)
                 if not error.retriable or tries >= limit:
                     raise self.registry.unreachable(error) from None
@@ -166,7 +198,7 @@ class Download:
         registry = self.registry
         response, url = registry.request("GET", registry.blob_path(self.digest), {}, range_from=self.held,
                                           document=False)
-        self.source = Origin(url).netloc
+        self.source = netloc(url)
         status = response.status
         if self.held and status == 416:  # the partial may already be whole (the size was not known)
             registry.transport.discard(url, response)
@@ -190,20 +222,22 @@ class Download:
         self._stream(response, url)
         return True
 
-    def _stream(self, response: http.client.HTTPResponse, url: str) -> None:
+    def _stream(self, response: Response, url: str) -> None:
         hashing = _HashThread(self.hasher) if self.size is None or self.size > _THREAD_FROM else None
-        buffer = bytearray(CHUNK)
+        buffer: Buffer = bytearray(CHUNK) if hashing is None else hashing.free_buffer()
         fd, progress = self.fd, self.progress
         limit = self.size
         try:
             while True:
-                if hashing is not None:
-                    buffer = hashing.free_buffer()
                 try:
                     count = response.readinto(buffer)
-                except (OSError, http.client.HTTPException) as error:
+                except Exception as error:
+                    if not _is_read_error(error):
+                        raise
                     self.registry.transport.close_connection(url)
-                    raise _failure(Origin(url).netloc, error, connecting=False) from None
+                    from singpy.oci.transport import _failure
+
+                    raise _failure(netloc(url), error, connecting=False) from None
                 if not count:
                     return
                 with memoryview(buffer) as view:
@@ -214,12 +248,13 @@ class Download:
                     chunk.release()
                 if hashing is not None:
                     hashing.add(buffer, count)
+                    buffer = hashing.free_buffer()
                 else:
                     with memoryview(buffer) as view:
                         self.hasher.update(view[:count])
                 self.held += count
                 progress(count)
-                if hashing is not None and self.held >= hashing.flushed + _FLUSH_EVERY:
+                if self.durable and hashing is not None and self.held >= hashing.flushed + _FLUSH_EVERY:
                     _start_writeback(fd)
                     hashing.flushed = self.held
                 if limit is not None and self.held > limit:  # more than announced: stop here, it can't verify
@@ -274,22 +309,35 @@ class _HashThread:
     """
 
     def __init__(self, hasher: Any) -> None:
-        import queue
-        import threading
+        import _queue  # the C queue: `queue` costs its import (~4 ms under load) for nothing used here
+        import threading  # its join waits for the thread's end itself (unshare after a pull needs one thread)
 
         self.hasher = hasher
         self.flushed = 0  # bytes of the download whose writeback was started so far
-        self.todo: queue.Queue[tuple[bytearray, int] | None] = queue.Queue()
-        self.free: queue.Queue[bytearray] = queue.Queue()
-        for _ in range(_BUFFERS):
-            self.free.put(bytearray(CHUNK))
+        self.todo: _queue.SimpleQueue[tuple[Buffer, int] | None] = _queue.SimpleQueue()
+        self.free: _queue.SimpleQueue[Buffer] = _queue.SimpleQueue()
+        self.made = 0  # buffers made so far (at most _BUFFERS)
         self.thread = threading.Thread(target=self._run, name="singpy-hash", daemon=True)
         self.thread.start()
 
-    def free_buffer(self) -> bytearray:
+    def free_buffer(self) -> Buffer:
+        """A buffer the hash is done with; a new one while fewer than _BUFFERS exist and none is free.
+
+        Made on demand, as anonymous maps: `bytearray(CHUNK)` would zero 8 MiB up front (~5-10 ms
+        under load) that the reads overwrite anyway; a map's pages are the kernel's zero pages until read into.
+        """
+        import _queue
+        import mmap
+
+        if self.made < _BUFFERS:
+            try:
+                return self.free.get_nowait()
+            except _queue.Empty:
+                self.made += 1
+                return mmap.mmap(-1, CHUNK)
         return self.free.get()
 
-    def add(self, buffer: bytearray, count: int) -> None:
+    def add(self, buffer: Buffer, count: int) -> None:
         self.todo.put((buffer, count))
 
     def finish(self) -> None:
@@ -311,6 +359,25 @@ def _start_writeback(fd: int) -> None:
     dirty pages (asynchronously) and drops only the clean ones; a kernel that ignores it costs the fsync alone."""
     with contextlib.suppress(OSError, AttributeError):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def _is_transport_error(error: Exception) -> TypeGuard[TransportError]:
+    """Whether `error` is a singpy.oci.transport.TransportError (only a client that loaded it raises one)."""
+    transport = sys.modules.get("singpy.oci.transport")
+    return transport is not None and isinstance(error, transport.TransportError)
+
+
+def _is_read_error(error: Exception) -> TypeGuard[OSError | http.client.HTTPException]:
+    """Whether a failed read of a body raised `error`: an OSError, or one of http.client's where it is loaded."""
+    client = sys.modules.get("http.client")
+    return isinstance(error, (OSError, client.HTTPException) if client is not None else OSError)
+
+
+def netloc(url: str) -> str:
+    """HOST[:PORT] of an http(s) URL, as transport.Origin names it (no default port, no user info)."""
+    scheme, _, rest = url.partition("://")
+    host = rest.partition("/")[0].partition("?")[0].rpartition("@")[2]
+    return host.removesuffix(":443" if scheme == "https" else ":80")
 
 
 def _ignore(count: int) -> None:

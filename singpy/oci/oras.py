@@ -41,6 +41,7 @@ SIF_LAYER_PROTO = "appliciation/vnd.sylabs.sif.layer.tar"  # Singularity < 3.7's
 SIF_CONFIG = "application/vnd.sylabs.sif.config.v1+json"
 EMPTY_CONFIG = b"{}"  # the config Apptainer pushes (the OCI empty value)
 TITLE = "org.opencontainers.image.title"
+SIF_MAGIC = b"SIF_MAGIC\0"  # at offset 32 of every SIF (singpy.image.sif.MAGIC)
 
 
 def is_oras(text: str) -> bool:
@@ -103,6 +104,10 @@ def cached_sif(text: str, options: PullOptions, env: Mapping[str, str], home: st
     known_sif = store.usable_sif(location, known["digest"]) if known else ""
     if ref.digest and known_sif:
         return known_sif
+    if not known_sif:  # nothing to compare a tag with: the pull itself, by the quick client where it can
+        pulled = _quick_fetch(ref, options, location, env, home)
+        if pulled:
+            return pulled
     source = None
     try:
         top = _quick_top(ref, ref.manifest_reference, options, env, home) if known_sif else None
@@ -119,6 +124,26 @@ def cached_sif(text: str, options: PullOptions, env: Mapping[str, str], home: st
     if known and top == known["top"] and known_sif:
         return known_sif
     return fetch_sif(ref, source or _source(ref, options, env, home), options, location)
+
+
+def _quick_fetch(ref: Reference, options: PullOptions, location: str, env: Mapping[str, str], home: str) -> str:
+    """The SIF `ref` names, fetched by singpy.oci.quickget (no http.client) where the registry is asked
+    directly and anonymously; "" where it is not, or where the quick client leaves the rest to the full
+    one (its `.partial` download is resumed there)."""
+    from singpy.oci import quickget
+    from singpy.oci.pull import nohttps
+
+    quick = quickget.open_quick(ref, https=options.https and not nohttps(env), login=options.login, env=env,
+                                home=home)
+    if quick is None:
+        return ""
+    try:
+        sif = fetch_sif(ref, quick, options, location)
+        console.debug(f"quick pull of {shown(ref)}: done without the full HTTP client")
+        return sif
+    except quickget.Fallback as reason:
+        console.debug(f"quick pull of {shown(ref)}: {reason}; asking with the full client")
+        return ""
 
 
 def fetch_sif(ref: Reference, source: Any, options: PullOptions, location: str) -> str:
@@ -145,7 +170,6 @@ def fetch_sif(ref: Reference, source: Any, options: PullOptions, location: str) 
 def _download(ref: Reference, source: Any, layer: dict[str, Any], sif: str, platform: str) -> None:
     """The SIF blob to `sif` (resumed, verified: singpy.oci.blobfetch), checked to be a SIF, then sealed."""
     from singpy.image import tools
-    from singpy.image.sif import is_sif
     from singpy.oci.progress import Steps
 
     digest, size = layer["digest"], layer["size"]
@@ -158,10 +182,11 @@ def _download(ref: Reference, source: Any, layer: dict[str, Any], sif: str, plat
             raise tools.Interrupted(f"pull of {shown(ref)} {interrupted.message}") from None
         except ImageError as error:
             raise as_oras(error, ref) from None
-    if not is_sif(sif):
+    if not _has_sif_magic(sif):
         os.unlink(sif)
         raise ImageError(f"{shown(ref)} is not a SIF file: its layer has the SIF media type but other content")
-    store.seal_sif(sif, digest, {"source": shown(ref), "platform": platform, "created": int(time.time())})
+    record = {"source": shown(ref), "platform": platform, "created": int(time.time())}
+    store.seal_sif(sif, digest, record, unsynced=not getattr(source, "durable", True))  # quickget's: no fsync
 
 
 def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], home: str, *, force: bool) -> str:
@@ -175,6 +200,19 @@ def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], h
     if not _linked(sif, target):
         _copy(sif, target)
     return f"pulled {shown(ref)} to {target}"
+
+
+def _has_sif_magic(path: str) -> bool:
+    """Whether the file starts as a SIF does (singpy.image.sif.is_sif's check, without loading that module and
+    its dataclasses: a pull's start-up is part of what it costs)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return os.pread(fd, 42, 0)[32:42] == SIF_MAGIC
+    finally:
+        os.close(fd)
 
 
 def _linked(sif: str, target: str) -> bool:

@@ -5,7 +5,9 @@
     blobs/sha256/.<hex>.lock      flock()ed while that blob downloads
     sif/<hex>.sif                 the SIF made from the platform manifest with that digest
     sif/<hex>.id                  "sha256:<hex> <identity>": that digest and the SIF's identity
-                                  (cachefiles.identity), written after it: a SIF is used only if both match
+                                  (cachefiles.identity), written after it: a SIF is used only if both match;
+                                  "... unsynced:<boot id>" for a download not fsynced (hashed again in
+                                  a later boot before it is used: seal_sif)
     sif/<hex>.json                where it came from (for `singpy cache list`)
     sif/.<hex>.lock               flock()ed while that SIF is made
     refs/<key>.json               what a reference (and platform) last resolved to: lets a cached image
@@ -96,14 +98,76 @@ def usable_sif(location: str, digest: str) -> str:
     seal = cachefiles.read_private(sif.removesuffix(".sif") + ".id", 256)
     if (info.st_mode & 0o170000) != 0o100000 or info.st_uid not in (os.geteuid(), 0) or seal is None:
         return ""
-    return sif if seal.decode("ascii", "replace").split() == [digest, cachefiles.identity(info)] else ""
+    words = seal.decode("ascii", "replace").split()
+    if words[:2] != [digest, cachefiles.identity(info)]:
+        return ""
+    if len(words) == 2:
+        return sif
+    if len(words) == 3 and words[2].startswith(UNSYNCED):  # a download not fsynced (seal_sif's `unsynced`)
+        return sif if words[2] == UNSYNCED + boot_id() else _verified_after_restart(sif, digest)
+    return ""
 
 
-def seal_sif(sif: str, digest: str, record: Mapping[str, object]) -> None:
-    """Tie the SIF just made to `digest` (`usable_sif`), and record where it came from for `cache list`."""
-    base = sif.removesuffix(".sif")
+UNSYNCED = "unsynced:"  # + the boot id: the seal's third word for a SIF downloaded without an fsync
+_BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str:
+    """This boot's id (the kernel's random UUID, new at every boot); "" where it can't be read."""
     try:
-        cachefiles.publish(f"{base}.id", f"{digest} {cachefiles.identity(os.lstat(sif))}\n".encode())
+        with open(_BOOT_ID, "rb") as handle:
+            text = handle.read(64).decode("ascii", "replace").strip()
+    except OSError:
+        return ""
+    return text if len(text) == 36 and text.replace("-", "").isalnum() else ""
+
+
+def _verified_after_restart(sif: str, digest: str) -> str:
+    """A SIF sealed `unsynced` in an earlier boot: a crash may have torn it (its size and mtime can survive
+    while its blocks did not), so its bytes are hashed again (`digest` is its own hash: an oras://, library
+    or http(s) download). The same: fsynced and sealed for good; else removed, to be downloaded again."""
+    import hashlib
+
+    console.info(f"checking the cached SIF {digest[:19]} again: the machine restarted since its download")
+    hasher = hashlib.sha256()
+    try:
+        fd = os.open(sif, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            while chunk := os.read(fd, 1 << 20):
+                hasher.update(chunk)
+            same = f"sha256:{hasher.hexdigest()}" == digest
+            if same:
+                os.fsync(fd)
+                cachefiles.publish(sif.removesuffix(".sif") + ".id",
+                                   f"{digest} {cachefiles.identity(os.fstat(fd))}\n".encode())
+        finally:
+            os.close(fd)
+    except OSError as error:
+        console.warning(f"can't check the cached SIF {sif}: {error.strerror}: downloading it again")
+        return ""
+    if not same:
+        console.warning(f"the cached SIF {digest[:19]} does not match its digest after a restart: "
+                        "downloading it again")
+        for suffix in (".id", ".sif"):  # the seal first: a SIF without one is never used
+            with contextlib.suppress(OSError):
+                os.unlink(sif.removesuffix(".sif") + suffix)
+        return ""
+    return sif
+
+
+def seal_sif(sif: str, digest: str, record: Mapping[str, object], *, unsynced: bool = False) -> None:
+    """Tie the SIF just made to `digest` (`usable_sif`), and record where it came from for `cache list`.
+
+    `unsynced`: the SIF is `digest`'s own bytes, verified, but not fsynced (singpy.oci.quickget's download):
+    the seal names this boot, and a run in a later boot hashes the file again before it trusts it
+    (docs/pull.md, "Speed"). Where the boot id can't be read, the SIF is fsynced now instead."""
+    base = sif.removesuffix(".sif")
+    boot = boot_id() if unsynced else ""
+    mark = f" {UNSYNCED}{boot}" if boot else ""
+    try:
+        if unsynced and not boot:
+            _fsync(sif)
+        cachefiles.publish(f"{base}.id", f"{digest} {cachefiles.identity(os.lstat(sif))}{mark}\n".encode())
     except OSError as error:
         with contextlib.suppress(OSError):
             os.unlink(sif)  # unsealed, it would never be used: not left behind
@@ -112,6 +176,14 @@ def seal_sif(sif: str, digest: str, record: Mapping[str, object]) -> None:
         cache.write_record(f"{base}.json", record)
     except OSError as error:
         console.debug(f"can't record where {sif} came from: {error.strerror}")
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def cached_blob(path: str, digest: str) -> Any:
