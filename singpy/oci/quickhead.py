@@ -17,13 +17,20 @@ the full client tries again). The rules stay the client's:
   transport.READ_TIMEOUT, the whole answer by SINGPY_PULL_DOCUMENT_TIMEOUT, its headers by HEADER_LIMIT
   bytes. A registry too slow, or a host that can't be resolved or reached, is an Unreachable error (with
   the full client's words), so that the cached image still runs with a warning and no wait is repeated.
+
+The request can be sent ahead (`send`, then `expect`: singpy.oci.tagcheck, as soon as the command line is
+parsed): the connection is opened, the TLS handshake begun and the request sent as far as they go without
+waiting, and `cached_top` later waits for the rest of the same exchange instead of making one. The launcher
+imports and prepares meanwhile, on the one thread it has (a thread for the check was measured: it lost more
+to the interpreter's lock under load than it saved); the registry's side (its handshake, its time to answer)
+is what overlaps. Nothing is decided before the answer: a moved tag is seen on this run, as before.
 """
 
 from __future__ import annotations
 
 import _socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from singpy.oci.limits import Limits
 from singpy.oci.ref import Reference, valid_digest, valid_tag
@@ -55,31 +62,210 @@ def cached_top(ref: Reference, reference: str, *, login: bool, https: bool, env:
     registry anonymously (no --docker-login, nothing in registries.conf for it); None: ask the full client."""
     from singpy.oci import mirrors
 
-    if login or not mirrors.is_direct(ref, env=env, home=home):
+    if login:
+        return None
+    early = _PENDING.pop(_key(ref, reference, https), None)
+    if early is not None:  # sent ahead under the same conditions (tagcheck.send_ahead)
+        return early.answer()
+    if not mirrors.is_direct(ref, env=env, home=home):
         return None
     return tag_digest(ref, reference, https=https, env=env)
 
 
 def tag_digest(ref: Reference, reference: str, *, https: bool, env: Mapping[str, str]) -> str | None:
     """The digest `ref`'s registry gives `reference` (a tag, or a digest) now; None: the full client must ask."""
-    from singpy import console
-
-    if any(env.get(name) for name in _PROXY_VARIABLES) or not (valid_tag(reference) or valid_digest(reference)):
-        return None  # proxies (and no_proxy) are the full client's, and so is saying what is wrong with a name
-    host, port = split_endpoint(ref.endpoint, https=https)
+    host, port = _askable(ref, reference, https=https, env=env)
     if host is None:
         return None
-    limits = Limits.from_env(env)
-    deadline = time.monotonic() + limits.document_timeout
+    deadline = time.monotonic() + Limits.from_env(env).document_timeout
+    return _decided(ref, reference, lambda: _exchange(host, port, _request(ref, reference, https=https), https=https,
+                                                     env=env, deadline=deadline, endpoint=ref.endpoint))
+
+
+def _askable(ref: Reference, reference: str, *, https: bool, env: Mapping[str, str]) -> tuple[str | None, int]:
+    """host and port to ask; (None, 0) where the full client must (a proxy, an odd name or endpoint)."""
+    if any(env.get(name) for name in _PROXY_VARIABLES) or not (valid_tag(reference) or valid_digest(reference)):
+        return None, 0  # proxies (and no_proxy) are the full client's, and so is saying what is wrong with a name
+    return split_endpoint(ref.endpoint, https=https)
+
+
+def _decided(ref: Reference, reference: str, exchange: Callable[[], bytes]) -> str | None:
+    """The digest in the head `exchange` returns; None (said with -d) where the full client must ask."""
+    from singpy import console
+
     try:
-        head = _exchange(host, port, _request(ref, reference, https=https), https=https, env=env,
-                         deadline=deadline, endpoint=ref.endpoint)
-        digest = digest_of(head)
+        digest = digest_of(exchange())
         console.debug(f"quick check of {ref.endpoint}/{ref.repository}:{reference}: {digest}")
         return digest
     except _Undecided as undecided:
         console.debug(f"quick tag check of {ref}: {undecided}; asking with the full client")
         return None
+
+
+def send(ref: Reference, reference: str, *, https: bool, env: Mapping[str, str], home: str) -> _Early | None:
+    """The check `cached_top` would make, begun now (an `_Early`: connecting, the TLS handshake begun, nothing
+    asked yet); None where cached_top would not make it. `expect` it, or `close` it."""
+    from singpy.oci import mirrors
+
+    host, port = _askable(ref, reference, https=https, env=env)
+    if host is None or not mirrors.is_direct(ref, env=env, home=home):
+        return None
+    early = _Early(ref, reference, https=https, env=env, host=host, port=port)
+    early.begin()
+    return early
+
+
+def expect(early: _Early) -> None:
+    """The request of `early` (from `send`) sent as far as it goes now; `cached_top` takes its answer."""
+    from singpy import console
+
+    early.advance()
+    _PENDING[_key(early.ref, early.reference, early.https)] = early
+    console.debug(f"tag check of {early.ref.endpoint}/{early.ref.repository}:{early.reference} sent ahead")
+
+
+def abandon() -> None:
+    """Close every check sent ahead that nobody asked for (an error came first)."""
+    while _PENDING:
+        _PENDING.popitem()[1].close()
+
+
+def _key(ref: Reference, reference: str, https: bool) -> tuple[str, str, str, bool]:
+    return ref.endpoint, ref.repository, reference, https
+
+
+_PENDING: dict[tuple[str, str, str, bool], _Early] = {}  # by what they ask
+
+
+class _Redo(Exception):
+    """The early connection failed before anything was asked: ask again from the start (tag_digest), which
+    tries every address and says what is wrong in the full client's words."""
+
+
+class _Early:
+    """One HEAD request sent ahead: each step (connect, TLS handshake, request) goes as far as it can without
+    waiting (`begin`, `advance`); `answer` waits for the rest as _exchange waits (same deadline, same errors)."""
+
+    def __init__(self, ref: Reference, reference: str, *, https: bool, env: Mapping[str, str], host: str,
+                 port: int) -> None:
+        self.ref, self.reference, self.https, self.env, self.host, self.port = ref, reference, https, env, host, port
+        self.deadline = time.monotonic() + Limits.from_env(env).document_timeout
+        self.unsent = memoryview(_request(ref, reference, https=https))
+        self.sock: Any = None
+        self.tls: Any = None  # the _ssl object over sock
+        self.connecting = self.shaking = self.redo = False
+
+    def begin(self) -> None:
+        """Connecting (to the first address), the TLS ClientHello sent; nothing asked yet."""
+        try:
+            family, kind, proto, _, address = _socket.getaddrinfo(self.host.encode("ascii"), self.port, 0,
+                                                                  _socket.SOCK_STREAM)[0]
+            self.sock = _Socket(family, kind, proto)
+            self.sock.setblocking(False)
+            error = self.sock.connect_ex(address)
+            if error not in (0, _EINPROGRESS):
+                raise _Redo(f"connect: error {error}")
+            self.connecting = error != 0
+            self.sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)  # as _connect, for the same reason
+            if self.https:
+                self.tls, self.shaking = _tls_object(self.sock, self.host, self.ref.endpoint, self.env), True
+            self._step(send=False)
+        except Exception:  # anything: asked again from the start, where it is said as tag_digest says it
+            self._fail()
+
+    def advance(self) -> None:
+        """The handshake and the request, as far as the registry's answers so far allow."""
+        self._step(send=True)
+
+    def _step(self, *, send: bool) -> None:
+        if self.redo:
+            return
+        would_block: tuple[type[BaseException], ...] = (BlockingIOError, InterruptedError, *_ssl_waits())
+        try:
+            if self.connecting:
+                if self.sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR):
+                    raise _Redo("connect failed")
+                self.sock.getpeername()  # OSError (ENOTCONN) while the connection is still being made
+                self.connecting = False
+            if self.shaking:
+                self.tls.do_handshake()
+                self.shaking = False
+            while send and self.unsent:
+                self.unsent = self.unsent[(self.tls.write if self.https else self.sock.send)(self.unsent):]
+        except would_block:
+            return  # the registry's turn: the rest waits for `answer`
+        except OSError as error:
+            if self.connecting and getattr(error, "errno", None) == _ENOTCONN:
+                return
+            self._fail()
+        except Exception:
+            self._fail()
+
+    def answer(self) -> str | None:
+        """What tag_digest would answer, from this exchange."""
+        if not self.redo:
+            try:
+                return _decided(self.ref, self.reference, self._head)
+            except _Redo:
+                pass
+        return tag_digest(self.ref, self.reference, https=self.https, env=self.env)
+
+    def _head(self) -> bytes:
+        endpoint = self.ref.endpoint
+        try:
+            if self.connecting:
+                self._connected()
+            self.sock.settimeout(_left(self.deadline, CONNECT_TIMEOUT, endpoint))
+            if self.shaking:
+                self.tls.do_handshake()
+            stream: Any = _TLS(self.sock, self.tls) if self.https else self.sock
+            stream.settimeout(_left(self.deadline, READ_TIMEOUT, endpoint))
+            stream.sendall(bytes(self.unsent))
+            return _read_head(stream, self.deadline, endpoint)
+        except TimeoutError:
+            raise _too_slow(endpoint, "no data within the read timeout") from None
+        except OSError as error:  # as _exchange: the full client retries it or says what it is
+            raise _Undecided(f"{type(error).__name__}: {error}") from None
+        finally:
+            self.close()
+
+    def _connected(self) -> None:
+        """Wait for the connection begun (at most CONNECT_TIMEOUT); _Redo if it failed."""
+        import select
+
+        _, writable, _ = select.select([], [self.sock], [], _left(self.deadline, CONNECT_TIMEOUT, self.ref.endpoint))
+        if not writable:
+            raise _too_slow(self.ref.endpoint, "the connection timed out")
+        if self.sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR):
+            raise _Redo("connect failed")
+        self.connecting = False
+
+    def _fail(self) -> None:
+        self.close()
+        self.redo = True
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+
+
+_EINPROGRESS, _ENOTCONN = 115, 107  # Linux's errno values (`errno` is not imported for two numbers)
+
+
+def _ssl_waits() -> tuple[type[BaseException], ...]:
+    """_ssl's want-read and want-write errors where _ssl is loaded (an https check), else none."""
+    import sys
+
+    ssl_module = sys.modules.get("_ssl")
+    return (ssl_module.SSLWantReadError, ssl_module.SSLWantWriteError) if ssl_module else ()
+
+
+def _tls_object(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str]) -> Any:
+    """The `_ssl` object over `sock`, verifying as _wrap's."""
+    from singpy.oci.tlsconf import host_ca_files, quick_context
+
+    context = quick_context(env, host_ca_files(endpoint.removesuffix(":443")))
+    return context._wrap_socket(sock, False, host)  # type: ignore[attr-defined]  # see _wrap
 
 
 def split_endpoint(endpoint: str, *, https: bool) -> tuple[str | None, int]:

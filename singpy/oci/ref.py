@@ -43,6 +43,15 @@ _DIGESTS = {"sha256": 64, "sha512": 128}  # the algorithms singpy verifies, and 
 # An OCI layout's ref.name (image-spec annotations.md), without ':' (it separates the tag from a path).
 _LAYOUT_TAG = r"[A-Za-z0-9]+(?:(?:[-._+@]|--)[A-Za-z0-9]+)*(?:/[A-Za-z0-9]+(?:(?:[-._+@]|--)[A-Za-z0-9]+)*)*"
 
+# The grammar above checked without `re` on the path of every `docker://` run: importing it and compiling these
+# patterns cost ~2.5 ms of a cached image's start-up (tests/unit/test_ref_grammar.py checks both agree).
+_LOWER_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+_ALNUM = _LOWER_ALNUM | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_WORD = _ALNUM | {"_"}
+_TAG_CHARS = _WORD | {".", "-"}
+_HEX = frozenset("0123456789abcdefABCDEF")
+_DIGITS = frozenset("0123456789")
+
 
 class Reference(Record):
     """Where an image comes from. Only the fields of its transport are set."""
@@ -104,9 +113,54 @@ def valid_digest(text: str) -> bool:
 
 
 def valid_tag(text: str) -> bool:
-    import re
+    """Is `text` a tag (_TAG: a letter, digit or '_', then up to 127 of those, '.' and '-')?"""
+    return 0 < len(text) <= 128 and text[0] in _WORD and all(char in _TAG_CHARS for char in text)
 
-    return re.fullmatch(_TAG, text, flags=re.ASCII) is not None
+
+def valid_domain(text: str) -> bool:
+    """Does `text` match _DOMAIN: dot-separated host labels or a bracketed IPv6 address, then an optional :PORT?"""
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 2 or any(char not in _HEX and char != ":" for char in text[1:close]):
+            return False
+        rest = text[close + 1:]
+        if rest and not rest.startswith(":"):
+            return False
+        return not rest or _valid_port(rest[1:])
+    host, colon, port = text.partition(":")
+    if colon and not _valid_port(port):
+        return False
+    return all(_valid_label(label) for label in host.split("."))
+
+
+def _valid_port(text: str) -> bool:
+    return bool(text) and all(char in _DIGITS for char in text)
+
+
+def _valid_label(label: str) -> bool:
+    """_DOMAIN_COMPONENT: letters and digits, with '-' inside but not at either end."""
+    return (bool(label) and label[0] in _ALNUM and label[-1] in _ALNUM
+            and all(char in _ALNUM or char == "-" for char in label))
+
+
+def valid_repository(text: str) -> bool:
+    """Does `text` match _PATH_COMPONENT(/_PATH_COMPONENT)*: lowercase letters and digits, runs of them joined by
+    one of '.', '_', '__' or any number of '-'?"""
+    return all(_valid_component(component) for component in text.split("/"))
+
+
+def _valid_component(component: str) -> bool:
+    if not component or component[0] not in _LOWER_ALNUM or component[-1] not in _LOWER_ALNUM:
+        return False
+    separator = ""
+    for char in component:
+        if char in _LOWER_ALNUM:
+            if separator and separator not in (".", "_", "__") and separator.strip("-"):
+                return False
+            separator = ""
+        else:
+            separator += char
+    return True
 
 
 def _shown(text: str) -> str:
@@ -116,8 +170,6 @@ def _shown(text: str) -> str:
 
 
 def _parse_docker(text: str, rest: str) -> Reference:
-    import re
-
     def malformed(why: str) -> ImageError:
         return ImageError(f"malformed reference {_shown(text)}: {why}")
 
@@ -133,11 +185,11 @@ def _parse_docker(text: str, rest: str) -> Reference:
     colon = name.rfind(":")
     if colon > last_slash:  # a ':' in the last component separates the tag (one in the first is a port)
         name, tag = name[:colon], name[colon + 1:]
-        if not re.fullmatch(_TAG, tag, flags=re.ASCII):
+        if not valid_tag(tag):
             raise malformed(f"{_shown(tag)!r} is not a valid tag (letters, digits, '_', '.' and '-', "
                             "at most 128, not starting with '.' or '-')")
     registry, repository = _split_registry(name)
-    if not re.fullmatch(_DOMAIN, registry, flags=re.ASCII):
+    if not valid_domain(registry):
         raise malformed(f"{_shown(registry)!r} is not a valid registry host")
     registry = registry.lower()
     if registry in _DOCKER_HUB_ALIASES:
@@ -148,7 +200,7 @@ def _parse_docker(text: str, rest: str) -> Reference:
         raise malformed("the repository name is missing")
     if repository != repository.lower():
         raise malformed("repository names must be lowercase")
-    if not re.fullmatch(rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*", repository, flags=re.ASCII):
+    if not valid_repository(repository):
         raise malformed(f"{_shown(repository)!r} is not a valid repository name (lowercase letters, digits and "
                         "separators '.', '_', '__', '-' between them, components separated by '/')")
     if len(registry) + 1 + len(repository) > _MAX_NAME:

@@ -112,13 +112,27 @@ class _Watched:
         self.sock = sock
         self.meter: Meter | None = None
         self.tick = READ_TIMEOUT
+        self.readers = 0  # answers still reading: http.client closes the connection before a closing answer's body
+        self.closing = False
 
     def watch(self, meter: Meter) -> None:
         self.meter = meter
         self.tick = meter.tick(READ_TIMEOUT)
 
     def makefile(self, mode: str = "rb", *args: object, **kwargs: object) -> io.BufferedReader:
+        self.readers += 1
         return io.BufferedReader(_MeteredReader(self))
+
+    def close(self) -> None:
+        """Closed once no answer reads from it any more (as socket.makefile's files keep a socket open)."""
+        self.closing = True
+        if self.readers == 0:
+            self.sock.close()
+
+    def reader_closed(self) -> None:
+        self.readers -= 1
+        if self.closing and self.readers == 0:
+            self.sock.close()
 
     def sendall(self, data: bytes) -> None:
         self.sock.settimeout(READ_TIMEOUT)
@@ -135,6 +149,11 @@ class _MeteredReader(io.RawIOBase):
 
     def readable(self) -> bool:
         return True
+
+    def close(self) -> None:
+        if not self.closed:
+            self.watched.reader_closed()
+        super().close()
 
     def readinto(self, buffer: object) -> int:
         watched = self.watched

@@ -1,0 +1,81 @@
+"""A cached tag's check sent ahead: `exec docker://X:TAG` and `oras://X:TAG` ask the registry while the launcher
+goes on (issue 31).
+
+singpy.cli.actions calls `send_ahead` as soon as the command line is parsed, before the launcher imports the
+launch (~8 ms): when singpy.oci.quickhead's one request would check the tag of a cached image, the connection is
+opened (and the TLS handshake begun) before the cache is looked at, the request sent after, and singpy.oci.pull
+(or singpy.oci.oras) waits for its answer where it would have asked: the same digest compared, the same
+warnings and errors, the same deadline. What overlaps is the registry's side (connecting, its handshake, its
+time to answer), never a decision: the cached SIF runs only once the answer says the tag still names it. An
+image that is not cached gets no request from here (the connection begun is closed); `settle` closes a check
+nobody asked for (an error came first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
+if TYPE_CHECKING:
+    from singpy.oci.pull import PullOptions
+    from singpy.oci.ref import Reference
+
+
+def send_ahead(text: str, options: PullOptions, env: Mapping[str, str], home: str) -> bool:
+    """Start the check of image `text` (docker:// or oras://, by tag) if the cache holds the image and the quick
+    check would be asked (not with --docker-login: it asks for a password first); whether it started."""
+    if options.login or not text.startswith(("docker://", "oras://")):
+        return False
+    from singpy.errors import SingpyError
+    from singpy.oci import quickhead
+
+    early = None
+    try:
+        ref, key = _parsed(text)
+        if ref.digest:
+            return False  # by digest: no request at all, or the full client's
+        early = quickhead.send(ref, ref.manifest_reference, https=_https(options, env), env=env, home=home)
+        if early is None or not _cached(ref, key, options, env, home):
+            return False  # not cached: the full client pulls it
+        quickhead.expect(early)
+        early = None
+        return True
+    except (SingpyError, OSError):
+        return False  # a malformed reference, a cache refused...: said where the image is pulled, as ever
+    finally:
+        if early is not None:  # begun, not expected
+            early.close()
+
+
+def settle() -> None:
+    """Close any check sent ahead that was not asked for."""
+    from singpy.oci import quickhead
+
+    quickhead.abandon()
+
+
+def _parsed(text: str) -> tuple[Reference, str]:
+    """The reference, and the name the cache remembers it under (as pull.cached_image and oras.cached_sif)."""
+    if text.startswith("oras://"):
+        from singpy.oci import oras
+
+        ref = oras.parse_ref(text)
+        return ref, oras.shown(ref)
+    from singpy.oci.ref import parse
+
+    ref = parse(text)
+    return ref, str(ref)
+
+
+def _cached(ref: Reference, key: str, options: PullOptions, env: Mapping[str, str], home: str) -> bool:
+    from singpy.oci import pull, store
+
+    location = store.location(env, home)
+    known = store.recall(location, key, str(pull._platform(options)))
+    return bool(known and store.usable_sif(location, known["digest"]))
+
+
+def _https(options: PullOptions, env: Mapping[str, str]) -> bool:
+    from singpy.oci.pull import nohttps
+
+    return options.https and not nohttps(env)

@@ -1,0 +1,142 @@
+"""A cached tag's check sent ahead (issue 31): `singpy exec docker://X:TAG` / `oras://X:TAG` opens the connection
+and sends its one HEAD request as soon as the command line is parsed, and reads the answer where the image is
+needed. What a user sees must not change: a moved tag runs the new image on this very run, a registry that
+closes the connection or falls silent ends the wait (the cached image then runs with one warning), an
+untrusted certificate is one FATAL line. Real registries and servers, as root and as the unprivileged user.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SINGPY, Singpy, assert_one_fatal
+from tests.support.answering import Answering
+from tests.support.oci import Image, busybox_image, file
+from tests.support.registry import RegistryServer, start_registry
+from tests.support.sifs import new_cache, siftool_sif
+
+AHEAD = "sent ahead"  # the -d line of a check sent ahead (singpy.oci.quickhead.expect)
+QUICK = "quick check of"  # the -d line of its answer
+
+
+def marked(text: str) -> Image:
+    return busybox_image(extra=[file("marker", f"{text}\n")])
+
+
+def flags(registry: RegistryServer) -> list[str]:
+    return [] if registry.https else ["--no-https"]
+
+
+@pytest.mark.parametrize("kind", ["plain", "tls"])
+def test_a_moved_tag_is_noticed_by_the_check_sent_ahead(singpy: Singpy, kind: str, request: pytest.FixtureRequest,
+                                                        workdir: Path) -> None:
+    registry: RegistryServer = request.getfixturevalue(f"registry_{kind}")
+    name = f"tagahead/moved-{kind}-{singpy.profile}"
+    registry.upload(marked("first"), name)
+    env = singpy.env(SINGPY_CACHEDIR=str(new_cache(singpy, workdir, f"tag-ahead-{kind}")),
+                     SSL_CERT_FILE=registry.ca_file or "")
+    first = singpy.run("-d", "exec", *flags(registry), registry.ref(name), "cat", "/marker", env=env)
+    assert first.stdout == "first\n" and AHEAD not in first.stderr, first.stderr  # not cached: a pull
+    cached = singpy.run("-d", "exec", *flags(registry), registry.ref(name), "cat", "/marker", env=env)
+    assert cached.stdout == "first\n" and AHEAD in cached.stderr and QUICK in cached.stderr, cached.stderr
+    registry.upload(marked("second"), name)
+    moved = singpy.run("-d", "exec", *flags(registry), registry.ref(name), "cat", "/marker", env=env)
+    assert moved.returncode == 0 and moved.stdout == "second\n", moved.stderr
+    assert AHEAD in moved.stderr, moved.stderr
+
+
+def test_a_moved_oras_tag_is_noticed_by_the_check_sent_ahead(singpy: Singpy, registry_plain: RegistryServer,
+                                                             workdir: Path) -> None:
+    folder = workdir / "tagahead-sifs" / singpy.profile
+    folder.mkdir(parents=True)
+    first, second = folder / "first.sif", folder / "second.sif"
+    first.write_bytes(siftool_sif(workdir).read_bytes())
+    second.write_bytes(first.read_bytes())
+    extra = folder / "extra.bin"
+    extra.write_bytes(os.urandom(4096))
+    subprocess.run(["siftool", "add", "--datatype", "7", str(second), str(extra)], check=True,
+                   stdout=subprocess.DEVNULL)
+    reference = f"oras://{registry_plain.host}/tagahead/oras-{singpy.profile}:v1"
+    cache = new_cache(singpy, workdir, "tag-ahead-oras")
+    env = singpy.env(SINGPY_CACHEDIR=str(cache))
+    push_env = {**os.environ, "SINGPY_CACHEDIR": str(workdir / "tagahead-push-cache")}
+    subprocess.run([SINGPY, "-q", "push", "--no-https", str(first), reference], check=True, env=push_env)
+    singpy.ok("exec", "--no-https", reference, "true", env=env)
+    subprocess.run([SINGPY, "-q", "push", "--no-https", str(second), reference], check=True, env=push_env)
+    moved = singpy.run("-d", "exec", "--no-https", reference, "true", env=env)
+    assert moved.returncode == 0 and AHEAD in moved.stderr, moved.stderr
+    assert len(list((cache / "sif").glob("*.sif"))) == 2  # the new SIF was downloaded on this run
+
+
+ANSWERS = {"closing": (b"", False),  # reads the request, closes without a word
+           "silent": (b"", True),  # reads the request, never answers
+           "cut": (b"HTTP/1.1 200 OK\r\nDocker-Con", False)}  # closes in the middle of its headers
+
+
+@pytest.fixture
+def cached_then_answering(singpy: Singpy, workdir: Path, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[
+        tuple[str, dict[str, str], Answering]]:
+    """An image cached from a registry whose port then answers as request.param says."""
+    cache = str(new_cache(singpy, workdir, f"tag-ahead-{request.param}"))
+    env = singpy.env(SINGPY_CACHEDIR=cache, SINGPY_PULL_DOCUMENT_TIMEOUT="2", SINGPY_PULL_STALL_TIMEOUT="1",
+                     SINGPY_PULL_LOW_SPEED="1", SINGPY_PULL_RETRIES="1")
+    with start_registry(tmp_path / "registry") as registry:
+        registry.upload(marked("cached"), "tagahead/closing")
+        reference = registry.ref("tagahead/closing")
+        singpy.ok("exec", "--no-https", reference, "true", env=env)
+    port = int(registry.host.rpartition(":")[2])
+    answer, hold = ANSWERS[request.param]
+    server = Answering(answer, hold=hold, port=port)
+    try:
+        yield reference, env, server
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("cached_then_answering", ["closing", "silent"], indirect=True)
+def test_a_registry_that_closes_or_hangs_ends_with_one_warning(
+        singpy: Singpy, cached_then_answering: tuple[str, dict[str, str], Answering]) -> None:
+    """The check sent ahead meets a registry that hangs up or falls silent: the wait ends within the
+    deadlines, and the cached image runs with one warning, as when the check is made late."""
+    reference, env, server = cached_then_answering
+    started = time.monotonic()
+    result = singpy.run("exec", "--no-https", reference, "cat", "/marker", env=env, timeout=60)
+    elapsed = time.monotonic() - started
+    assert (result.returncode, result.stdout) == (0, "cached\n"), result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("WARNING:") and "running the cached image" in lines[0], lines
+    assert "Traceback" not in result.stderr
+    assert server.requests and server.requests[0].startswith(b"HEAD /v2/tagahead/closing/manifests/latest ")
+    assert elapsed < 20, elapsed
+
+
+@pytest.mark.parametrize("cached_then_answering", ["cut"], indirect=True)
+def test_a_registry_cut_in_its_headers_gets_one_fatal_about_its_answer(
+        singpy: Singpy, cached_then_answering: tuple[str, dict[str, str], Answering]) -> None:
+    """An answer cut in the middle of its headers reads as a 200 without a digest, so the manifest is asked
+    for, and that answer is cut too: one FATAL naming what came back (it was "bad file descriptor": the
+    connection was closed under the answer still being read)."""
+    reference, env, _ = cached_then_answering
+    result = singpy.run("exec", "--no-https", reference, "true", env=env, timeout=60)
+    lines = result.stderr.splitlines()
+    assert result.returncode != 0 and len(lines) == 1 and lines[0].startswith("FATAL:"), result.stderr
+    assert "is not JSON" in lines[0] and "descriptor" not in lines[0], lines
+
+
+def test_an_untrusted_registry_is_still_refused(singpy: Singpy, registry_tls: RegistryServer, workdir: Path) -> None:
+    """The handshake begun ahead verifies as every check does: without the CA, one FATAL line, no answer
+    taken from the registry."""
+    name = f"tagahead/untrusted-{singpy.profile}"
+    registry_tls.upload(marked("tls"), name)
+    cache = str(new_cache(singpy, workdir, "tag-ahead-untrusted"))
+    assert registry_tls.ca_file
+    singpy.ok("exec", registry_tls.ref(name), "true", env=singpy.env(SINGPY_CACHEDIR=cache,
+                                                                      SSL_CERT_FILE=registry_tls.ca_file))
+    result = singpy.run("exec", registry_tls.ref(name), "true", env=singpy.env(SINGPY_CACHEDIR=cache))
+    assert_one_fatal(result, f"can't make a TLS connection to {registry_tls.host}")
