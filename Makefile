@@ -14,7 +14,7 @@ BIN := $(VENV)/bin
 # hybrid cgroup hosts).
 # The benchmark adds the tools it compares with: bubblewrap and Charliecloud.
 DEMO_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev busybox-static squashfs-tools \
-	squashfuse fuse3 uidmap util-linux gpgv
+	squashfs-tools-ng squashfuse fuse3 uidmap util-linux gpgv
 TEST_PACKAGES := $(DEMO_PACKAGES) fuse-overlayfs e2fsprogs fuse2fs pipx siftool iproute2 docker-registry skopeo python3-seccomp \
 	umoci apache2-utils openssl ca-certificates slurm-wlm munge openmpi-bin libopenmpi-dev \
 	mmdebstrap podman runc debootstrap gnupg gocryptfs cryptsetup-bin
@@ -61,6 +61,9 @@ $(BIN)/.installed: pyproject.toml | demo-packages
 	touch $@
 
 setup: demo-packages $(BIN)/.installed
+	@# The launch path's system calls in C (singpy/kernel/_native.c), built in place; pip's editable install
+	@# builds it too, this keeps an older venv's tree up to date (a no-op when it is).
+	$(BIN)/python setup.py -q build_ext --inplace 2>&1 | grep -v -e _BetaConfiguration -e 'warnings.warn(msg' || true
 	@# Byte-compile once: `singpy exec` should never compile its own modules.
 	$(BIN)/python -m compileall -q singpy
 	@# The console script started with `python -S` (singpy.cli.launcher): ~4 ms of site and .pth files off each launch

@@ -6,28 +6,38 @@ and never mutated; `--dry-run` prints it as JSON.
 
 from __future__ import annotations
 
-import enum
-
 from singpy.env.environ import EnvPlan
 from singpy.record import Record
 
+# MountOp, Missing and Stage are classes of plain constants, not enums: `enum` and what it imports cost ~4 ms
+# of every `singpy exec` (issue 31). For mypy each has a Literal type (MountOpName, MissingPolicy, StageOrder)
+# whose members the constants are, so a `match` over them still ends in an exhaustive `assert_never`.
+TYPE_CHECKING = False  # `typing` itself is not loaded at start-up; mypy treats this name as True
+if TYPE_CHECKING:
+    from typing import Final, Literal, TypeAlias
 
-class MountOp(enum.Enum):
+    MountOpName: TypeAlias = Literal["bind", "tmpfs", "proc", "devpts", "mqueue", "file", "symlink", "seal"]
+    MissingPolicy: TypeAlias = Literal["required", "skip"]
+    StageOrder: TypeAlias = Literal[10, 20, 30, 40, 50]
+
+
+class MountOp:
     """What one mount step does; `singpy.mounts.apply` handles every member."""
 
-    BIND = "bind"  # bind a host path (file or directory, recursively)
-    TMPFS = "tmpfs"  # an empty, writable tmpfs
-    PROC = "proc"  # a fresh procfs (only inside a new pid namespace)
-    DEVPTS = "devpts"  # a private devpts instance, with /dev/ptmx pointing at it
-    MQUEUE = "mqueue"  # a POSIX message queue filesystem (new ipc namespace)
-    FILE = "file"  # a file written by the launcher (passwd, group), bound read-only
-    SYMLINK = "symlink"  # a symbolic link created in a tmpfs (minimal /dev)
+    BIND: Final = "bind"  # bind a host path (file or directory, recursively)
+    TMPFS: Final = "tmpfs"  # an empty, writable tmpfs
+    PROC: Final = "proc"  # a fresh procfs (only inside a new pid namespace)
+    DEVPTS: Final = "devpts"  # a private devpts instance, with /dev/ptmx pointing at it
+    MQUEUE: Final = "mqueue"  # a POSIX message queue filesystem (new ipc namespace)
+    FILE: Final = "file"  # a file written by the launcher (passwd, group), bound read-only
+    SYMLINK: Final = "symlink"  # a symbolic link created in a tmpfs (minimal /dev)
     # make `dest`, a TMPFS, and every mount below it read-only, nosuid, nodev; it ends the tmpfs's block: the
     # TMPFS, then only BINDs and SYMLINKs directly in it, then the SEAL (singpy.gpu.merge keeps them so)
-    SEAL = "seal"
+    SEAL: Final = "seal"
+    ALL: Final = frozenset({BIND, TMPFS, PROC, DEVPTS, MQUEUE, FILE, SYMLINK, SEAL})
 
 
-class Missing(enum.Enum):
+class Missing:
     """What to do when a mount cannot be made as planned.
 
     That is: its host source is absent, or its destination can't be made without
@@ -37,31 +47,33 @@ class Missing(enum.Enum):
     file where a directory must be).
     """
 
-    REQUIRED = "required"  # the launch fails with one FATAL line naming the path
-    SKIP = "skip"  # the mount is left out, with a --verbose note (host facts and images vary)
+    REQUIRED: Final = "required"  # the launch fails with one FATAL line naming the path
+    SKIP: Final = "skip"  # the mount is left out, with a --verbose note (host facts and images vary)
+    ALL: Final = frozenset({REQUIRED, SKIP})
 
 
-class Stage(enum.IntEnum):
+class Stage:
     """Order in which mounts are applied; a later stage wins over an earlier one."""
 
-    KERNEL = 10  # /proc, /sys, /dev
-    SYSTEM_FILES = 20  # passwd, group, hosts, resolv.conf, bind path
-    HOME_TMP = 30  # home, /tmp, /var/tmp, cwd
-    GPU = 40  # --nv / --rocm devices, libraries, binaries
-    USER = 50  # --bind
+    KERNEL: Final = 10  # /proc, /sys, /dev
+    SYSTEM_FILES: Final = 20  # passwd, group, hosts, resolv.conf, bind path
+    HOME_TMP: Final = 30  # home, /tmp, /var/tmp, cwd
+    GPU: Final = 40  # --nv / --rocm devices, libraries, binaries
+    USER: Final = 50  # --bind
+    ALL: Final = frozenset({KERNEL, SYSTEM_FILES, HOME_TMP, GPU, USER})
 
 
 class MountSpec(Record):
     """One mount step inside the container root."""
 
-    op: MountOp
+    op: MountOpName
     dest: str  # absolute path inside the container
     source: str | None = None  # absolute host path (BIND) or link target (SYMLINK)
     content: str | None = None  # file content (FILE)
     readonly: bool = False  # BIND, FILE: mounted read-only
     mode: str = "0755"  # TMPFS: octal mode of its root directory ("1777" for /tmp, /var/tmp, /dev/shm)
-    missing: Missing = Missing.REQUIRED  # when the mount can't be made as planned; see Missing
-    stage: Stage = Stage.USER  # ordering key; see Stage
+    missing: MissingPolicy = Missing.REQUIRED  # when the mount can't be made as planned; see Missing
+    stage: StageOrder = Stage.USER  # ordering key; see Stage
     dev: bool = False  # keep device nodes usable (nodev is set otherwise on binds from /dev)
     merge: bool = True  # FILE: keep the image's lines not keyed like ours (passwd); False: replace (--dns)
     asked: bool = False  # BIND: named by the user (--bind, --mount, --home SRC:DST); another asked bind below
@@ -168,6 +180,11 @@ class ProcessSpec(Record):
     app: str = ""  # --app: a SCIF app of the image; `run` executes /scif/apps/APP/scif/runscript
     runscript_timeout: str = ""  # run --runscript-timeout (Go duration): the env scripts' deadline (launch.scripttimer)
     security: SecuritySpec | None = None  # --security: seccomp filter, ids, AppArmor/SELinux (None: none asked)
+    # (descriptor, inode of its pipe): one byte written on it right before the payload's execve, and only then: the
+    # go of the image's background unpacking (ImageSpec.go_pipe, singpy.image.warm), which a failed launch never
+    # sends; close-on-exec, so the payload never holds it; skipped if the descriptor is no longer that pipe (a process
+    # that closed it: an instance's holder); (-1, 0): none
+    go_pipe: tuple[int, int] = (-1, 0)
 
 
 class ImageSpec(Record):
@@ -184,9 +201,14 @@ class ImageSpec(Record):
     cache: str = ""  # the user's extraction cache directory (extract)
     # `unsquash in background` (singpy.image.warm), for a user's FUSE run: "cached" (the tree a background unpacking
     # left in `cache`, used as `extract`), "background" (FUSE now, the image unpacked into `cache` behind this run),
-    # "wait" (an unpacking of this small image is under way: wait for it, then use its tree), "" (none)
+    # "background-or-wait" (the same, or, if an unpacking of this small image is under way, wait for it and use its
+    # tree), "" (none)
     warm: str = ""
-    unpacker: str = ""  # host path of unsquashfs for `warm` ("background", "wait")
+    unpacker: str = ""  # host path of unsquashfs for `warm` ("background", "background-or-wait")
+    # warm "background": the write end of the go pipe the detached unpacking waits on, and the pipe's inode, from
+    # singpy.image.warm.start to the planner, which moves it into ProcessSpec.go_pipe (the launch sends its byte at
+    # the payload's execve); (-1, 0): none (no unpacking started, --dry-run, or in a LaunchPlan)
+    go_pipe: tuple[int, int] = (-1, 0)
     overlay_offset: int = 0  # sif: byte offset of its writable overlay partition (ext3), 0 when it has none
     overlay_size: int = 0  # sif: that partition's size in bytes
     encryption: str = ""  # sif: "gocryptfs" or "luks" (dm-crypt) for an encrypted root (image.cryptmount), or ""

@@ -16,13 +16,19 @@ names (singpy.cli.dropin) are links to this script, so they get it too.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+
+from singpy.cli.bundle import bundle_path, hot_path_modules, write_bundle
 
 TEMPLATE = """#!{python} -S
 # singpy's console script, tuned by `python -m singpy.cli.launcher` (make setup): -S skips site and its .pth
 # files; singpy.cli.main runs site.main() as soon as something outside the standard library and singpy is needed.
+# The launch path's modules come from one file (singpy.cli.bundle), each only while its source is unchanged.
 import sys
 sys.path.append({package_root!r})
+from singpy.cli.bundle import install
+install({bundle!r})
 from singpy.cli.main import main
 if __name__ == '__main__':
     sys.argv[0] = sys.argv[0].removesuffix('.exe')
@@ -34,7 +40,8 @@ def script_text(python: str, package_root: str) -> str:
     """The tuned script for this interpreter and the directory holding the `singpy` package."""
     if any(character.isspace() for character in python) or len(python) > 200:  # a shebang splits on neither
         raise ValueError(f"{python!r}: not usable in a shebang line with an argument")
-    return TEMPLATE.format(python=python, package_root=package_root)
+    bundle = bundle_path(os.path.join(package_root, "singpy"))
+    return TEMPLATE.format(python=python, package_root=package_root, bundle=bundle)
 
 
 def write(script: str, python: str, package_root: str) -> None:
@@ -70,6 +77,12 @@ def main(argv: list[str]) -> int:
         write(argv[0], python, package_root)
     except (OSError, ValueError) as error:
         print(f"{argv[0]}: {error}", file=sys.stderr)
+        return 1
+    bundle = bundle_path(os.path.join(package_root, "singpy"))
+    try:
+        write_bundle(bundle, hot_path_modules(package_root))
+    except (OSError, SyntaxError, subprocess.SubprocessError) as error:  # the script works without it, slower
+        print(f"{bundle}: {error}", file=sys.stderr)
         return 1
     return 0
 

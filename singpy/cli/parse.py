@@ -13,13 +13,12 @@ come before the image, and everything after the image belongs to the payload.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-
 from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, EXAMPLES, GLOBAL_OPTIONS, Option
 from singpy.errors import UsageError
 
 TYPE_CHECKING = False  # see singpy.record
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # collections.abc (with collections, operator, keyword...) costs ~1.5 ms of every exec
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
 _TRUE = ("1", "true", "yes", "on")

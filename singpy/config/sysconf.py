@@ -26,12 +26,15 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
 
 from singpy import console
 from singpy.errors import ConfigError
 from singpy.host.hostfiles import path_problem, read_text, shown
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:  # collections.abc (with collections, operator, keyword...) costs ~1.5 ms of every exec
+    from collections.abc import Mapping, Sequence
 
 BOOL, CHOICE, STRING, LIST, INT = "bool", "choice", "string", "list", "int"
 _LATER = "(Apptainer's; read and checked, not applied by singpy yet)"

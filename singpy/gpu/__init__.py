@@ -81,12 +81,12 @@ def merge(*contribs: GpuContribution) -> GpuContribution:
     notes: list[str] = []
     for contrib in contribs:
         for spec in contrib.mounts:
-            if spec.op is MountOp.SEAL:
+            if spec.op == MountOp.SEAL:
                 seals.setdefault(spec.dest, spec)
                 continue
             kept = mounts.setdefault(spec.dest, spec)
             if kept is not spec and kept != spec:
-                notes.append(f"{spec.dest}: keeping {kept.source or kept.op.value}, ignoring {spec.source}")
+                notes.append(f"{spec.dest}: keeping {kept.source or kept.op}, ignoring {spec.source}")
     env: dict[str, str] = {}
     for contrib in contribs:
         for name, value in contrib.env:

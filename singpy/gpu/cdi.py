@@ -401,7 +401,7 @@ class _Edits:
             elif link not in self.mounts:
                 specs.append(MountSpec(op=MountOp.BIND, source=source, dest=link, readonly=True, stage=Stage.GPU))
         specs += self._libs_dir(sonames)
-        notes = [f"CDI {devices}: binding {spec.source} -> {spec.dest}" for spec in specs if spec.op is MountOp.BIND]
+        notes = [f"CDI {devices}: binding {spec.source} -> {spec.dest}" for spec in specs if spec.op == MountOp.BIND]
         notes += link_notes(specs)
         return GpuContribution(mounts=tuple(specs), env=tuple(self.env.items()),
                                libs_dir_used=any(spec.dest.startswith(f"{LIBS_DIR}/") for spec in specs),

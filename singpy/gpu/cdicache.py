@@ -78,14 +78,14 @@ def _save(entry: str, key: str, found: GpuContribution) -> None:
     fields = [key]
     for spec in found.mounts:
         what = ""
-        if spec.op is MountOp.BIND:
+        if spec.op == MountOp.BIND:
             assert spec.source is not None
             try:
                 what = _what(os.stat(spec.source), spec.dev)
             except OSError:
                 return  # gone meanwhile: nothing to keep
-        fields += ["m", spec.op.value, spec.dest, spec.source or "", "1" if spec.readonly else "",
-                   "1" if spec.dev else "", spec.missing.value, str(int(spec.stage)), spec.mode, what]
+        fields += ["m", spec.op, spec.dest, spec.source or "", "1" if spec.readonly else "",
+                   "1" if spec.dev else "", spec.missing, str(spec.stage), spec.mode, what]
     for name, value in found.env:
         fields += ["e", name, value]
     fields += [field for text in found.warnings for field in ("w", text)]
@@ -112,11 +112,14 @@ def _load(entry: str, key: str) -> GpuContribution | None:
                 op, dest, source, readonly, dev, missing, stage_number, mode, what = \
                     fields[index + 1:index + 1 + _MOUNT_FIELDS]
                 index += 1 + _MOUNT_FIELDS
-                if op == MountOp.BIND.value and not _unchanged(source, bool(dev), what):
+                stage = int(stage_number)
+                if op not in MountOp.ALL or missing not in Missing.ALL or stage not in Stage.ALL:
+                    return None  # not a file this layout wrote
+                if op == MountOp.BIND and not _unchanged(source, bool(dev), what):
                     return None
-                mounts.append(MountSpec(op=MountOp(op), dest=dest, source=source or None, readonly=bool(readonly),
-                                        dev=bool(dev), missing=Missing(missing), stage=Stage(int(stage_number)),
-                                        mode=mode))
+                mounts.append(MountSpec(op=op, dest=dest, source=source or None,  # type: ignore[arg-type]
+                                        readonly=bool(readonly), dev=bool(dev), missing=missing,  # type: ignore[arg-type]
+                                        stage=stage, mode=mode))  # type: ignore[arg-type]  # checked above
             elif tag == "e":
                 env.append((fields[index + 1], fields[index + 2]))
                 index += 3

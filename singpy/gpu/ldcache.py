@@ -193,7 +193,7 @@ class HostFiles(Record):
     def bind_notes(self, mounts: tuple[MountSpec, ...] | None = None) -> tuple[str, ...]:
         """One "binding SRC -> DEST" line per bind and "linking DEST -> TARGET" per link, for -v."""
         specs = self.mounts() if mounts is None else mounts
-        binds = tuple(binding_note(spec) for spec in specs if spec.op is MountOp.BIND)
+        binds = tuple(binding_note(spec) for spec in specs if spec.op == MountOp.BIND)
         return binds + link_notes(specs)
 
 

@@ -93,7 +93,7 @@ def link_target(path: str) -> str:
 
 def link_notes(mounts: Iterable[MountSpec]) -> tuple[str, ...]:
     """One "linking DEST -> TARGET" line per link, for -v (the binds have their own lines)."""
-    return tuple(f"linking {spec.dest} -> {spec.source}" for spec in mounts if spec.op is MountOp.SYMLINK)
+    return tuple(f"linking {spec.dest} -> {spec.source}" for spec in mounts if spec.op == MountOp.SYMLINK)
 
 
 def _link(name: str, target: str, directory: str) -> MountSpec:

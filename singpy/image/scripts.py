@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
 
 from singpy import console
 from singpy.constants import ENV_DIR, RUNSCRIPT, SCIF_APPS, SINGULARITY_D
@@ -32,6 +31,10 @@ from singpy.errors import ImageError, PathError
 from singpy.host.hostfiles import kind_name
 from singpy.mounts.rootpath import Tree
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:  # collections.abc (with collections, operator, keyword...) costs ~1.5 ms of every exec
+    from collections.abc import Callable
 
 SCRIPT_LIMIT = 16 << 20  # bytes; env scripts are a few KB
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._+-@%=,:/")

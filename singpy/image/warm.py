@@ -12,18 +12,27 @@ Unpacking takes longer than one FUSE run (unsquashfs of a 1 MB busybox image:
   run mounts the image with FUSE and plans to unpack it behind itself
   (warm = "background", or "background-or-wait" for an image small enough to
   wait for: see WAIT_LIMIT).
+  Not when the cache's filesystem would be left too full (`room_problem`):
+  FUSE then, every run, with a --verbose note.
 * `start` (in squashfs.prepare, on the host before any namespace) takes the
   image's unpacking lock without waiting (`index/.KEY.warm`, KEY the file's
   identity as in the index: no hashing on the launcher's path). Got: a
   detached process (its own session, nice 19 and SCHED_IDLE, stdio on
-  /dev/null, no other descriptor of the launcher but the lock) runs
-  `cache.populate` once the run is past its start-up (START_DELAY), with every
-  rule of the cache (ownership checks, the tree renamed into place only when
-  complete, a killed unpacking's temporary tree removed by the next one), and
-  drops the lock when done. Busy: another run is unpacking it, so a burst of
-  jobs starts one unpacking; this run mounts the image with FUSE, or, for a
-  small image, waits for the lock (a blocking flock: no polling, no CPU), then
-  takes the tree (FUSE if the unpacking failed).
+  /dev/null, no other descriptor of the launcher but the lock and the read
+  end of its go pipe) is forked now, on the host, but waits for the go: one
+  byte that the launch writes right before the payload's execve
+  (ProcessSpec.go_pipe, singpy.launch.process; the write end is close-on-exec,
+  so the payload never holds it). A launch that fails (a user's error), is
+  killed or exits never sends it: the pipe's end of file (every holder of the
+  write end gone) or GO_TIMEOUT, and the process drops the lock and exits,
+  having written nothing. After the go it runs `cache.populate` once the
+  payload is past its start-up (START_DELAY) and the room is still there,
+  with every rule of the cache (ownership checks, the tree renamed into place
+  only when complete, a killed unpacking's temporary tree removed by the next
+  one), and drops the lock when done. Busy: another run is unpacking it, so a
+  burst of jobs starts one unpacking; this run mounts the image with FUSE, or,
+  for a small image, waits for the lock (a blocking flock: no polling, no
+  CPU), then takes the tree (FUSE if the unpacking failed or never started).
 
 A cache that `cachefiles.check_owned` refuses (someone else's, writable by
 others) is never used nor written: the run mounts the image with FUSE, as
@@ -44,6 +53,15 @@ WAIT_LIMIT = 64 << 20  # squashfs bytes: an image up to this size being unpacked
 # The unpacking starts this long after the run that started it: unpacking beside a run's start-up (even at nice 19,
 # SCHED_IDLE) made that first run ~45 ms slower on a loaded 2-core machine, a 0.15 s delay ~6 ms (docs/images.md).
 START_DELAY = 0.2
+# The longest wait for a launch's go: a launch takes well under a second, but a process that holds the write end and
+# never execs a payload (an instance without a startscript) must not keep the lock, which small-image runs wait on.
+GO_TIMEOUT = 30.0
+# The disk guard (room_problem): an unpacked tree is assumed to take GROWTH bytes per byte of squashfs (root
+# filesystems compress 2-3x with gzip, xz or zstd) plus a block per inode, and must leave a tenth of the cache's
+# filesystem free, at most MARGIN_CAP (and a tenth of its inodes, where it counts them).
+GROWTH = 3
+MARGIN_SHARE = 10
+MARGIN_CAP = 1 << 30
 CACHED, BACKGROUND, OR_WAIT = "cached", "background", "background-or-wait"
 
 
@@ -76,12 +94,61 @@ def plan(image: ImageSpec, *, cache: str, limit: int, env: Mapping[str, str]) ->
     if tree is not None:
         console.verbose(f"using the tree a background unpacking left in the cache: {tree}")
         return image.replace(strategy="extract", tool=unpacker, cache=cache, rootfs=tree, warm=CACHED)
+    problem = room_problem(image, cache)
+    if problem:
+        console.verbose(f"not unpacking {image.path} in the background: {problem}")
+        return image
     return image.replace(cache=cache, warm=OR_WAIT if length <= WAIT_LIMIT else BACKGROUND, unpacker=unpacker)
 
 
 def partition_length(image: ImageSpec) -> int:
     """The squashfs partition's size in bytes (a bare squashfs file: the file's)."""
     return image.size or max(os.stat(image.path).st_size - image.offset, 0)
+
+
+def room_problem(image: ImageSpec, cache: str) -> str:
+    """Why the unpacked image would leave the cache's filesystem too full (see GROWTH), or "" when it fits."""
+    needed, inodes = _unpacked_estimate(image)
+    where = cache
+    while not os.path.exists(where) and where not in ("/", ""):
+        where = os.path.dirname(where)
+    try:
+        disk = os.statvfs(where or "/")
+    except OSError:
+        return ""  # not known: the unpacking reports nothing anyway, and a full disk stops it (cache.populate)
+    needed += inodes * disk.f_frsize
+    free, size = disk.f_bavail * disk.f_frsize, disk.f_blocks * disk.f_frsize
+    margin = min(size // MARGIN_SHARE, MARGIN_CAP)
+    if free - needed < margin:
+        return f"unpacked, it would take about {_mib(needed)} of the {_mib(free)} free in {where}, where " \
+               f"{_mib(margin)} stay free (a tenth of its {_mib(size)} filesystem, at most 1 GiB)"
+    if disk.f_files and disk.f_favail - inodes < disk.f_files // MARGIN_SHARE:
+        return f"its {inodes} files would leave under a tenth of the inodes of {where} free"
+    return ""
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"
+
+
+def _unpacked_estimate(image: ImageSpec) -> tuple[int, int]:
+    """(bytes, inodes) the unpacked tree is assumed to need: the squashfs superblock's bytes_used times GROWTH,
+    and its inode count (one read of 96 bytes: the inode table is not walked); a partition that is no squashfs
+    4 superblock counts as its length, with no inodes."""
+    length = partition_length(image)
+    try:
+        fd = os.open(image.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            block = os.pread(fd, 96, image.offset)
+        finally:
+            os.close(fd)
+    except OSError:
+        block = b""
+    if len(block) < 96 or block[:4] != b"hsqs":
+        return length * GROWTH, 0
+    inodes = int.from_bytes(block[4:8], "little")
+    used = min(int.from_bytes(block[40:48], "little"), length)  # a forged superblock can't claim more than is there
+    return used * GROWTH, inodes
 
 
 def lock_path(cache: str, image: ImageSpec) -> str:
@@ -110,10 +177,16 @@ def start(image: ImageSpec) -> ImageSpec:
     if tree is not None:  # finished between our plan and our lock
         _release(path, lock)
         return image.replace(strategy="extract", tool=image.unpacker, rootfs=tree, warm=CACHED)
-    console.verbose(f"unpacking {image.path} into the cache in the background, for later runs")
-    _spawn(image, path, lock)
+    console.verbose(f"unpacking {image.path} into the cache in the background, for later runs (once the "
+                    f"container has started)")
+    try:
+        go = _spawn(image, path, lock)
+    except OSError as error:  # no process (EAGAIN): FUSE this time, the lock dropped for the next run
+        _release(path, lock)
+        console.verbose(f"not unpacking the image in the background: {error.strerror}")
+        return image
     os.close(lock)  # the unpacking process holds it now (flock belongs to the open file, which it shares)
-    return image
+    return image.replace(go_pipe=(go, os.fstat(go).st_ino))
 
 
 def _release(path: str, lock: int) -> None:
@@ -144,31 +217,43 @@ def _wait(image: ImageSpec, path: str) -> ImageSpec:
     return image.replace(strategy="extract", tool=image.unpacker, rootfs=tree, warm=CACHED)
 
 
-def _spawn(image: ImageSpec, path: str, lock: int) -> None:
-    """A detached process (double fork: never our child, never a zombie) unpacks the image holding `lock`."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.setsid()  # out of the terminal's session: no hangup, no job-control signal reaches it
-            if os.fork() == 0:
-                _detach(lock)
-                code = _unpack(image, path, lock)
-            else:
-                code = 0
-        finally:
-            os._exit(code)
+def _spawn(image: ImageSpec, path: str, lock: int) -> int:
+    """A detached process (double fork: never our child, never a zombie) that unpacks the image holding `lock`
+    once the go comes; returns the write end of its go pipe (close-on-exec)."""
+    wait_end, go_end = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setsid()  # out of the terminal's session: no hangup, no job-control signal reaches it
+                if os.fork() == 0:
+                    _detach((lock, wait_end))  # our go_end closed: its end of file must mean the launch's end
+                    code = _unpack(image, path, lock, wait_end)
+                else:
+                    code = 0
+            finally:
+                os._exit(code)
+    except BaseException:
+        os.close(go_end)
+        raise
+    finally:
+        os.close(wait_end)
     os.waitpid(pid, 0)
+    return go_end
 
 
-def _detach(keep: int) -> None:
+def _detach(keep: tuple[int, ...]) -> None:
     """stdio on /dev/null, every other descriptor of the launcher closed (a caller's pipe must see its end), the
     lowest priority."""
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.closerange(3, keep)
-    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 1024)
+    start = 3
+    for fd in sorted(keep):
+        os.closerange(start, fd)
+        start = fd + 1
+    os.closerange(start, os.sysconf("SC_OPEN_MAX") if os.sysconf("SC_OPEN_MAX") > 0 else 1024)
     os.chdir("/")  # never holds the caller's directory busy (an unmount of a job's scratch)
     try:  # best effort: where a host refuses them, the unpacking still runs, delayed (START_DELAY)
         os.nice(19)
@@ -177,14 +262,19 @@ def _detach(keep: int) -> None:
         pass
 
 
-def _unpack(image: ImageSpec, path: str, lock: int) -> int:
-    """In the detached process: populate the cache (every rule of singpy.image.cache), then drop the lock."""
+def _unpack(image: ImageSpec, path: str, lock: int, wait_end: int) -> int:
+    """In the detached process: once the launch's go came, populate the cache (every rule of
+    singpy.image.cache); then drop the lock. No go: drop it at once, having written nothing."""
     import time
 
     from singpy.image import cache as extraction
 
-    time.sleep(START_DELAY)
     try:
+        if not _go_came(wait_end):
+            return 1
+        time.sleep(START_DELAY)
+        if room_problem(image, image.cache):  # other unpackings may have filled the disk since the run planned it
+            return 1
         extraction.populate(image.cache, image.path, image.offset, image.size, unsquashfs=image.unpacker,
                             root=False, checked=True)
         return 0
@@ -192,6 +282,20 @@ def _unpack(image: ImageSpec, path: str, lock: int) -> int:
         return 1
     finally:
         _release(path, lock)
+
+
+def _go_came(wait_end: int) -> bool:
+    """Whether the launch sent its go (ProcessSpec.go_pipe) within GO_TIMEOUT; end of file: it ended without."""
+    import select
+
+    poller = select.poll()
+    poller.register(wait_end, select.POLLIN)
+    try:
+        if not poller.poll(int(GO_TIMEOUT * 1000)):
+            return False
+        return os.read(wait_end, 1) != b""  # its one byte
+    finally:
+        os.close(wait_end)
 
 
 def remove_stale_locks(cache: str) -> list[str]:

@@ -18,7 +18,7 @@ import ctypes
 import os
 
 from singpy.errors import SingpyError
-from singpy.kernel import syscalls as k
+from singpy.kernel._libcalls import libc
 from singpy.plan import SeccompFilter
 
 PR_SET_SECCOMP = 22
@@ -131,7 +131,7 @@ def install() -> None:
         raise SeccompError("internal error: no seccomp filter was compiled")
     buffer = ctypes.create_string_buffer(_program, len(_program))
     fprog = _SockFprog(len(_program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
-    result = k._libc.prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
+    result = libc().prctl(ctypes.c_int(PR_SET_SECCOMP), ctypes.c_ulong(SECCOMP_MODE_FILTER),
                            ctypes.byref(fprog), 0, 0)
     if result != 0:
         raise SeccompError(f"can't load the seccomp filter: {os.strerror(ctypes.get_errno())}")

@@ -1,16 +1,29 @@
-"""Thin ctypes wrappers for the system calls Python 3.11's `os` lacks.
+"""Thin wrappers for the system calls Python 3.11's `os` lacks.
 
 Each wrapper checks its result where the call is made and turns a failure
 into a `KernelError` that reads "can't VERB OBJECT: strerror", so a user sees
 which step failed and why ([1] charliecloud bin/ch_misc.h, the Zf() macro).
+
+The calls themselves are made by the C extension singpy.kernel._native, built by
+`make setup` (pip's build of setup.py): `import ctypes` alone cost ~1.7 ms of every
+`singpy exec` (issue 31). Where it was not built (a plain source tree),
+singpy.kernel._libcalls makes the same calls through ctypes; both raise OSError.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 from singpy.errors import KernelError
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+try:
+    from singpy.kernel import _native as _calls
+except ImportError:  # not built: the same interface through ctypes
+    from singpy.kernel import _libcalls as _calls  # type: ignore[no-redef]
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -39,22 +52,24 @@ PR_SET_PDEATHSIG = 1
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 
-# pivot_root(2) has no glibc wrapper; its number depends on the architecture.
-_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "riscv64": 41, "s390x": 217}
 
-# The one libc handle of the package: every wrapper below (and singpy.kernel.caps/netns) goes
-# through it and through `_check`, so every failure reads the same way.
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        raise KernelError(f"can't {what}: {os.strerror(ctypes.get_errno())}")
+# Every wrapper below (and singpy.kernel.caps/netns) calls through `_check` or `_errno_of`, so every failure
+# reads the same way.
+def _check(what: str, call: Callable[..., None], *args: object) -> None:
+    error = _errno_of(call, *args)
+    if error:
+        raise KernelError(f"can't {what}: {os.strerror(error)}")
 
 
-def _errno_of(result: int) -> int:
+def _errno_of(call: Callable[..., None], *args: object) -> int:
     """0 when a call succeeded, else its errno (for callers that treat some errors as answers)."""
-    return 0 if result == 0 else ctypes.get_errno()
+    try:
+        call(*args)
+    except OSError as error:
+        return error.errno or _EINVAL
+    except ValueError:  # a NUL byte in a path or string: the kernel would have read a shorter one
+        return _EINVAL
+    return 0
 
 
 def _b(path: str | None) -> bytes | None:
@@ -76,11 +91,11 @@ def unshare(flags: int) -> None:
     (singpy.host.hostcheck: a sysctl, seccomp, a container), not by strerror alone.
     """
     global _fresh_userns
-    error = _errno_of(_libc.unshare(ctypes.c_int(flags)))
+    error = _errno_of(_calls.unshare, flags)
     if error == _EINVAL and flags & CLONE_NEWUSER and wait_single_threaded():
         # The kernel refuses a user namespace to a threaded process: a thread of a pull (a download, a deadline
         # timer) that has returned may still be leaving the kernel; once it has, the same call is accepted.
-        error = _errno_of(_libc.unshare(ctypes.c_int(flags)))
+        error = _errno_of(_calls.unshare, flags)
     if not error:
         _fresh_userns = bool(flags & CLONE_NEWUSER)
         return
@@ -126,11 +141,10 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int, data:
     source, when `source` is where the staging root sees it (/oldroot/...).
     """
     global _fresh_userns
-    result = _libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data))
+    error = _errno_of(_calls.mount, _b(source), os.fsencode(target), _b(fstype), flags, _b(data))
     fresh, _fresh_userns = _fresh_userns, False
-    if result == 0:
+    if not error:
         return
-    error = ctypes.get_errno()
     name = source_shown or source or fstype
     what = f"{f'mount {name} on' if name else 'change the mount flags of'} {shown or target}: {os.strerror(error)}"
     why = _diagnose("in_userns_failure", error) if fresh else None
@@ -153,29 +167,20 @@ def fd_path(fd: int, proc: str = "/proc") -> str:
 
 def setns(fd: int, nstype: int, what: str) -> None:
     """setns(2): join the namespace `fd` refers to."""
-    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), f"enter {what}")
+    _check(f"enter {what}", _calls.setns, fd, nstype)
 
 
 def umount(target: str, flags: int = 0) -> None:
-    _check(_libc.umount2(_b(target), ctypes.c_int(flags)), f"unmount {target}")
+    _check(f"unmount {target}", _calls.umount2, os.fsencode(target), flags)
 
 
 def pivot_root(new_root: str, put_old: str) -> None:
-    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
-    if number is None:
-        raise KernelError(f"can't pivot_root: unsupported architecture {os.uname().machine}")
-    _check(_libc.syscall(ctypes.c_long(number), _b(new_root), _b(put_old)), f"pivot_root into {new_root}")
+    _check(f"pivot_root into {new_root}", _calls.pivot_root, os.fsencode(new_root), os.fsencode(put_old))
 
 
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
-_SYS_MOUNT_SETATTR = 442  # one number on every architecture (the unified table of Linux >= 5.3)
-
-
-class _MountAttr(ctypes.Structure):
-    _fields_ = (("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
-                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64))
 
 
 def seal_tree(fd: int, what: str) -> bool:
@@ -184,10 +189,8 @@ def seal_tree(fd: int, what: str) -> bool:
     mount_setattr(2) with AT_EMPTY_PATH | AT_RECURSIVE (Linux >= 5.12). Returns
     False where the kernel lacks it, so the caller can remount each mount instead.
     """
-    attr = _MountAttr(attr_set=MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
-    errno = _errno_of(_libc.syscall(ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(fd), b"",
-                                    ctypes.c_uint(AT_EMPTY_PATH | AT_RECURSIVE), ctypes.byref(attr),
-                                    ctypes.c_size_t(ctypes.sizeof(attr))))
+    errno = _errno_of(_calls.mount_setattr, fd, b"", AT_EMPTY_PATH | AT_RECURSIVE,
+                      MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0, 0, 0)
     if errno in (38, 22):  # ENOSYS, EINVAL: an older kernel
         return False
     if errno:
@@ -196,17 +199,16 @@ def seal_tree(fd: int, what: str) -> bool:
 
 
 def sethostname(name: str) -> None:
-    raw = name.encode()
-    _check(_libc.sethostname(raw, ctypes.c_size_t(len(raw))), f"set hostname {name}")
+    _check(f"set hostname {name}", _calls.sethostname, name.encode())
 
 
 def prctl(option: int, value: int) -> None:
-    _check(_libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), 0, 0, 0), f"prctl({option})")
+    _check(f"prctl({option})", _calls.prctl, option, value)
 
 
 def capbset_drop(number: int) -> bool:
     """Drop capability `number` from the bounding set; False past the kernel's last capability (EINVAL)."""
-    errno = _errno_of(_libc.prctl(ctypes.c_int(PR_CAPBSET_DROP), ctypes.c_ulong(number), 0, 0, 0))
+    errno = _errno_of(_calls.prctl, PR_CAPBSET_DROP, number)
     if errno == 22:
         return False
     if errno:
@@ -217,14 +219,18 @@ def capbset_drop(number: int) -> bool:
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_RAISE = 2
 PR_CAP_AMBIENT_CLEAR_ALL = 4
-_CAP_VERSION_3 = 0x20080522  # struct __user_cap_header_struct.version: two 32-bit halves per set
 
 
-def _capabilities() -> tuple[ctypes.Array[ctypes.c_uint32], ctypes.Array[ctypes.c_uint32]]:
-    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable; low half then high half
-    _check(_libc.capget(header, data), "read the capability sets (capget)")
-    return header, data
+def _capabilities() -> list[int]:
+    """This thread's capability sets: effective, permitted, inheritable; low halves, then high halves."""
+    try:
+        return list(_calls.capget())
+    except OSError as error:
+        raise KernelError(f"can't read the capability sets (capget): {os.strerror(error.errno or 0)}") from None
+
+
+def _set_capabilities(data: list[int]) -> None:
+    _check("set the inheritable capabilities (capset)", _calls.capset, *data)
 
 
 def raise_ambient(number: int) -> int:
@@ -234,19 +240,17 @@ def raise_ambient(number: int) -> int:
     namespace loses every capability at execve (capabilities(7)). Returns
     the inheritable set as it was, for `clear_ambient`.
     """
-    header, data = _capabilities()
+    data = _capabilities()
     previous = data[2] | data[5] << 32
     data[2 + 3 * (number // 32)] |= 1 << (number % 32)
-    _check(_libc.capset(header, data), "set the inheritable capabilities (capset)")
-    _check(_libc.prctl(ctypes.c_int(PR_CAP_AMBIENT), ctypes.c_ulong(PR_CAP_AMBIENT_RAISE), ctypes.c_ulong(number),
-                       0, 0), f"raise ambient capability {number}")
+    _set_capabilities(data)
+    _check(f"raise ambient capability {number}", _calls.prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, number)
     return previous
 
 
 def clear_ambient(inheritable: int) -> None:
     """Empty the ambient set and put the inheritable set back (see raise_ambient)."""
-    _check(_libc.prctl(ctypes.c_int(PR_CAP_AMBIENT), ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0),
-           "clear the ambient capabilities")
-    header, data = _capabilities()
+    _check("clear the ambient capabilities", _calls.prctl, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    data = _capabilities()
     data[2], data[5] = inheritable & 0xFFFFFFFF, inheritable >> 32
-    _check(_libc.capset(header, data), "set the inheritable capabilities (capset)")
+    _set_capabilities(data)

@@ -13,7 +13,6 @@ library to find the launcher (a rank without them thinks it is alone:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from singpy.env.environ import EnvPlan
 from singpy.errors import SingpyError
@@ -22,6 +21,8 @@ from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from singpy.launch.request import LaunchRequest
 
 # Variables of the launchers, passed into the container even under --cleanenv (like CUDA_VISIBLE_DEVICES).

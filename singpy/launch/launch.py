@@ -174,18 +174,18 @@ def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tupl
     gpu_summary = {
         "devices": [spec.dest for spec in gpu.mounts if spec.dev],
         "libraries": [spec.source for spec in gpu.mounts
-                      if spec.op is MountOp.BIND and spec.dest.startswith(f"{LIBS_DIR}/")],
+                      if spec.op == MountOp.BIND and spec.dest.startswith(f"{LIBS_DIR}/")],
         "libraries32": [spec.source for spec in gpu.mounts  # --compat32's, in /.singularity.d/libs32
-                        if spec.op is MountOp.BIND and spec.dest.startswith(f"{LIBS_DIR}32/")],
+                        if spec.op == MountOp.BIND and spec.dest.startswith(f"{LIBS_DIR}32/")],
         "binaries": [spec.source for spec in gpu.mounts if spec.dest.startswith("/usr/bin/")],
         "files": [spec.source for spec in gpu.mounts
                   if spec.source and spec.source == spec.dest and not spec.dev],
         "keep_host_env": list(gpu.keep_host_env),
         "cdi_devices": list(devices),  # --device as given; what they add is in the lists here and below
         "env": dict(gpu.env),
-        "links": [f"{spec.dest} -> {spec.source}" for spec in gpu.mounts if spec.op is MountOp.SYMLINK],
+        "links": [f"{spec.dest} -> {spec.source}" for spec in gpu.mounts if spec.op == MountOp.SYMLINK],
         "other_binds": [f"{spec.source} -> {spec.dest}" for spec in gpu.mounts
-                        if spec.op is MountOp.BIND and not spec.dev and spec.source != spec.dest
+                        if spec.op == MountOp.BIND and not spec.dev and spec.source != spec.dest
                         and not spec.dest.startswith((f"{LIBS_DIR}/", f"{LIBS_DIR}32/", "/usr/bin/"))],
     }
     data = plan.to_json_data()

@@ -106,7 +106,10 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     process = ProcessSpec(action=request.action, args=request.args, env=env_plan,
                           cwd=_cwd(request, host, home_dest), cwd_required=bool(request.pwd), shell=request.shell,
                           privileges=privileges, umask=0o022 if request.no_umask else None, init=not request.no_init,
-                          app=request.app, security=_security(request, host, privileges))
+                          app=request.app, security=_security(request, host, privileges),
+                          go_pipe=image.go_pipe)  # the background unpacking's go (singpy.image.warm)
+    if image.go_pipe[0] >= 0:  # the process's alone: a job step's ranks share a container if the rest matches
+        image = image.replace(go_pipe=(-1, 0))
     if request.runscript_timeout and request.action == "run":  # Apptainer's flag of `run` alone: a watchdog
         process = process.replace(env=process.env.replace(timer=True), runscript_timeout=request.runscript_timeout)
     plan = LaunchPlan(image=image, namespaces=namespaces, uid=host.uid, gid=host.gid,
@@ -167,10 +170,10 @@ def _outside_host_dev(gpu_mounts: tuple[MountSpec, ...],
     container already, as in Apptainer; binding each over itself again cost
     a mount apiece (9 on a 4-GPU host) and changed nothing.
     """
-    if not gpu_mounts or not any(spec.op is MountOp.BIND and spec.source == "/dev" and spec.dest == "/dev"
+    if not gpu_mounts or not any(spec.op == MountOp.BIND and spec.source == "/dev" and spec.dest == "/dev"
                                  for spec in mounts):
         return gpu_mounts, ()
-    kept = tuple(spec for spec in gpu_mounts if not (spec.dev and spec.op is MountOp.BIND and
+    kept = tuple(spec for spec in gpu_mounts if not (spec.dev and spec.op == MountOp.BIND and
                                                      spec.source == spec.dest and spec.dest.startswith("/dev/")))
     if len(kept) == len(gpu_mounts):
         return gpu_mounts, ()
@@ -236,7 +239,7 @@ def _without_identity_files(mounts: list[MountSpec]) -> list[MountSpec]:
     from singpy import console
 
     console.verbose("not binding /etc/passwd and /etc/group: the container is writable and you are root")
-    return [spec for spec in mounts if not (spec.op is MountOp.FILE and spec.dest in ("/etc/passwd", "/etc/group"))]
+    return [spec for spec in mounts if not (spec.op == MountOp.FILE and spec.dest in ("/etc/passwd", "/etc/group"))]
 
 
 def _namespaces(request: LaunchRequest, config: SysConfig) -> tuple[bool, bool, bool, str | None, tuple[str, ...]]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Callable
 
 from singpy import console
 from singpy.constants import RUNSCRIPT, SYSTEM_PATH
@@ -35,6 +34,7 @@ from singpy.plan import Privileges, ProcessSpec, SecuritySpec
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import ModuleType
     from typing import NoReturn
 if TYPE_CHECKING:  # the same calls and constants, typed
@@ -111,9 +111,9 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     if (scripts.env or needs_shell(env_plan)) and os.access("/bin/sh", os.X_OK):
         console.debug("environment through /bin/sh: the image's env scripts, or values to evaluate")
         _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(env_plan, scripts.env),
-                process.security)
+                process.security, go_pipe=process.go_pipe)
     env = final_env(env_plan)
-    _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env, process.security)
+    _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env, process.security, go_pipe=process.go_pipe)
 
 
 def _security() -> ModuleType:
@@ -171,8 +171,11 @@ def _find_executable(name: str, path: str) -> str:
     return found
 
 
-def _execve(path: str, argv: list[str], env: dict[str, str], security: SecuritySpec | None = None) -> NoReturn:
+def _execve(path: str, argv: list[str], env: dict[str, str], security: SecuritySpec | None = None, *,
+            go_pipe: tuple[int, int] = (-1, 0)) -> NoReturn:
     console.debug(f"exec {argv}")
+    if go_pipe[0] >= 0:  # every check passed: the background unpacking may start (before SIGPIPE's default is back)
+        _send_go(*go_pipe)
     _exec_signals()
     if security is not None:  # the AppArmor/SELinux exec label, the seccomp filter: nothing of singpy's after it
         _security().apply_last(security)
@@ -184,6 +187,18 @@ def _execve(path: str, argv: list[str], env: dict[str, str], security: SecurityS
         raise ExecError(f'"{argv[0]}": permission denied') from None
     except OSError as error:
         raise ExecError(f'can\'t execute "{argv[0]}": {error.strerror}') from None
+
+
+def _send_go(fd: int, inode: int) -> None:
+    """The go byte of ProcessSpec.go_pipe, if `fd` still is that pipe (closed and reused, it is someone else's); an
+    unpacking that is gone already is no error of the launch."""
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISFIFO(info.st_mode) or info.st_ino != inode:
+            return
+        os.write(fd, b"g")
+    except OSError as error:  # EPIPE: it stopped waiting (singpy.image.warm.GO_TIMEOUT)
+        console.debug(f"the background unpacking did not take its go: {error.strerror}")
 
 
 def _exec_signals() -> None:

@@ -71,7 +71,7 @@ def apply_mounts(specs: tuple[MountSpec, ...], *, image: Tree, writable_root: bo
                 try:
                     applier.apply(number, spec)
                 except PathError as error:
-                    if spec.missing is Missing.REQUIRED:
+                    if spec.missing == Missing.REQUIRED:
                         raise PathError(f"can't {_doing(spec)}: {error.message}", hint=error.hint) from None
                     # Without a layer of mount points, a default mount the image has no place for is left out
                     # with a warning, as Apptainer does: the user sees why their home or cwd is not there.
@@ -102,7 +102,7 @@ class _Applier:
         self.owned: set[int] = {os.fstat(container.fd).st_dev} if writable_root else set()
         self.host_binds: list[tuple[str, str]] = []  # (resolved destination, source) of host binds, for messages
         self.asked_binds: set[str] = set()  # resolved destinations of the host binds the user asked for
-        self.to_seal = {spec.dest for spec in specs if spec.op is MountOp.SEAL}
+        self.to_seal = {spec.dest for spec in specs if spec.op == MountOp.SEAL}
         self.no_layer = ""  # why no mount point the image lacks was added (--writable...), "" when they were
         self.mount_setattr = True  # SEAL with mount_setattr(2) where the kernel has it (not avoided)
         # Read-only views of host directories that several read-only binds take files from (`_read_only_view`).
@@ -119,7 +119,7 @@ class _Applier:
             self.staged = None
 
     def apply(self, number: int, spec: MountSpec) -> None:
-        if spec.op is not MountOp.SYMLINK:
+        if spec.op != MountOp.SYMLINK:
             self.forget_link_dir()  # a mount may change what the directory's path leads to
         if self.staged is not None:
             self._apply_staged(spec, self.staged)
@@ -191,7 +191,7 @@ class _Applier:
         source, info = self.host.found(spec.source)
         if info is not None:
             return source, info
-        if spec.missing is Missing.SKIP:
+        if spec.missing == Missing.SKIP:
             console.debug(f"skipping bind of {spec.source}: not on this host")
             return None
         raise BindSpecError(f"bind source {spec.source} does not exist")
@@ -257,7 +257,7 @@ class _Applier:
         """The tmpfs `specs[number]` is sealed: the specs after it fill it, then its SEAL ends the block."""
         dest = self.specs[number].dest
         for later in self.specs[number + 1:]:
-            if later.op is MountOp.SEAL and later.dest == dest:
+            if later.op == MountOp.SEAL and later.dest == dest:
                 return
             directory, name = later.dest.rsplit("/", 1)
             if later.op not in (MountOp.BIND, MountOp.SYMLINK) or directory != dest or name in ("", ".", ".."):
@@ -439,7 +439,7 @@ def _doing(spec: MountSpec) -> str:
         case MountOp.SEAL:
             return f"make {spec.dest} read-only"
         case _:
-            return f"mount {spec.op.value} on {spec.dest}"
+            return f"mount {spec.op} on {spec.dest}"
 
 
 class _Staged:
@@ -472,7 +472,7 @@ def _sharing_a_directory(specs: tuple[MountSpec, ...]) -> set[str]:
     Never the host's root: its view would copy every mount of the host.
     """
     directories = {spec.source: os.path.dirname(os.path.normpath(spec.source)) for spec in specs
-                   if spec.op is MountOp.BIND and spec.readonly and not spec.dev and spec.source}
+                   if spec.op == MountOp.BIND and spec.readonly and not spec.dev and spec.source}
     counts: dict[str, int] = {}
     for directory in directories.values():
         counts[directory] = counts.get(directory, 0) + 1

@@ -70,9 +70,9 @@ def _is_covered(path: str, covering: set[str]) -> bool:
 
 
 def _wants_directory(spec: MountSpec, host: Resolver) -> bool:
-    if spec.op is MountOp.FILE:
+    if spec.op == MountOp.FILE:
         return False
-    if spec.op is MountOp.BIND:
+    if spec.op == MountOp.BIND:
         assert spec.source is not None
         info = host.found(spec.source)[1]
         return info is not None and stat.S_ISDIR(info.st_mode)

@@ -89,8 +89,8 @@ def plan(mounts: list[MountSpec], *, workdir: str, scratch: tuple[str, ...], con
             warnings.append("--workdir: no /tmp nor /var/tmp in the container: user bind control is disabled by "
                             "the system administrator")
     if workdir and contain and default_home:
-        home = next((index for index, spec in enumerate(mounts) if spec.op is MountOp.TMPFS
-                     and spec.dest == home_dest and spec.stage is Stage.HOME_TMP), None)
+        home = next((index for index, spec in enumerate(mounts) if spec.op == MountOp.TMPFS
+                     and spec.dest == home_dest and spec.stage == Stage.HOME_TMP), None)
         if home is not None:  # --contain's empty home: WORKDIR/home instead of a tmpfs
             source, home_dir = plan_home(workdir)
             mounts[home] = mounts[home].replace(op=MountOp.BIND, source=source)
@@ -105,7 +105,7 @@ def plan(mounts: list[MountSpec], *, workdir: str, scratch: tuple[str, ...], con
 
 
 def _is_contained_tmp(spec: MountSpec) -> bool:
-    return spec.op is MountOp.TMPFS and spec.dest in ("/tmp", "/var/tmp") and spec.stage is Stage.HOME_TMP
+    return spec.op == MountOp.TMPFS and spec.dest in ("/tmp", "/var/tmp") and spec.stage == Stage.HOME_TMP
 
 
 def plan_tmp(workdir: str) -> tuple[list[MountSpec], list[HostDir]]:

@@ -86,7 +86,7 @@ def discover_rocm(host: SimHost, *, contain: bool = True, **fields: Any) -> GpuC
 
 def binds(contrib: GpuContribution) -> dict[str, str]:
     """Destination -> host source of every bind."""
-    return {m.dest: m.source or "" for m in contrib.mounts if m.op is MountOp.BIND}
+    return {m.dest: m.source or "" for m in contrib.mounts if m.op == MountOp.BIND}
 
 
 def dev_dests(contrib: GpuContribution) -> set[str]:
@@ -114,9 +114,9 @@ def container_file(contrib: GpuContribution, path: str, depth: int = 0) -> str:
     spec = next((m for m in contrib.mounts if m.dest == path and m.op in (MountOp.BIND, MountOp.SYMLINK)), None)
     if spec is None or spec.source is None or depth > 8:
         return ""
-    if spec.op is MountOp.BIND:
+    if spec.op == MountOp.BIND:
         return os.path.realpath(spec.source)
-    assert spec.op is MountOp.SYMLINK and path.startswith(LIBS + "/")  # links are made only in the tmpfs
+    assert spec.op == MountOp.SYMLINK and path.startswith(LIBS + "/")  # links are made only in the tmpfs
     return container_file(contrib, os.path.normpath(os.path.join(LIBS, spec.source)), depth + 1)
 
 
@@ -127,7 +127,7 @@ def real(path: Path | str) -> str:
 def bound_files(contrib: GpuContribution) -> list[str]:
     """Host files bound into /.singularity.d/libs, in order (one bind each, the other names are links)."""
     return [os.path.realpath(m.source or "") for m in contrib.mounts
-            if m.op is MountOp.BIND and m.dest.startswith(LIBS + "/")]
+            if m.op == MountOp.BIND and m.dest.startswith(LIBS + "/")]
 
 
 # --- the simulated host itself ------------------------------------------------------------
@@ -162,7 +162,7 @@ def test_every_nvidia_node_is_a_dev_bind(nv_host: SimHost) -> None:
     contrib = discover_nv(nv_host)
     assert dev_dests(contrib) == CONTROL_NODES | {"/dev/nvidia0", "/dev/nvidia1"}
     for spec in (m for m in contrib.mounts if m.dev):
-        assert spec.op is MountOp.BIND and spec.missing is Missing.REQUIRED and spec.stage is Stage.GPU
+        assert spec.op == MountOp.BIND and spec.missing == Missing.REQUIRED and spec.stage == Stage.GPU
         assert spec.source == str(nv_host.dev_dir / spec.dest.removeprefix("/dev/"))
     assert f"binding {nv_host.dev_dir}/nvidia0 -> /dev/nvidia0" in contrib.notes
     assert not contrib.warnings
@@ -269,15 +269,15 @@ def test_libraries_resolved_through_the_ldconfig_cache(nv_host: SimHost) -> None
 
 def test_library_binds_follow_one_tmpfs_and_are_read_only(nv_host: SimHost) -> None:
     mounts = discover_nv(nv_host).mounts
-    tmpfs = [i for i, m in enumerate(mounts) if m.op is MountOp.TMPFS]
-    assert len(tmpfs) == 1 and mounts[tmpfs[0]].dest == LIBS and mounts[tmpfs[0]].stage is Stage.GPU
+    tmpfs = [i for i, m in enumerate(mounts) if m.op == MountOp.TMPFS]
+    assert len(tmpfs) == 1 and mounts[tmpfs[0]].dest == LIBS and mounts[tmpfs[0]].stage == Stage.GPU
     lib_indices = [i for i, m in enumerate(mounts) if m.dest.startswith(LIBS + "/")]
     assert lib_indices and min(lib_indices) > tmpfs[0]
-    (seal,) = [i for i, m in enumerate(mounts) if m.op is MountOp.SEAL]
+    (seal,) = [i for i, m in enumerate(mounts) if m.op == MountOp.SEAL]
     assert mounts[seal].dest == LIBS and max(lib_indices) < seal  # links too are made before the tmpfs is sealed
-    assert all(mounts[i].missing is Missing.REQUIRED for i in lib_indices)
-    assert all(mounts[i].readonly for i in lib_indices if mounts[i].op is MountOp.BIND)
-    links = [mounts[i] for i in lib_indices if mounts[i].op is MountOp.SYMLINK]
+    assert all(mounts[i].missing == Missing.REQUIRED for i in lib_indices)
+    assert all(mounts[i].readonly for i in lib_indices if mounts[i].op == MountOp.BIND)
+    links = [mounts[i] for i in lib_indices if mounts[i].op == MountOp.SYMLINK]
     assert links and all(link.source and "/" not in link.source for link in links)  # relative, to an entry beside
 
 
@@ -331,7 +331,7 @@ def test_no_library_found_warning(nv_host: SimHost) -> None:
     liblist = write_file(nv_host.root / "absent.conf", "libnvidia-does-not-exist.so\nlibnvfake.so\n")
     contrib = discover_nv(nv_host, nvliblist=str(liblist))
     assert contrib.warnings == ("could not find any nv libraries on this host",)
-    assert not contrib.libs_dir_used and not any(m.op is MountOp.TMPFS for m in contrib.mounts)
+    assert not contrib.libs_dir_used and not any(m.op == MountOp.TMPFS for m in contrib.mounts)
 
 
 def test_unreadable_liblist_is_a_warning(nv_host: SimHost) -> None:
@@ -535,7 +535,7 @@ def test_rocm_devices_libraries_and_binaries(rocm_host: SimHost) -> None:
     contrib = discover_rocm(rocm_host)
     assert dev_dests(contrib) == {"/dev/kfd", "/dev/dri"}
     assert binds(contrib)["/dev/dri"] == str(rocm_host.dev_dir / "dri")
-    assert all(m.missing is Missing.REQUIRED and m.stage is Stage.GPU for m in contrib.mounts)
+    assert all(m.missing == Missing.REQUIRED and m.stage == Stage.GPU for m in contrib.mounts)
     assert lib_binds(contrib) == {
         "libamdocl64.so": real(rocm_host.lib_dir / "libamdocl64.so"),
         "librocr_debug_agent64.so.2": real(rocm_host.lib_dir / "librocr_debug_agent64.so.2"),
@@ -595,14 +595,14 @@ def test_merge_nv_and_rocm(tmp_path: Path) -> None:
     nv = discover_nv(nv_host, env={"CUDA_VISIBLE_DEVICES": "0"})
     amd = discover_rocm(rocm_host, env={"ROCR_VISIBLE_DEVICES": "0"}, contain=False)
     both = merge(nv, amd)
-    tmpfs = [i for i, m in enumerate(both.mounts) if m.op is MountOp.TMPFS]
+    tmpfs = [i for i, m in enumerate(both.mounts) if m.op == MountOp.TMPFS]
     assert len(tmpfs) == 1
     assert all(i > tmpfs[0] for i, m in enumerate(both.mounts) if m.dest.startswith(LIBS + "/"))
-    assert [m.dest for m in both.mounts if m.op is MountOp.SEAL] == [LIBS]
-    seal = next(i for i, m in enumerate(both.mounts) if m.op is MountOp.SEAL)
+    assert [m.dest for m in both.mounts if m.op == MountOp.SEAL] == [LIBS]
+    seal = next(i for i, m in enumerate(both.mounts) if m.op == MountOp.SEAL)
     inside = [i for i, m in enumerate(both.mounts) if m.dest == LIBS or m.dest.startswith(LIBS + "/")]
     assert inside == list(range(seal + 1))  # the tmpfs, every vendor's libraries, the seal: one block
-    dests = [m.dest for m in both.mounts if m.op is not MountOp.SEAL]
+    dests = [m.dest for m in both.mounts if m.op != MountOp.SEAL]
     assert len(dests) == len(set(dests))
     assert {"libcuda.so.1", "libamdocl64.so"} <= set(lib_binds(both))
     assert {"/dev/nvidia0", "/dev/kfd", "/dev/dri"} <= dev_dests(both)

@@ -56,6 +56,41 @@ def test_exec_skips_site_and_runs(singpy: Singpy, image: Path, tuned: Path) -> N
     modules = imported(done.stderr)
     assert "singpy.launch.launch" in modules
     assert not modules & {"site", "_distutils_hack", "sitecustomize"}
+    assert not modules & {"ctypes", "enum", "collections"}  # the calls through singpy.kernel._native (issue 31)
+
+
+# The tuned script's own lines up to its call of main, then a launch that fails before execve (a missing command),
+# then where each singpy module came from.
+FROM_THE_BUNDLE = """exec(open(sys.argv.pop(1)).read().split("if __name__")[0])
+status = main(["exec", sys.argv[1], "/no/such/command"])
+loaders = {type(module.__spec__.loader).__name__ for name, module in sys.modules.items()
+           if name.startswith("singpy.") and name not in ("singpy.cli", "singpy.cli.bundle", "singpy.kernel._native")}
+print(status, sorted(loaders), "singpy.launch.launch" in sys.modules)
+"""
+
+
+def test_the_launch_path_comes_from_the_bundle(singpy: Singpy, image: Path, tuned: Path) -> None:
+    """`make setup` (launcher.main) wrote the bundle beside the package: every launch-path module is read from it."""
+    done = run(singpy, [sys.executable, "-S", "-c", f"import sys\n{FROM_THE_BUNDLE}", str(tuned), str(image)])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "255 ['BundleFinder'] True\n"
+    assert done.stderr.startswith("FATAL:") and "/no/such/command" in done.stderr
+
+
+# The console script's code with singpy.kernel._native made unimportable, as in a tree where it was never built.
+WITHOUT_NATIVE = ("import sys; sys.modules['singpy.kernel._native'] = None; sys.path.append(sys.argv.pop(1)); "
+                  "from singpy.cli.main import main; sys.argv[0] = 'singpy'; sys.exit(main())")
+
+
+def test_a_tree_without_the_extension_launches_through_ctypes(singpy: Singpy, image: Path) -> None:
+    package_root = str(Path(launcher.__file__).resolve().parents[2])
+    argv = [sys.executable, "-S", "-c", WITHOUT_NATIVE, package_root]
+    done = run(singpy, [*argv, "exec", "--containall", "--hostname", "fallback", str(image), "cat",
+                        "/proc/sys/kernel/hostname"], PYTHONPROFILEIMPORTTIME="1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "fallback\n"
+    assert {"ctypes", "singpy.kernel._libcalls"} <= imported(done.stderr)
+    assert_one_fatal(run(singpy, [*argv, "exec", str(image), "/no/such/command"]), "/no/such/command")
 
 
 def test_a_users_mistake_is_still_one_fatal_line(singpy: Singpy, image: Path, tuned: Path) -> None:

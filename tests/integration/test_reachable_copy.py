@@ -20,6 +20,8 @@ def test_suite_runs_from_a_clone_other_users_cannot_reach(workdir: Path) -> None
     clone.mkdir()
     venv = reachable.make_copy(reachable.REPO, clone)  # a clone with its own .venv, as `make setup` leaves it
     (private).chmod(0o700)
+    script = (venv / "bin" / "singpy").read_text()
+    assert f"'{reachable.REPO}" not in script and f"'{clone}" in script  # the tuned script imports the copy
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "tests.support.reachable", "-q", "-p",
                            "no:cacheprovider", "tests/integration/test_cli.py", "-k", "test_version"],
                           cwd=clone, capture_output=True, text=True, timeout=600, check=False)

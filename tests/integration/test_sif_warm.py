@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from singpy.image.warm import START_DELAY
 from tests.conftest import Singpy
 from tests.support import sifs
+from tests.support.leftovers import settled, traces
 from tests.support.sifs import MARKER
 
 UNPACKED_NOTE = "using the tree a background unpacking left in the cache"
@@ -221,3 +223,117 @@ def _wait_file(path: Path, timeout: float = 30) -> int:
         assert time.monotonic() < deadline, f"{path} never written"
         time.sleep(0.05)
     return int(path.read_text().split()[0])
+
+
+# A run that fails after the unpacking was started (its go never sent): user errors of each launch stage.
+FAILURES = {
+    "missing bind source": (["--bind", "/no/such/singpy-source:/mnt"], "true"),  # refused while planning
+    "missing command": ([], "/nonexistent"),  # refused in the container, just before the execve
+    "missing --pwd": (["--pwd", "/no/such/singpy-dir"], "true"),
+}
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+def test_failed_run_leaves_no_unpacking(singpy: Singpy, images: dict[str, Path], workdir: Path, conf: Path,
+                                        fuse_open: str, failure: str) -> None:
+    """A run that fails after the unpacking was started: the unpacking ends with it, having written nothing (no
+    process, no lock, no unsquashfs, no tree); the next good run starts it and leaves the tree."""
+    slug = failure.replace(" ", "-").replace("--", "")
+    cache = sifs.new_cache(singpy, workdir, f"warm-failed-{slug}")
+    tools = unpacker_dir(workdir, f"warm-failed-tools-{singpy.profile}-{slug}", 'exec /usr/bin/unsquashfs "$@"')
+    image = str(images["singpy"])
+    flags, command = FAILURES[failure]
+    before = traces(image, cache)
+    result = run(singpy, conf, cache, *flags, image, command, path=f"{tools}:/usr/bin:/bin")
+    assert result.returncode == 255, result.stderr
+    fatal = [line for line in result.stderr.splitlines() if line.startswith("FATAL:")]
+    assert len(fatal) == 1 and "Traceback" not in result.stderr and result.stdout == "", result.stderr
+    assert (STARTED_NOTE in result.stderr) == (singpy.uid != 0), result.stderr  # a user's run started it
+    assert settled(before, image, cache) == before  # no process (the unpacker is a fork of singpy), no mount
+    time.sleep(START_DELAY + 0.3)  # what a go would have started by now
+    assert calls(tools) == 0 and trees(cache) == [] and not busy(cache), sifs.entries(cache)
+    assert not [name for name in sifs.entries(cache) if "tmp-" in name]
+    good = run(singpy, conf, cache, image, "cat", "/etc/marker", path=f"{tools}:/usr/bin:/bin")
+    assert good.returncode == 0 and good.stdout.split() == [MARKER], good.stderr
+    if singpy.uid != 0:  # the lock was released: this run unpacks it
+        assert STARTED_NOTE in good.stderr, good.stderr
+        wait_unpacked(cache)
+        assert calls(tools) == 1
+
+
+def test_go_comes_from_under_a_pid_namespace_init(as_user: Singpy, images: dict[str, Path], workdir: Path,
+                                                  conf: Path, fuse_open: str) -> None:
+    """With --pid the payload is forked by the namespace's init: its execve still sends the go."""
+    cache = sifs.new_cache(as_user, workdir, "warm-pid")
+    image = str(images["singpy"])
+    first = run(as_user, conf, cache, "--pid", image, "cat", "/etc/marker")
+    assert first.returncode == 0 and first.stdout.split() == [MARKER] and STARTED_NOTE in first.stderr, first.stderr
+    wait_unpacked(cache)
+    second = run(as_user, conf, cache, "--pid", image, "cat", "/etc/marker")
+    assert second.returncode == 0 and second.stdout.split() == [MARKER] and UNPACKED_NOTE in second.stderr
+
+
+TMPFS_SIZES = {"too small": 0, "large enough": 256 << 20}  # 0: the image's squashfs bytes, a third of what it needs
+
+
+class SmallDisk:
+    """A cache on a tmpfs of its own, in a mount namespace this test makes (a process holds it: `sleep`), seen by
+    the singpy runs started with `run` and by the test under /proc/PID/root."""
+
+    def __init__(self, singpy: Singpy, cache: Path, size: int) -> None:
+        self.singpy = singpy
+        self.cache = cache
+        self.holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "slave", "sh", "-c",
+             'mount -t tmpfs -o "size=$2,mode=0700,uid=$3,gid=$4" singpy-warm-test "$1" && echo ready && '
+             'exec sleep 600', "sh", str(cache), str(size), str(singpy.uid), str(singpy.gid)],
+            stdout=subprocess.PIPE, text=True)
+        assert self.holder.stdout is not None and self.holder.stdout.readline() == "ready\n"
+        self.view = Path(f"/proc/{self.holder.pid}/root{cache}")
+
+    def run(self, conf: Path, *args: str, path: str) -> subprocess.CompletedProcess[str]:
+        argv, ids = self.singpy.command(["--config", str(conf), "-v", "exec", *args])
+        switch = ["setpriv", f"--reuid={self.singpy.uid}", f"--regid={self.singpy.gid}", "--clear-groups"] \
+            if ids else []
+        return subprocess.run(["nsenter", f"--target={self.holder.pid}", "--mount", "--", *switch, *argv],
+                              env=self.singpy.env(SINGPY_CACHEDIR=str(self.cache), PATH=path), cwd="/",
+                              capture_output=True, text=True, timeout=60)
+
+    def close(self) -> None:
+        self.holder.kill()
+        self.holder.wait()
+
+
+@pytest.mark.parametrize("room", TMPFS_SIZES)
+def test_unpacking_skipped_when_the_cache_disk_is_too_small(as_user: Singpy, images: dict[str, Path],
+                                                            workdir: Path, conf: Path, fuse_open: str,
+                                                            room: str) -> None:
+    """A cache filesystem the unpacked image would leave too full (under a tenth free): no unpacking, FUSE every
+    run, no error; one with room: unpacked as anywhere."""
+    if os.geteuid() != 0:
+        pytest.skip("a tmpfs in a mount namespace of the test's needs root")
+    image = images["singpy"]
+    slug = room.replace(" ", "-")
+    cache = sifs.new_cache(as_user, workdir, f"warm-disk-{slug}")
+    tools = unpacker_dir(workdir, f"warm-disk-tools-{slug}", 'exec /usr/bin/unsquashfs "$@"')
+    path = f"{tools}:/usr/bin:/bin"
+    disk = SmallDisk(as_user, cache, TMPFS_SIZES[room] or image.stat().st_size)
+    try:
+        first = disk.run(conf, str(image), "cat", "/etc/marker", path=path)
+        assert first.returncode == 0 and first.stdout.split() == [MARKER], first.stderr
+        assert "squashfuse" in first.stderr, first.stderr
+        if room == "too small":
+            assert "not unpacking" in first.stderr and "free" in first.stderr, first.stderr
+            assert STARTED_NOTE not in first.stderr
+            time.sleep(START_DELAY + 0.3)
+            assert calls(tools) == 0 and trees(disk.view) == [] and not busy(disk.view)
+            again = disk.run(conf, str(image), "cat", "/etc/marker", path=path)
+            assert again.returncode == 0 and again.stdout.split() == [MARKER] and "squashfuse" in again.stderr
+            return
+        assert STARTED_NOTE in first.stderr, first.stderr
+        wait_unpacked(disk.view)
+        second = disk.run(conf, str(image), "cat", "/etc/marker", path=path)
+        assert second.returncode == 0 and second.stdout.split() == [MARKER], second.stderr
+        assert UNPACKED_NOTE in second.stderr and calls(tools) == 1
+    finally:
+        disk.close()

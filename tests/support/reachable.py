@@ -62,13 +62,15 @@ def make_copy(repo: Path, copy: Path) -> Path:
 
 
 def _repoint(old_venv: Path, venv: Path, repo: Path, copy: Path) -> None:
-    """The copied venv's scripts start the copied Python, and its editable install imports the copied tree."""
+    """The copied venv's scripts start the copied Python, and its editable install imports the copied tree (as
+    does singpy's tuned script, singpy.cli.launcher: it names the clone and the bundle in it, quoted)."""
     old, new = f"#!{old_venv}/bin/", f"#!{venv}/bin/"
     for script in (venv / "bin").iterdir():
         if script.is_file() and not script.is_symlink():
             data = script.read_bytes()
             if data.startswith(old.encode()):
-                script.write_bytes(new.encode() + data[len(old):])
+                data = new.encode() + data[len(old):]
+                script.write_bytes(data.replace(f"'{repo}".encode(), f"'{copy}".encode()))
     for entry in venv.glob("lib/python*/site-packages/__editable__*.pth"):
         lines = entry.read_text().splitlines()
         entry.write_text("".join(f"{str(copy) if line == str(repo) else line}\n" for line in lines))

@@ -66,10 +66,10 @@ def test_each_class_finds_its_own_build_whatever_the_order(tmp_path: Path, multi
     flags = ("libc6", "libc6,x86-64") if i386_first else ("libc6,x86-64", "libc6")
     host = _host(tmp_path, *order, flags)
     found = discover(host, platform, native=X86_64)
-    binds = [(spec.source, spec.dest) for spec in found.mounts if spec.op is MountOp.BIND]
+    binds = [(spec.source, spec.dest) for spec in found.mounts if spec.op == MountOp.BIND]
     assert binds == [(str(multiarch["32"]), f"{LIBS32_DIR}/libfoo.so.1")]
-    assert found.mounts[0].op is MountOp.TMPFS and found.mounts[0].dest == LIBS32_DIR
-    assert found.mounts[-1].op is MountOp.SEAL and found.mounts[-1].dest == LIBS32_DIR
+    assert found.mounts[0].op == MountOp.TMPFS and found.mounts[0].dest == LIBS32_DIR
+    assert found.mounts[-1].op == MountOp.SEAL and found.mounts[-1].dest == LIBS32_DIR
     assert elf_identity(str(binds[0][0])) == I386
     files = find_host_files(load_liblist(host.nvliblist), platform, host, None)  # the 64-bit pass, same cache
     assert files.libraries == (("libfoo.so.1", str(multiarch["64"])),)
@@ -135,4 +135,4 @@ def test_a_failing_compat32_listing(tmp_path: Path, multiarch: dict[str, Path], 
         return
     found = discover(host, "nv", native=X86_64)
     assert any("nvidia-container-cli list --compat32 failed" in text for text in found.warnings)
-    assert [spec.source for spec in found.mounts if spec.op is MountOp.BIND] == [str(multiarch["32"])]
+    assert [spec.source for spec in found.mounts if spec.op == MountOp.BIND] == [str(multiarch["32"])]

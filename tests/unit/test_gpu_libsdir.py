@@ -32,7 +32,7 @@ def test_one_bind_per_file_and_relative_links(tmp_path: Path) -> None:
         (MountOp.SYMLINK, f"{LIBS}/libcuda.so", "libcuda.so.1"),
         (MountOp.SEAL, LIBS, None),
     ]
-    assert all(m.readonly for m in mounts if m.op is MountOp.BIND)
+    assert all(m.readonly for m in mounts if m.op == MountOp.BIND)
 
 
 def test_the_file_s_own_name_is_bound_when_listed(tmp_path: Path) -> None:

@@ -33,7 +33,12 @@ PULL = ("singpy.oci", "http", "ssl", "zstandard", "tarfile")
 NOT_ON_PLAIN_PATH = (*NEVER, *PULL, "dataclasses", "typing", "pathlib", "json", "singpy.env.envfile",
                      "singpy.host.policy", "singpy.layers.overlay", "singpy.layers.overlayfs", "singpy.image.extfs",
                      "singpy.recipe", "singpy.recipe.deffile", "singpy.launch.shared", "hashlib", "socket",
-                     "difflib")  # difflib: the "did you mean" of a mistake
+                     "difflib",  # difflib: the "did you mean" of a mistake
+                     # enum (ExitCode, MountOp... are plain constants) and collections (collections.abc imported
+                     # for type checking only) with functools, operator, keyword, reprlib: ~4 ms (issue 31)
+                     "enum", "collections", "functools", "signal",
+                     # the system calls go through the C extension singpy.kernel._native (built by make setup)
+                     "ctypes", "singpy.kernel._libcalls")
 # Runs the console script's code (singpy.cli.main:main) with the given arguments.
 ENTRY = "import sys; from singpy.cli.main import main; sys.argv[0] = 'singpy'; sys.exit(main())"
 MARK = "hot-path-ok"
@@ -115,3 +120,14 @@ def test_env_file_reader_comes_with_env_file_only(sandbox: Path, tmp_path: Path)
     assert done.returncode == 0 and done.stdout == f"{MARK}\n", done.stderr[-2000:]
     assert "singpy.env.envfile" in modules
     assert offenders(modules, ("typer", "click", "rich", "dataclasses", "typing", "pathlib", "json")) == []
+
+
+def test_the_bundle_holds_the_whole_plain_launch_path(sandbox: Path) -> None:
+    """singpy.cli.bundle's list (what make setup bundles) is exactly what a plain launch imports of singpy, less
+    the packages imported before the bundle is installed."""
+    from singpy.cli import bundle
+
+    modules, done = imported_modules("exec", str(sandbox), "echo", MARK, cwd=sandbox.parent)
+    assert done.returncode == 0 and MARK in done.stdout, f"singpy exec failed:\n{done.stderr[-2000:]}"
+    bundled = {name for name, _ in bundle.hot_path_modules(str(Path(bundle.__file__).resolve().parents[2]))}
+    assert {name for name in modules if name.startswith("singpy.")} - {"singpy.cli"} == bundled

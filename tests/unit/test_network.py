@@ -138,7 +138,7 @@ def test_planner_network_namespace() -> None:
 def test_planner_dns_replaces_resolv_conf() -> None:
     mounts = plan(1000, dns=("10.0.0.53,fd00::53",)).mounts
     resolv = [spec for spec in mounts if spec.dest == "/etc/resolv.conf"]
-    assert len(resolv) == 1 and resolv[0].op is MountOp.FILE
+    assert len(resolv) == 1 and resolv[0].op == MountOp.FILE
     assert resolv[0].content == "nameserver 10.0.0.53\nnameserver fd00::53" and not resolv[0].merge
     default = [spec for spec in plan(1000).mounts if spec.dest == "/etc/resolv.conf"]
-    assert len(default) == 1 and default[0].op is MountOp.BIND and default[0].source == "/etc/resolv.conf"
+    assert len(default) == 1 and default[0].op == MountOp.BIND and default[0].source == "/etc/resolv.conf"

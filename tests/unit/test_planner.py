@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -18,6 +18,9 @@ from singpy.launch.planner import LaunchRequest, Planned, build_plan
 from singpy.mounts.parse import parse_bind_list
 from singpy.mounts.system import DEV_LINKS, MINIMAL_DEV_NODES
 from singpy.plan import ImageSpec, LaunchPlan, Missing, MountOp, MountSpec, Namespaces, Stage
+
+if TYPE_CHECKING:
+    from singpy.plan import MountOpName
 
 CWD = "/srv/project"  # not under /tmp or the home, not a system directory: bound by default
 HOST_ENV = {
@@ -62,11 +65,11 @@ def plan(host: HostInfo, image: ImageSpec, conf: str = "", **fields: object) -> 
 
 
 def summary(mounts: tuple[MountSpec, ...]) -> list[tuple[str, str, str | None]]:
-    return [(spec.op.value, spec.dest, spec.source) for spec in mounts]
+    return [(spec.op, spec.dest, spec.source) for spec in mounts]
 
 
-def dests(mounts: tuple[MountSpec, ...], op: MountOp | None = None) -> list[str]:
-    return [spec.dest for spec in mounts if op is None or spec.op is op]
+def dests(mounts: tuple[MountSpec, ...], op: MountOpName | None = None) -> list[str]:
+    return [spec.dest for spec in mounts if op is None or spec.op == op]
 
 
 def by_dest(mounts: tuple[MountSpec, ...], dest: str) -> MountSpec:
@@ -92,11 +95,11 @@ def test_default_mounts(host: HostInfo, image: ImageSpec, home: str) -> None:
     ]
     assert [spec.stage for spec in mounts] == [Stage.KERNEL] * 3 + [Stage.SYSTEM_FILES] * 3 + [Stage.HOME_TMP] * 4
     assert by_dest(mounts, "/dev").dev is True
-    assert by_dest(mounts, home).missing is Missing.REQUIRED
-    assert by_dest(mounts, CWD).missing is Missing.SKIP
-    assert by_dest(mounts, "/tmp").missing is Missing.SKIP
-    assert by_dest(mounts, "/etc/resolv.conf").missing is Missing.SKIP
-    assert not any(spec.readonly for spec in mounts if spec.op is MountOp.BIND)
+    assert by_dest(mounts, home).missing == Missing.REQUIRED
+    assert by_dest(mounts, CWD).missing == Missing.SKIP
+    assert by_dest(mounts, "/tmp").missing == Missing.SKIP
+    assert by_dest(mounts, "/etc/resolv.conf").missing == Missing.SKIP
+    assert not any(spec.readonly for spec in mounts if spec.op == MountOp.BIND)
 
 
 @pytest.mark.parametrize("contain", [False, True])
@@ -119,7 +122,7 @@ def test_mounts_sorted_by_stage(host: HostInfo, image: ImageSpec, tmp_path: Path
     assert stages == sorted(stages)
     assert mounts[-3:-1] == gpu
     assert summary(mounts[-1:]) == [("bind", "/tmp", str(tmp_path))]  # after the default /tmp bind: it wins
-    assert mounts[-1].stage is Stage.USER
+    assert mounts[-1].stage == Stage.USER
 
 
 def test_proc_is_bound_without_pid_and_fresh_with_pid(host: HostInfo, image: ImageSpec) -> None:
@@ -189,7 +192,7 @@ def test_no_home_option(host: HostInfo, image: ImageSpec, home: str) -> None:
 
 def test_contain_mounts(host: HostInfo, image: ImageSpec, home: str) -> None:
     mounts = plan(host, image, contain=True).mounts
-    home_tmp = [spec for spec in mounts if spec.stage is Stage.HOME_TMP]
+    home_tmp = [spec for spec in mounts if spec.stage == Stage.HOME_TMP]
     assert summary(tuple(home_tmp)) == [("tmpfs", "/tmp", None), ("tmpfs", "/var/tmp", None), ("tmpfs", home, None)]
     assert CWD not in dests(mounts)
 
@@ -245,7 +248,7 @@ def test_custom_home_and_the_admin_config(host: HostInfo, image: ImageSpec, tmp_
 )
 def test_cwd_mount(host: HostInfo, image: ImageSpec, home: str, cwd: str, bound: bool) -> None:
     mounts = plan(host.replace(cwd=cwd), image).mounts
-    home_tmp = summary(tuple(spec for spec in mounts if spec.stage is Stage.HOME_TMP))
+    home_tmp = summary(tuple(spec for spec in mounts if spec.stage == Stage.HOME_TMP))
     expected = [("bind", "/tmp", "/tmp"), ("bind", "/var/tmp", "/var/tmp"), ("bind", home, home)]
     assert home_tmp == expected + ([("bind", cwd, cwd)] if bound else [])
     assert plan(host.replace(cwd=cwd), image).process.cwd == cwd
@@ -254,12 +257,12 @@ def test_cwd_mount(host: HostInfo, image: ImageSpec, home: str, cwd: str, bound:
 def test_cwd_under_home_is_not_bound_again(host: HostInfo, image: ImageSpec, home: str) -> None:
     for cwd in (home, f"{home}/work/deep"):
         mounts = plan(host.replace(cwd=cwd), image).mounts
-        assert [spec.dest for spec in mounts if spec.stage is Stage.HOME_TMP] == ["/tmp", "/var/tmp", home]
+        assert [spec.dest for spec in mounts if spec.stage == Stage.HOME_TMP] == ["/tmp", "/var/tmp", home]
 
 
 def test_cwd_under_tmp_bound_when_tmp_is_not(host: HostInfo, image: ImageSpec) -> None:
     mounts = plan(host.replace(cwd="/tmp/work"), image, "mount tmp = no").mounts
-    assert summary(tuple(spec for spec in mounts if spec.stage is Stage.HOME_TMP))[-1] == (
+    assert summary(tuple(spec for spec in mounts if spec.stage == Stage.HOME_TMP))[-1] == (
         "bind", "/tmp/work", "/tmp/work")
 
 
@@ -271,11 +274,11 @@ def test_contain_does_not_bind_cwd(host: HostInfo, image: ImageSpec, home: str) 
 
 def test_bind_path_entries(host: HostInfo, image: ImageSpec) -> None:
     mounts = plan(host, image, "bind path = /etc/localtime\nbind path = /opt/site:/site\n").mounts
-    system_files = [spec for spec in mounts if spec.stage is Stage.SYSTEM_FILES]
+    system_files = [spec for spec in mounts if spec.stage == Stage.SYSTEM_FILES]
     assert summary(tuple(system_files)) == [
         ("file", "/etc/passwd", None), ("file", "/etc/group", None), ("bind", "/etc/localtime", "/etc/localtime"),
         ("bind", "/site", "/opt/site"), ("bind", "/etc/resolv.conf", "/etc/resolv.conf")]
-    assert all(spec.missing is Missing.SKIP for spec in system_files if spec.op is MountOp.BIND)
+    assert all(spec.missing == Missing.SKIP for spec in system_files if spec.op == MountOp.BIND)
 
 
 def test_passwd_and_group_content(host: HostInfo, image: ImageSpec, home: str) -> None:
@@ -499,8 +502,8 @@ def test_to_json_data(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
     for entry, spec in zip(data["mounts"], built.mounts, strict=True):
         assert isinstance(entry["op"], str) and isinstance(entry["missing"], str)
         assert type(entry["stage"]) is int
-        rebuilt = MountSpec(**{**entry, "op": MountOp(entry["op"]), "missing": Missing(entry["missing"]),
-                               "stage": Stage(entry["stage"])})
+        assert entry["op"] in MountOp.ALL and entry["missing"] in Missing.ALL and entry["stage"] in Stage.ALL
+        rebuilt = MountSpec(**entry)
         assert rebuilt == spec
     assert {entry["op"] for entry in data["mounts"]} >= {"proc", "tmpfs", "devpts", "symlink", "file", "bind"}
 
@@ -525,15 +528,15 @@ def test_home_staged_without_a_layer(host: HostInfo, image: ImageSpec, conf: str
 def test_home_not_staged_with_a_layer_or_when_asked(host: HostInfo, image: ImageSpec, home: str) -> None:
     host = host.replace(home="/home/alice")
     assert "/home" not in dests(plan(host, image).mounts)
-    assert by_dest(plan(host, image).mounts, "/home/alice").missing is Missing.REQUIRED
+    assert by_dest(plan(host, image).mounts, "/home/alice").missing == Missing.REQUIRED
     asked = plan(host, image, writable=True, home=f"{home}:/home/alice").mounts  # --home: a bind of the user's
     assert "/home" not in dests(asked)
-    assert by_dest(asked, "/home/alice").missing is Missing.REQUIRED
+    assert by_dest(asked, "/home/alice").missing == Missing.REQUIRED
 
 
 @pytest.mark.parametrize("home_dir", ["/root", "/var/lib/svc"])
 def test_home_never_staged_over_a_system_directory(host: HostInfo, image: ImageSpec, home_dir: str) -> None:
     """/root is the home itself; a tmpfs on /var would hide the image's /var (Apptainer's staging does)."""
     mounts = plan(host.replace(home=home_dir), image, writable=True).mounts
-    assert by_dest(mounts, home_dir).missing is Missing.SKIP
-    assert not [spec for spec in mounts if spec.op is MountOp.TMPFS and spec.dest in ("/root", "/var")]
+    assert by_dest(mounts, home_dir).missing == Missing.SKIP
+    assert not [spec for spec in mounts if spec.op == MountOp.TMPFS and spec.dest in ("/root", "/var")]

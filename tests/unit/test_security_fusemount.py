@@ -130,7 +130,7 @@ def test_bad_fusemount_specs(spec: str, message: str) -> None:
 def test_fusemount_mount_points_are_planned_tmpfs() -> None:
     specs, points = fusemount.plan_fusemounts(("container:prog a /mnt/a",), uid=0, enabled=True, host_path="")
     assert [spec.mountpoint for spec in specs] == ["/mnt/a"]
-    assert [(point.op.value, point.dest) for point in points] == [("tmpfs", "/mnt/a")]
+    assert [(point.op, point.dest) for point in points] == [("tmpfs", "/mnt/a")]
     with pytest.raises(SingpyError, match="enable fusemount = no"):
         fusemount.plan_fusemounts(("container:prog a /mnt/a",), uid=0, enabled=False, host_path="")
 

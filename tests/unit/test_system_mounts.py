@@ -23,8 +23,8 @@ MOUNTINFO = """\
 def test_hostfs_binds_real_filesystems_only() -> None:
     specs = hostfs_mounts(MOUNTINFO)
     assert [spec.dest for spec in specs] == ["/scratch", "/home", "/data set"]
-    assert all(spec.op is MountOp.BIND and spec.source == spec.dest for spec in specs)
-    assert all(spec.missing is Missing.SKIP for spec in specs)
+    assert all(spec.op == MountOp.BIND and spec.source == spec.dest for spec in specs)
+    assert all(spec.missing == Missing.SKIP for spec in specs)
 
 
 def test_hostfs_on_a_host_without_extra_filesystems() -> None:

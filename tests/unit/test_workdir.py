@@ -33,7 +33,7 @@ def test_contain_binds_tmp_var_tmp_and_home_from_the_workdir() -> None:
     planned = _planned(_defaults(contain=True))
     binds = {spec.dest: spec.source for spec in planned.mounts}
     assert binds == {"/tmp": "/w/tmp", "/var/tmp": "/w/var_tmp", "/home/u": "/w/home"}
-    assert all(spec.op is MountOp.BIND and spec.stage is Stage.HOME_TMP for spec in planned.mounts)
+    assert all(spec.op == MountOp.BIND and spec.stage == Stage.HOME_TMP for spec in planned.mounts)
     assert planned.host_dirs == (HostDir(path="/w/tmp", mode="1777"), HostDir(path="/w/var_tmp", mode="1777"),
                                  HostDir(path="/w/home", mode="0700"))
     assert planned.warnings == ()

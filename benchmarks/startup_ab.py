@@ -1,0 +1,93 @@
+"""A/B of `singpy exec SANDBOX true` between source trees, interleaved, in CPU time (issue 31).
+
+    .venv/bin/python benchmarks/startup_ab.py --rounds 60 /tmp/base /work/main   # as root: runs as singpy-test
+
+Each tree runs the way the tuned console script starts it (`python -S`, the tree appended to sys.path);
+`python3 -c pass` and `python3 -S -c pass` run beside them. Every round runs each command once, in a
+shuffled order, so the machine's load hits all of them alike. CPU time (user + system of the child, from
+wait4) moves much less with that load than wall time, so both are printed (benchmarks/README.md,
+"Where the time goes").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import random
+import statistics
+import sys
+import time
+
+SCRIPT = ("import sys; sys.path.append({root!r}); from singpy.cli.main import main; "
+          "sys.argv[0] = 'singpy'; sys.exit(main())")
+# A tree with singpy.cli.bundle runs as its tuned script does: the bundle installed first (if it was written).
+BUNDLED = ("import sys; sys.path.append({root!r}); from singpy.cli.bundle import install, bundle_path; "
+           "install(bundle_path({root!r} + '/singpy')); from singpy.cli.main import main; "
+           "sys.argv[0] = 'singpy'; sys.exit(main())")
+
+
+def _spawn(argv: list[str], account: pwd.struct_passwd | None) -> tuple[float, float]:
+    """Wall and CPU seconds of one run of argv (as `account` when given), its output discarded."""
+    start = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the child: become the account, silence the output, exec
+        try:
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 1)
+            if account is not None:
+                os.setgroups([])
+                os.setgid(account.pw_gid)
+                os.setuid(account.pw_uid)
+                os.environ["HOME"] = account.pw_dir
+                os.environ["USER"] = os.environ["LOGNAME"] = account.pw_name
+            os.chdir("/")
+            os.execv(argv[0], argv)
+        finally:
+            os._exit(127)
+    _, status, usage = os.wait4(pid, 0)
+    wall = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{argv}: exit status {os.waitstatus_to_exitcode(status)}")
+    return wall, usage.ru_utime + usage.ru_stime
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trees", nargs="+", help="source trees (each holds the singpy package)")
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--image", default="/tmp/bbx", help="a sandbox with /bin/true (default /tmp/bbx)")
+    parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--user", default="singpy-test", help="account to run as when root")
+    options = parser.parse_args(argv)
+    account = pwd.getpwnam(options.user) if os.getuid() == 0 else None
+    commands = {"python3 -c pass": [options.python, "-c", "pass"],
+                "python3 -S -c pass": [options.python, "-S", "-c", "pass"]}
+    for tree in options.trees:
+        root = os.path.abspath(tree)
+        script = BUNDLED if os.path.exists(f"{root}/singpy/cli/bundle.py") else SCRIPT
+        commands[tree] = [options.python, "-S", "-c", script.format(root=root),
+                          "exec", options.image, "/bin/true"]
+    for command in commands.values():  # warm-up, and a failing command stops here
+        _spawn(command, account)
+    walls: dict[str, list[float]] = {name: [] for name in commands}
+    cpus: dict[str, list[float]] = {name: [] for name in commands}
+    order = list(commands)
+    for _ in range(options.rounds):
+        random.shuffle(order)
+        for name in order:
+            wall, cpu = _spawn(commands[name], account)
+            walls[name].append(wall * 1000)
+            cpus[name].append(cpu * 1000)
+    base_wall = statistics.median(walls["python3 -c pass"])
+    base_cpu = statistics.median(cpus["python3 -c pass"])
+    print(f"{options.rounds} rounds, load {os.getloadavg()[0]:.1f}")
+    print(f"{'command':<40} {'wall ms':>8} {'ratio':>6} {'cpu ms':>8} {'ratio':>6}")
+    for name in commands:
+        wall, cpu = statistics.median(walls[name]), statistics.median(cpus[name])
+        print(f"{name[-40:]:<40} {wall:8.2f} {wall / base_wall:5.2f}x {cpu:8.2f} {cpu / base_cpu:5.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
