@@ -250,9 +250,10 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
     try:
         with tools.Interruptible():
             try:
-                ownership = _ownership()
-                config = _assemble(resolved, f"{work}/rootfs", location, ownership=ownership)
-                _squash(resolved, config, f"{work}/rootfs", work, sif, ownership)
+                if not _streamed(resolved, work, sif, location, env):  # else through a tree, for mksquashfs
+                    ownership = _ownership()
+                    config = _assemble(resolved, f"{work}/rootfs", location, ownership=ownership)
+                    _squash(resolved, config, f"{work}/rootfs", work, sif, ownership)
             except tools.Interrupted as interrupted:
                 raise tools.Interrupted(f"pull of {resolved.reference} {interrupted.message}") from None
             except OSError as error:
@@ -266,6 +267,27 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
     finally:
         cache.remove_tree(work)
         os.close(held)
+
+
+def _streamed(resolved: Resolved, work: str, sif: str, location: str, env: Mapping[str, str]) -> bool:
+    """The SIF made from the layers as one merged tar stream into tar2sqfs, with no tree (singpy.oci.streamsquash);
+    False where the image needs the tree path (or SINGPY_PULL_TREE=1 asks for it)."""
+    from singpy.oci import streamsquash
+    from singpy.oci.layercache import Blobs
+    from singpy.oci.progress import Steps
+
+    if streamsquash.forced_tree(env):
+        return False
+    config = _config(resolved)
+    descriptors = _layer_list(resolved)
+    with Steps(f"Getting {resolved.reference}") as steps:
+        squashed = streamsquash.squash(Blobs(resolved.source, descriptors, location, steps), steps, descriptors,
+                                       str(resolved.reference), work, config=config,
+                                       labels=_labels(resolved, config), deffile=_deffile(resolved.reference))
+    if squashed is None:
+        return False
+    _write_sif(resolved, config, squashed.path, sif, squashed.attributes)
+    return True
 
 
 def _ownership() -> Any:
@@ -352,10 +374,7 @@ def _from(ref: Reference) -> str:
 
 
 def _squash(resolved: Resolved, config: dict[str, Any], tree: str, work: str, sif: str, ownership: Any) -> None:
-    from singpy.constants import ARCHES
-    from singpy.image.detect import host_arch
     from singpy.image.metadata import read_tree
-    from singpy.image.sifwrite import build_sif_from_squashfs
     from singpy.oci.owners import squash_options
 
     mksquashfs = tools.require_tool("mksquashfs", env=os.environ, purpose="convert an image to SIF")
@@ -363,9 +382,17 @@ def _squash(resolved: Resolved, config: dict[str, Any], tree: str, work: str, si
     extra = squash_options(ownership, f"{work}/pseudo")
     tools.run_tool([mksquashfs, tree, squashfs, "-noappend", *SQUASH_COMPRESSION, *SQUASH_MEMORY, *extra],
                    label=f"Squashing {resolved.reference}", failure=f"can't convert {resolved.reference} to SIF")
+    _write_sif(resolved, config, squashfs, sif, read_tree(tree))
+
+
+def _write_sif(resolved: Resolved, config: dict[str, Any], squashfs: str, sif: str,
+               attributes: dict[str, Any]) -> None:
+    from singpy.constants import ARCHES
+    from singpy.image.detect import host_arch
+    from singpy.image.sifwrite import build_sif_from_squashfs
+
     arch = config.get("architecture")
     deffile = _deffile(resolved.reference)
-    attributes = read_tree(tree)
     attributes.setdefault("deffile", deffile.decode())
     try:
         build_sif_from_squashfs(sif, squashfs, arch=arch if arch in ARCHES else host_arch(), deffile=deffile,

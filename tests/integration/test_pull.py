@@ -510,7 +510,8 @@ def test_on_a_terminal_the_squash_bar_shows_counts_not_a_stuck_zero(singpy: Sing
     base = user_dir(singpy, workdir, "squash-bar")
     archive = write_oci_archive(base / "image.tar", {"latest": busybox_image()})
     command = f"{SINGPY} pull {base}/out.sif oci-archive:{archive}"
-    env = cache_env(singpy, workdir, "squash-bar", TERM="xterm", COLUMNS="120")
+    # the tree path, whose squasher is mksquashfs (a merged stream's bar: test_pull_stream.py)
+    env = cache_env(singpy, workdir, "squash-bar", TERM="xterm", COLUMNS="120", SINGPY_PULL_TREE="1")
     done = subprocess.run(["script", "-q", "-e", "-c", command, "/dev/null"], capture_output=True, text=True,
                           env=env, timeout=120, check=False, **singpy.switch())  # type: ignore[call-overload]
     assert done.returncode == 0, done.stdout + done.stderr
