@@ -1,7 +1,7 @@
 """Big pulls (issue 31): a framework-sized image, singpy against skopeo + umoci + mksquashfs, time and memory.
 
     make bench                                         # ... then this: the 2 GiB image, 1 round
-    .venv/bin/python benchmarks/pull_big.py --quick    # a 300 MiB, 20,000-file stand-in, 1 round
+    .venv/bin/python benchmarks/pull_big.py --quick    # a 300 MiB stand-in of 747 files, 1 round
     .venv/bin/python benchmarks/pull_big.py --rounds 3 --no-write
 
 The image (pull_big_image.py) is 2 GiB of this host's files, 100,000 of them, in 8 gzip layers, built once into
@@ -116,7 +116,7 @@ def parse_options(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="singpy big-pull benchmark (issue 31)")
     parser.add_argument("--rounds", type=int, default=1, help="timed rounds (default 1, after one warm-up)")
     parser.add_argument("--no-warm-up", action="store_true", help="no untimed first round")
-    parser.add_argument("--quick", action="store_true", help="a 300 MiB, 20,000-file stand-in image")
+    parser.add_argument("--quick", action="store_true", help="a 300 MiB stand-in image (747 files)")
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--gib", type=float, default=2.0, help="bytes of files, in GiB")
     parser.add_argument("--layers", type=int, default=8)
