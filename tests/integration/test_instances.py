@@ -449,8 +449,13 @@ def test_another_users_instance_is_not_found(as_root: Singpy, as_user: Singpy, i
 
 
 # The namespace, its PID 1's name and how many startscripts it holds (the pattern does not match itself).
-PID_NS = ("readlink /proc/self/ns/pid; cat /proc/1/comm; "
-          "grep -l 'singularity.d/[s]tartscript' /proc/[0-9]*/cmdline | wc -l")
+# The startscripts running, seen from a joiner: its loop's fork, before the fork execs `sleep`, has the startscript's
+# command line too, so a process whose parent is a startscript is not counted.
+PID_NS = ("readlink /proc/self/ns/pid; cat /proc/1/comm; n=0; for p in /proc/[0-9]*; do "
+          "grep -q 'singularity.d/[s]tartscript' $p/cmdline 2>/dev/null || continue; pp=; "
+          "while read -r key value; do [ \"$key\" = PPid: ] && pp=$value; done < $p/status 2>/dev/null; "
+          "[ -n \"$pp\" ] || continue; "
+          "grep -q 'singularity.d/[s]tartscript' /proc/$pp/cmdline 2>/dev/null || n=$((n+1)); done; echo $n")
 
 
 @pytest.mark.parametrize("flag", ["--pid", "--containall"])
