@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SKIPPED = {".git", ".venv", "build", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"}
+SKIPPED = {".venv", "build", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"}
 
 
 def main(argv: list[str]) -> int:
@@ -49,8 +49,8 @@ def _needs_copy() -> bool:
 
 
 def make_copy(repo: Path, copy: Path) -> Path:
-    """The working tree of `repo` (tracked or not, less what SKIPPED names) and its .venv, copied into `copy`
-    and made readable by all; returns the copied venv."""
+    """The working tree of `repo` (tracked or not, less what SKIPPED names; its .git too: tests list the tracked
+    files, as the pipx install's) and its .venv, copied into `copy` and made readable by all; returns the venv."""
     shutil.copytree(repo, copy, symlinks=True, dirs_exist_ok=True,
                     ignore=lambda directory, names: [name for name in names
                                                      if Path(directory) == repo and name in SKIPPED])
