@@ -101,6 +101,14 @@ def plan(image: ImageSpec, *, cache: str, limit: int, env: Mapping[str, str]) ->
     return image.replace(cache=cache, warm=OR_WAIT if length <= WAIT_LIMIT else BACKGROUND, unpacker=unpacker)
 
 
+def shared(image: ImageSpec) -> ImageSpec:
+    """`image` for a rank of a shared container (--sharens, a job step's ranks: singpy.launch.jobs): it never
+    waits for an unpacking under way. The container is its holder's, mounted with FUSE or from the tree, and a
+    rank that waited for the tree would only start later, into that same container (jobs.share_spec compares
+    the two as one root)."""
+    return image.replace(warm=BACKGROUND) if image.warm == OR_WAIT else image
+
+
 def partition_length(image: ImageSpec) -> int:
     """The squashfs partition's size in bytes (a bare squashfs file: the file's)."""
     return image.size or max(os.stat(image.path).st_size - image.offset, 0)

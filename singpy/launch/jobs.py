@@ -16,7 +16,7 @@ import os
 
 from singpy.env.environ import EnvPlan
 from singpy.errors import SingpyError
-from singpy.plan import LaunchPlan, ProcessSpec, ShareSpec
+from singpy.plan import ImageSpec, LaunchPlan, ProcessSpec, ShareSpec
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
@@ -106,6 +106,11 @@ def sharing(request: LaunchRequest, job: JobStep | None) -> tuple[tuple[str, str
     return (job.key, job.origin), ()
 
 
+def shares(request: LaunchRequest, env: Mapping[str, str]) -> bool:
+    """Whether this launch will share its container, as `sharing` decides (before the image is prepared)."""
+    return request.sharens if detect(env) is None else not request.no_sharens
+
+
 def _single_copy_note(job: JobStep, why: str) -> tuple[str, ...]:
     return (f"{why}: ranks of {job.origin} run in containers of their own; Open MPI's single-copy (CMA) transfers "
             "need one user namespace, so they are turned off "
@@ -126,10 +131,21 @@ def share_spec(plan: LaunchPlan, key: tuple[str, str]) -> ShareSpec:
     A record's repr is its whole content, in field order; the digest is
     SHA-256 from CPython's own module (hashlib's OpenSSL costs 3 ms at start-up).
     """
-    shared_part = plan.replace(process=ProcessSpec(action=plan.process.action, args=(), cwd="/",
+    shared_part = plan.replace(image=_one_root(plan.image),
+                               process=ProcessSpec(action=plan.process.action, args=(), cwd="/",
                                                    env=EnvPlan(base=(), injected=()), app=plan.process.app))
     digest = _sha256(repr((key[0], shared_part)).encode())[:40]
     return ShareSpec(socket=f"singpy-shared/{plan.uid}/{digest}", origin=key[1])
+
+
+def _one_root(image: ImageSpec) -> ImageSpec:
+    """`image` as ranks compare it: with `unsquash in background` (singpy.image.warm), a SIF mounted with FUSE
+    and the tree its unpacking left in the cache are one root, whichever a rank found as it started (a burst's
+    first rank starts the unpacking, a late one may find it done). The container is made once, by its holder;
+    a rank that joins it uses its root."""
+    if not image.warm and image.strategy != "fuse":
+        return image
+    return image.replace(strategy="fuse", tool="", cache="", rootfs=None, warm="", unpacker="")
 
 
 def _sha256(data: bytes) -> str:

@@ -261,6 +261,11 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
                             user_namespace=request.fakeroot or request.userns,
                             background=None if request.writable or not config.flag("unsquash in background")
                             else int(str(config.get("unsquash in background max size"))) << 20)
+    if image.warm:  # a rank of a shared container waits for no unpacking: the container's root is its holder's
+        from singpy.image import warm
+        from singpy.launch import jobs
+
+        image = warm.shared(image) if jobs.shares(request, host.env) else image
     return image if dry_run else squashfs.prepare(image, root=host.uid == 0)
 
 

@@ -19,6 +19,7 @@ left to the tree path: install would read and move its files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
@@ -28,8 +29,6 @@ from typing import Any
 from singpy.constants import SINGULARITY_D
 from singpy.errors import ImageError
 from singpy.oci.tarmerge import Dir, File, Index, Link, Node, Unsupported
-
-_MAX_LINKS = 40
 
 
 def install_over(index: Index, scratch: str, config: Mapping[str, Any], labels: Mapping[str, str],
@@ -58,33 +57,10 @@ def install_over(index: Index, scratch: str, config: Mapping[str, Any], labels: 
 
 
 def _visit(index: Index, guest: str, follow: bool, seen: dict[str, Dir]) -> None:
-    """Record in `seen` every directory that singpy.mounts.rootpath.Tree's walk of `guest` passes through."""
-    pending = list(reversed(guest.split("/")))
-    stack: list[tuple[Dir, str]] = []
-    links = 0
-    while pending:
-        name = pending.pop()
-        if name in ("", "."):
-            continue
-        if name == "..":
-            if stack:
-                stack.pop()
-            continue
-        node = (stack[-1][0] if stack else index.root).children.get(name)
-        if node is None:
-            return
-        if isinstance(node, Link) and (follow or pending):
-            links += 1
-            if links > _MAX_LINKS:
-                return
-            if node.target.startswith("/"):
-                stack.clear()
-            pending.extend(reversed(node.target.split("/")))
-            continue
-        if not isinstance(node, Dir):
-            return
-        stack.append((node, name))
-        seen["/" + "/".join(part for _, part in stack)] = node
+    """Record in `seen` every directory that singpy.mounts.rootpath.Tree's walk of `guest` passes through
+    (up to where the path stops: a missing name, a file, too many links)."""
+    with contextlib.suppress(Unsupported):  # what stops the walk stops install's lookup too: what came before counts
+        index.directory(guest.split("/"), create=False, follow=follow, visited=seen)
 
 
 def _materialise(seen: dict[str, Dir], scratch: str) -> None:

@@ -206,9 +206,12 @@ class Index:
 
     # -- paths ---------------------------------------------------------------------------------------------
 
-    def directory(self, parts: list[str], *, create: bool) -> tuple[Dir, str] | None:
-        """The directory `parts` leads to and its resolved path, links followed inside the root; missing
-        directories made (0755, root's) when `create`, else None. Anything else in the way: Unsupported."""
+    def directory(self, parts: list[str], *, create: bool, follow: bool = True,
+                  visited: dict[str, Dir] | None = None) -> tuple[Dir, str] | None:
+        """The directory `parts` leads to and its resolved path, links followed inside the root (the last
+        component's only when `follow`); missing directories made (0755, root's) when `create`, else None.
+        Anything else in the way: Unsupported. Each directory the walk enters is put in `visited` by its
+        resolved path (singpy.oci.streaminstall needs them all, even those a '..' or a link leaves)."""
         pending = list(reversed(parts))
         stack: list[tuple[Dir, str]] = []
         links = 0
@@ -232,8 +235,10 @@ class Index:
                     made = Dir(0o755, 0, 0, 0)
                     (stack[-1][0] if stack else self.root).children[missing] = made
                     stack.append((made, missing))
+                    if visited is not None:
+                        visited["/" + "/".join(part for _, part in stack)] = made
                 break
-            if isinstance(node, Link):
+            if isinstance(node, Link) and (follow or pending):
                 links += 1
                 if links > _MAX_LINKS:
                     raise Unsupported("too many levels of links")
@@ -242,8 +247,10 @@ class Index:
                 pending.extend(reversed(node.target.split("/")))
                 continue
             if not isinstance(node, Dir):
-                raise Unsupported("a path through a file")
+                raise Unsupported("a link not followed" if isinstance(node, Link) else "a path through a file")
             stack.append((node, name))
+            if visited is not None:  # inline: this loop runs for every entry of every layer
+                visited["/" + "/".join(part for _, part in stack)] = node
         if not stack:
             return self.root, "/"
         return stack[-1][0], "/" + "/".join(name for _, name in stack)
