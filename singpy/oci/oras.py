@@ -26,7 +26,7 @@ from collections.abc import Mapping
 
 from singpy import console
 from singpy.errors import ImageError
-from singpy.oci import store
+from singpy.oci import lookedup, store
 from singpy.oci.ref import Reference
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
@@ -100,8 +100,7 @@ def cached_sif(text: str, options: PullOptions, env: Mapping[str, str], home: st
     ref = parse_ref(text)
     location = store.location(env, home)
     platform = str(_platform(options))
-    known = store.recall(location, shown(ref), platform)
-    known_sif = store.usable_sif(location, known["digest"]) if known else ""
+    known, known_sif = lookedup.known(location, shown(ref), platform)  # as looked up by the check sent ahead
     if ref.digest and known_sif:
         return known_sif
     if not known_sif:  # nothing to compare a tag with: the pull itself, by the quick client where it can

@@ -22,7 +22,7 @@ from singpy import __version__, console
 from singpy.constants import SQUASH_MEMORY
 from singpy.errors import ImageError
 from singpy.image import cache, tools
-from singpy.oci import store
+from singpy.oci import lookedup, store
 from singpy.oci.ref import Reference, parse
 from singpy.record import Record
 
@@ -80,8 +80,7 @@ def cached_image(text: str, options: PullOptions, env: Mapping[str, str], home: 
     if ref.transport == "docker":
         if ref.digest and store.usable_sif(location, ref.digest):
             return store.sif_path(location, ref.digest)  # the digest of an image's manifest: nothing to ask
-        known = store.recall(location, str(ref), str(want))
-        known_sif = store.usable_sif(location, known["digest"]) if known else ""
+        known, known_sif = lookedup.known(location, str(ref), str(want))  # as looked up by the check sent ahead
         if ref.digest and known_sif:
             return known_sif  # an index's digest, resolved for this platform before
         source, reference = None, ref.digest or ref.tag or "latest"
@@ -132,7 +131,7 @@ def build_from(text: str, target: str, options: PullOptions, env: Mapping[str, s
         with tools.Interruptible():
             try:
                 tree = f"{scratch}/root"
-                _assemble(resolved, tree, location, ownership=_ownership())
+                _tree_of(resolved, tree, location)
                 publish_tree(tree, target, f"{scratch}/old")
             except tools.Interrupted as interrupted:
                 raise tools.Interrupted(f"build of {target} {interrupted.message}: nothing was written") from None
@@ -250,10 +249,7 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
     try:
         with tools.Interruptible():
             try:
-                if not _streamed(resolved, work, sif, location, env):  # else through a tree, for mksquashfs
-                    ownership = _ownership()
-                    config = _assemble(resolved, f"{work}/rootfs", location, ownership=ownership)
-                    _squash(resolved, config, f"{work}/rootfs", work, sif, ownership)
+                _make_sif(resolved, work, sif, location, env)
             except tools.Interrupted as interrupted:
                 raise tools.Interrupted(f"pull of {resolved.reference} {interrupted.message}") from None
             except OSError as error:
@@ -269,21 +265,34 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
         os.close(held)
 
 
-def _streamed(resolved: Resolved, work: str, sif: str, location: str, env: Mapping[str, str]) -> bool:
-    """The SIF made from the layers as one merged tar stream into tar2sqfs, with no tree (singpy.oci.streamsquash);
-    False where the image needs the tree path (or SINGPY_PULL_TREE=1 asks for it)."""
-    from singpy.oci import streamsquash
+def _make_sif(resolved: Resolved, work: str, sif: str, location: str, env: Mapping[str, str]) -> None:
+    """The SIF at `sif` made through the merged stream where it can hold the image, else through a tree for
+    mksquashfs. A fallback goes on with the same progress and the same blobs: it says nothing twice (Steps
+    shows a line once) and downloads nothing again."""
     from singpy.oci.layercache import Blobs
     from singpy.oci.progress import Steps
 
-    if streamsquash.forced_tree(env):
-        return False
     config = _config(resolved)
     descriptors = _layer_list(resolved)
+    ownership = _ownership()
     with Steps(f"Getting {resolved.reference}") as steps:
-        squashed = streamsquash.squash(Blobs(resolved.source, descriptors, location, steps), steps, descriptors,
-                                       str(resolved.reference), work, config=config,
-                                       labels=_labels(resolved, config), deffile=_deffile(resolved.reference))
+        blobs = Blobs(resolved.source, descriptors, location, steps)
+        if _streamed(resolved, config, descriptors, blobs, steps, work, sif, env):
+            return
+        _assemble(resolved, config, descriptors, blobs, steps, f"{work}/rootfs", ownership=ownership)
+    _squash(resolved, config, f"{work}/rootfs", work, sif, ownership)  # the Steps' bar gone: mksquashfs has its own
+
+
+def _streamed(resolved: Resolved, config: dict[str, Any], descriptors: list[dict[str, Any]], blobs: Any, steps: Any,
+              work: str, sif: str, env: Mapping[str, str]) -> bool:
+    """The SIF made from the layers as one merged tar stream into tar2sqfs, with no tree (singpy.oci.streamsquash);
+    False where the image needs the tree path (or SINGPY_PULL_TREE=1 asks for it)."""
+    from singpy.oci import streamsquash
+
+    if streamsquash.forced_tree(env):
+        return False
+    squashed = streamsquash.squash(blobs, steps, descriptors, str(resolved.reference), work, config=config,
+                                   labels=_labels(resolved, config), deffile=_deffile(resolved.reference))
     if squashed is None:
         return False
     _write_sif(resolved, config, squashed.path, sif, squashed.attributes)
@@ -323,28 +332,34 @@ def _layer_list(resolved: Resolved) -> list[dict[str, Any]]:
     return found
 
 
-def _assemble(resolved: Resolved, tree: str, location: str, *, ownership: Any) -> dict[str, Any]:
-    """The image's root filesystem at `tree` (new), with Apptainer's /.singularity.d. Returns the config."""
-    from singpy.oci import convert, layers
+def _tree_of(resolved: Resolved, tree: str, location: str) -> None:
+    """The image's root filesystem at `tree` (new), with Apptainer's /.singularity.d, for a sandbox."""
     from singpy.oci.layercache import Blobs
     from singpy.oci.progress import Steps
-    from singpy.oci.streams import open_layer
 
     config = _config(resolved)
     descriptors = _layer_list(resolved)
-    os.mkdir(tree, 0o755)
     with Steps(f"Getting {resolved.reference}") as steps:
         blobs = Blobs(resolved.source, descriptors, location, steps)
-        for number, descriptor in enumerate(descriptors, 1):
-            digest = descriptor["digest"]
-            with blobs.open(digest) as stream:
-                steps.extracting(number, len(descriptors), digest)
-                what = f"layer {digest} of {resolved.reference}"
-                layers.apply_layer(tree, open_layer(stream, source=what), ownership=ownership, source=what)
+        _assemble(resolved, config, descriptors, blobs, steps, tree, ownership=_ownership())
+
+
+def _assemble(resolved: Resolved, config: dict[str, Any], descriptors: list[dict[str, Any]], blobs: Any,
+              steps: Any, tree: str, *, ownership: Any) -> None:
+    """The image's root filesystem at `tree` (new), with Apptainer's /.singularity.d."""
+    from singpy.oci import convert, layers
+    from singpy.oci.streams import open_layer
+
+    os.mkdir(tree, 0o755)
+    for number, descriptor in enumerate(descriptors, 1):
+        digest = descriptor["digest"]
+        with blobs.open(digest) as stream:
+            steps.extracting(number, len(descriptors), digest)
+            what = f"layer {digest} of {resolved.reference}"
+            layers.apply_layer(tree, open_layer(stream, source=what), ownership=ownership, source=what)
     written = convert.install(tree, config, _labels(resolved, config), deffile=_deffile(resolved.reference))
     for path, mode in written.items() if ownership is not None else ():
         ownership.record(path, mode, 0, 0)  # root's, over whatever a layer had recorded at that path
-    return config
 
 
 def _labels(resolved: Resolved, config: dict[str, Any]) -> dict[str, str]:

@@ -21,9 +21,10 @@ the full client tries again). The rules stay the client's:
 The request can be sent ahead (`send`, then `expect`: singpy.oci.tagcheck, as soon as the command line is
 parsed): the connection is opened, the TLS handshake begun and the request sent as far as they go without
 waiting, and `cached_top` later waits for the rest of the same exchange instead of making one. The launcher
-imports and prepares meanwhile, on the one thread it has (a thread for the check was measured: it lost more
-to the interpreter's lock under load than it saved); the registry's side (its handshake, its time to answer)
-is what overlaps. Nothing is decided before the answer: a moved tag is seen on this run, as before.
+imports and prepares meanwhile, on the one thread it has (a thread for the check was measured, over TLS
+too, and so was a forked child: each lost more than it saved, docs/pull.md "Speed"); the registry's side
+(its handshake, its time to answer) is what overlaps. Nothing is decided before the answer: a moved tag is
+seen on this run, as before.
 """
 
 from __future__ import annotations
@@ -264,8 +265,26 @@ def _tls_object(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str
     """The `_ssl` object over `sock`, verifying as _wrap's."""
     from singpy.oci.tlsconf import host_ca_files, quick_context
 
-    context = quick_context(env, host_ca_files(endpoint.removesuffix(":443")))
+    context = quick_context(trust_env(env), host_ca_files(endpoint.removesuffix(":443")))
     return context._wrap_socket(sock, False, host)  # type: ignore[attr-defined]  # see _wrap
+
+
+def trust_env(env: Mapping[str, str]) -> Mapping[str, str]:
+    """`env` for the quick context's trust: without SSL_CERT_FILE where it names the system's own bundle (as
+    many sites' and CI's environments do): the system's hashed directory, which quick_context loads anyway,
+    holds the same certificates, looked up by name when needed, where parsing the bundle costs ~20 ms of CPU
+    (~140 CAs) on every run. A certificate the directory lacks fails the quick check; the full client, which
+    loads the whole bundle, then asks again (and is the one to refuse a certificate)."""
+    import _ssl
+    import os
+
+    bundle = env.get("SSL_CERT_FILE", "")
+    if not bundle:
+        return env
+    _, system_file, _, system_dir = _ssl.get_default_verify_paths()
+    if not os.path.isdir(system_dir) or os.path.realpath(bundle) != os.path.realpath(system_file):
+        return env
+    return {name: value for name, value in env.items() if name != "SSL_CERT_FILE"}
 
 
 def split_endpoint(endpoint: str, *, https: bool) -> tuple[str | None, int]:
@@ -349,7 +368,7 @@ def _wrap(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str]
     """
     from singpy.oci.tlsconf import host_ca_files, quick_context
 
-    context = quick_context(env, host_ca_files(endpoint.removesuffix(":443")))
+    context = quick_context(trust_env(env), host_ca_files(endpoint.removesuffix(":443")))
     sock.settimeout(_left(deadline, CONNECT_TIMEOUT, endpoint))
     try:
         tls = context._wrap_socket(sock, False, host)  # type: ignore[attr-defined]  # not in typeshed

@@ -68,11 +68,9 @@ def _parsed(text: str) -> tuple[Reference, str]:
 
 
 def _cached(ref: Reference, key: str, options: PullOptions, env: Mapping[str, str], home: str) -> bool:
-    from singpy.oci import pull, store
+    from singpy.oci import lookedup, pull, store
 
-    location = store.location(env, home)
-    known = store.recall(location, key, str(pull._platform(options)))
-    return bool(known and store.usable_sif(location, known["digest"]))
+    return bool(lookedup.known(store.location(env, home), key, str(pull._platform(options)), remember=True)[1])
 
 
 def _https(options: PullOptions, env: Mapping[str, str]) -> bool:

@@ -379,6 +379,10 @@ def _failure(host: str, error: OSError | http.client.HTTPException, *, connectin
     if isinstance(error, ssl.SSLCertVerificationError):
         return TransportError(host, f"TLS certificate not trusted: {error.verify_message or error.reason}",
                               retriable=False, tls=True)
+    if connecting and isinstance(error, (ssl.SSLEOFError, ssl.SSLZeroReturnError)):
+        # The server hung up in the handshake: it closed, as a registry going down does; no certificate involved.
+        return TransportError(host, "the connection was closed by the server during the TLS handshake",
+                              retriable=True)
     if isinstance(error, ssl.SSLError):
         reason = (error.reason or str(error)).replace("_", " ").lower()
         return TransportError(host, f"TLS failed: {reason}", retriable=not connecting and "EOF" in str(error),

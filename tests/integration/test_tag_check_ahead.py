@@ -76,7 +76,11 @@ def test_a_moved_oras_tag_is_noticed_by_the_check_sent_ahead(singpy: Singpy, reg
 
 ANSWERS = {"closing": (b"", False),  # reads the request, closes without a word
            "silent": (b"", True),  # reads the request, never answers
-           "cut": (b"HTTP/1.1 200 OK\r\nDocker-Con", False)}  # closes in the middle of its headers
+           "cut": (b"HTTP/1.1 200 OK\r\nDocker-Con", False),  # closes in the middle of its headers
+           # Over TLS, a plain TCP server where the registry was: it reads the ClientHello, then hangs up or
+           # falls silent in the middle of the handshake.
+           "tls-closing": (b"", False),
+           "tls-silent": (b"", True)}
 
 
 @pytest.fixture
@@ -86,10 +90,16 @@ def cached_then_answering(singpy: Singpy, workdir: Path, tmp_path: Path, request
     cache = str(new_cache(singpy, workdir, f"tag-ahead-{request.param}"))
     env = singpy.env(SINGPY_CACHEDIR=cache, SINGPY_PULL_DOCUMENT_TIMEOUT="2", SINGPY_PULL_STALL_TIMEOUT="1",
                      SINGPY_PULL_LOW_SPEED="1", SINGPY_PULL_RETRIES="1")
-    with start_registry(tmp_path / "registry") as registry:
+    tls = request.param.startswith("tls-")
+    with start_registry(tmp_path / "registry", tls=tls) as registry:
+        if tls:  # a copy the unprivileged user can read (tmp_path is the test runner's)
+            ca_file = workdir / f"tag-ahead-ca-{request.param}-{singpy.profile}.crt"
+            ca_file.write_bytes(Path(registry.ca_file or "").read_bytes())
+            ca_file.chmod(0o644)
+            env["SSL_CERT_FILE"] = str(ca_file)
         registry.upload(marked("cached"), "tagahead/closing")
         reference = registry.ref("tagahead/closing")
-        singpy.ok("exec", "--no-https", reference, "true", env=env)
+        singpy.ok("exec", *flags(registry), reference, "true", env=env)
     port = int(registry.host.rpartition(":")[2])
     answer, hold = ANSWERS[request.param]
     server = Answering(answer, hold=hold, port=port)
@@ -140,3 +150,91 @@ def test_an_untrusted_registry_is_still_refused(singpy: Singpy, registry_tls: Re
                                                                       SSL_CERT_FILE=registry_tls.ca_file))
     result = singpy.run("exec", registry_tls.ref(name), "true", env=singpy.env(SINGPY_CACHEDIR=cache))
     assert_one_fatal(result, f"can't make a TLS connection to {registry_tls.host}")
+
+
+@pytest.mark.parametrize("cached_then_answering", ["tls-closing", "tls-silent"], indirect=True)
+def test_a_registry_that_closes_or_stalls_mid_handshake_ends_with_one_warning(
+        singpy: Singpy, cached_then_answering: tuple[str, dict[str, str], Answering]) -> None:
+    """Over TLS, the check sent ahead meets a server that reads the ClientHello and then hangs up or falls
+    silent: the wait ends within the deadlines, and the cached image runs with one warning."""
+    reference, env, server = cached_then_answering
+    started = time.monotonic()
+    result = singpy.run("exec", reference, "cat", "/marker", env=env, timeout=60)
+    elapsed = time.monotonic() - started
+    assert (result.returncode, result.stdout) == (0, "cached\n"), result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("WARNING:") and "running the cached image" in lines[0], lines
+    assert server.requests and server.requests[0][:1] == b"\x16"  # a TLS handshake record: the ClientHello
+    assert elapsed < 20, elapsed
+
+
+def system_bundle() -> str:
+    """The system's CA bundle where its hashed directory is beside it (Debian's), else skip."""
+    import _ssl
+
+    _, bundle, _, directory = _ssl.get_default_verify_paths()
+    if not (os.path.isfile(bundle) and os.path.isdir(directory)):
+        pytest.skip("no system CA bundle and hashed directory")
+    return bundle
+
+
+def test_the_system_bundle_in_ssl_cert_file_trusts_as_before(singpy: Singpy, registry_tls: RegistryServer,
+                                                              workdir: Path) -> None:
+    """SSL_CERT_FILE naming the system's own bundle (as many sites' environments do): the quick check uses the
+    system's hashed directory instead of parsing the bundle; the trust is the same: a registry whose CA is in
+    SSL_CERT_DIR is checked (and the moved tag seen), one whose CA is nowhere is one FATAL line."""
+    bundle = system_bundle()
+    name = f"tagahead/bundle-{singpy.profile}"
+    registry_tls.upload(marked("first"), name)
+    cadir = workdir / f"tagahead-cadir-{singpy.profile}"
+    cadir.mkdir()
+    assert registry_tls.ca_file
+    (cadir / "registry-ca.pem").write_bytes(Path(registry_tls.ca_file).read_bytes())
+    subprocess.run(["openssl", "rehash", str(cadir)], check=True)
+    cache = str(new_cache(singpy, workdir, "tag-ahead-bundle"))
+    env = singpy.env(SINGPY_CACHEDIR=cache, SSL_CERT_FILE=bundle, SSL_CERT_DIR=str(cadir))
+    assert singpy.ok("exec", registry_tls.ref(name), "cat", "/marker", env=env) == "first\n"
+    registry_tls.upload(marked("second"), name)
+    moved = singpy.run("-d", "exec", registry_tls.ref(name), "cat", "/marker", env=env)
+    assert moved.returncode == 0 and moved.stdout == "second\n", moved.stderr
+    assert AHEAD in moved.stderr and QUICK in moved.stderr, moved.stderr  # answered by the quick check itself
+    untrusted = singpy.run("exec", registry_tls.ref(name), "true", env={**env, "SSL_CERT_DIR": ""})
+    assert_one_fatal(untrusted, f"can't make a TLS connection to {registry_tls.host}")
+
+
+def session_members(session: int) -> list[str]:
+    """The processes (pid and command) of `session` still alive."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        if int(fields[3]) == session:  # after the command: state, ppid, pgrp, session
+            found.append(f"{entry} {stat.partition(' ')[2].partition(')')[0]}")
+    return found
+
+
+@pytest.mark.parametrize("kind", ["plain", "tls"])
+def test_nothing_of_the_run_remains_after_it(singpy: Singpy, kind: str, request: pytest.FixtureRequest,
+                                              workdir: Path, tmp_path: Path) -> None:
+    """A run whose check was sent ahead leaves no process (its session is empty once it exits) and no file
+    in its TMPDIR."""
+    registry: RegistryServer = request.getfixturevalue(f"registry_{kind}")
+    name = f"tagahead/leftover-{kind}-{singpy.profile}"
+    registry.upload(marked("cached"), name)
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    tmpdir.chmod(0o1777)
+    env = singpy.env(SINGPY_CACHEDIR=str(new_cache(singpy, workdir, f"tag-ahead-leftover-{kind}")),
+                     SSL_CERT_FILE=registry.ca_file or "", TMPDIR=str(tmpdir))
+    singpy.ok("exec", *flags(registry), registry.ref(name), "true", env=env)  # cached
+    process = singpy.popen(["-d", "exec", *flags(registry), registry.ref(name), "cat", "/marker"], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0 and out == "cached\n" and AHEAD in err, err
+    assert session_members(process.pid) == []
+    assert list(tmpdir.iterdir()) == []
