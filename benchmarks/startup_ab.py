@@ -1,6 +1,11 @@
 """A/B of `singpy exec SANDBOX true` between source trees, interleaved, in CPU time (issue 31).
 
     .venv/bin/python benchmarks/startup_ab.py --rounds 60 /tmp/base /work/main   # as root: runs as singpy-test
+    SINGPY_CACHEDIR=DIR .venv/bin/python benchmarks/startup_ab.py --image /tmp/bbx --image D.sif \
+        --image docker://127.0.0.1:PORT/dsmall:latest --flag=--no-https /tmp/base /work/main
+
+With several `--image`s, every tree runs each of them (a docker:// or oras:// one cached beforehand, once, by the
+warm-up run; `--flag` adds an option before the image). The environment is passed on (SINGPY_CACHEDIR).
 
 Each tree runs the way the tuned console script starts it (`python -S`, the tree appended to sys.path);
 `python3 -c pass` and `python3 -S -c pass` run beside them. Every round runs each command once, in a
@@ -56,18 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("trees", nargs="+", help="source trees (each holds the singpy package)")
     parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--image", default="/tmp/bbx", help="a sandbox with /bin/true (default /tmp/bbx)")
+    parser.add_argument("--image", action="append", help="an image with /bin/true (default /tmp/bbx); repeatable")
+    parser.add_argument("--flag", action="append", default=[], help="an option of `exec` (e.g. --no-https)")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--user", default="singpy-test", help="account to run as when root")
     options = parser.parse_args(argv)
     account = pwd.getpwnam(options.user) if os.getuid() == 0 else None
     commands = {"python3 -c pass": [options.python, "-c", "pass"],
                 "python3 -S -c pass": [options.python, "-S", "-c", "pass"]}
-    for tree in options.trees:
-        root = os.path.abspath(tree)
-        script = BUNDLED if os.path.exists(f"{root}/singpy/cli/bundle.py") else SCRIPT
-        commands[tree] = [options.python, "-S", "-c", script.format(root=root),
-                          "exec", options.image, "/bin/true"]
+    images = options.image or ["/tmp/bbx"]
+    for image in images:
+        for tree in options.trees:
+            root = os.path.abspath(tree)
+            script = BUNDLED if os.path.exists(f"{root}/singpy/cli/bundle.py") else SCRIPT
+            name = tree if len(images) == 1 else f"{tree} {image.rsplit('/', 1)[-1]}"
+            commands[name] = [options.python, "-S", "-c", script.format(root=root),
+                              "exec", *options.flag, image, "/bin/true"]
     for command in commands.values():  # warm-up, and a failing command stops here
         _spawn(command, account)
     walls: dict[str, list[float]] = {name: [] for name in commands}
@@ -82,10 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     base_wall = statistics.median(walls["python3 -c pass"])
     base_cpu = statistics.median(cpus["python3 -c pass"])
     print(f"{options.rounds} rounds, load {os.getloadavg()[0]:.1f}")
-    print(f"{'command':<40} {'wall ms':>8} {'ratio':>6} {'cpu ms':>8} {'ratio':>6}")
+    print(f"{'command':<44} {'wall ms':>8} {'ratio':>6} {'cpu ms':>8} {'ratio':>6}")
     for name in commands:
         wall, cpu = statistics.median(walls[name]), statistics.median(cpus[name])
-        print(f"{name[-40:]:<40} {wall:8.2f} {wall / base_wall:5.2f}x {cpu:8.2f} {cpu / base_cpu:5.2f}x")
+        print(f"{name[-44:]:<44} {wall:8.2f} {wall / base_wall:5.2f}x {cpu:8.2f} {cpu / base_cpu:5.2f}x")
     return 0
 
 

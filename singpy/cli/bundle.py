@@ -16,6 +16,12 @@ that serves a module from it only when
 
 Anything else (no bundle, a stale or foreign one, a module not in it) falls back
 to the normal import, module by module. Tracebacks name the real source files.
+
+The file has two parts: the plain launch's modules, read at start-up, and those
+that only an image file or a cached docker:// or oras:// reference adds, read
+with one more `pread` the first time one of them is imported, from the file
+read first (same inode, size and mtime, still trusted): a sandbox's launch
+reads no more than its own modules (~0.5 MB: ~0.3 ms, most of it page faults).
 """
 
 from __future__ import annotations
@@ -33,7 +39,14 @@ if TYPE_CHECKING:
 # The modules the exec path imports are those these import at module level (the same 40 as `-X importtime` of a
 # plain `singpy exec` lists); what an option imports later comes through the normal import.
 ENTRY_MODULES = ("singpy.cli.main", "singpy.cli.actions", "singpy.launch.launch")
-_LIMIT = 16 << 20  # the bundle is ~0.5 MB; anything far larger is not one we wrote
+# What an image file (a SIF: its mount, the extraction cache) and a cached docker:// or oras:// reference (the
+# tag's check, the cache's records) import on top, lazily: the bundle's second part (~18 modules, 0.3 MB), read
+# only by the launches that import them (tests/unit/test_hot_path_imports.py checks both lists).
+IMAGE_ENTRY_MODULES = ("singpy.image.squashfs", "singpy.image.cache", "singpy.image.tools", "singpy.oci.tagcheck",
+                       "singpy.oci.pull", "singpy.oci.quickhead", "singpy.oci.oras", "singpy.oci.mirrors",
+                       "singpy.oci.manifest", "singpy.oci.platform")
+_LIMIT = 16 << 20  # the bundle is ~0.8 MB; anything far larger is not one we wrote
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _S_IFMT, _S_IFREG = 0o170000, 0o100000  # stat's, without importing it
 
 
@@ -43,26 +56,38 @@ def bundle_path(package_dir: str) -> str:
 
 
 class _Entry:
-    __slots__ = ("code", "directory", "is_package", "mtime_ns", "size", "source")
+    __slots__ = ("at", "code", "directory", "is_package", "length", "mtime_ns", "size", "source")
 
     # `code`: the marshalled code object (a view into the bundle's bytes: no copy), or empty for an extension
     # module (singpy.kernel._native), loaded from `source` by the interpreter's own loader: served here only to
-    # spare its directory's listing.
+    # spare its directory's listing; None until the second part is read (`at`, `length`: where it lies in the file).
     def __init__(self, source: str, directory: str, is_package: bool, mtime_ns: int, size: int,
-                 code: memoryview):
+                 code: memoryview | None, at: int = 0, length: int = 0):
         self.source, self.directory, self.is_package = source, directory, is_package
-        self.mtime_ns, self.size, self.code = mtime_ns, size, code
+        self.mtime_ns, self.size, self.code, self.at, self.length = mtime_ns, size, code, at, length
+
+
+class _Later:
+    """Where the bundle's second part lies, and the file's identity when its first part was read."""
+
+    __slots__ = ("identity", "length", "path", "start")
+
+    def __init__(self, path: str, info: os.stat_result, start: int, length: int) -> None:
+        self.path, self.start, self.length = path, start, length
+        self.identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
 class BundleFinder:
     """A meta path finder and loader for the bundle's modules (see the module's docstring)."""
 
-    def __init__(self, entries: dict[str, _Entry]) -> None:
-        self.entries = entries
+    def __init__(self, entries: dict[str, _Entry], later: _Later | None = None) -> None:
+        self.entries, self.later = entries, later
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
         entry = self.entries.get(name)
         if entry is None or path is None or entry.directory not in path:
+            return None
+        if entry.code is None and not self._read_later():
             return None
         try:
             info = os.stat(entry.source)
@@ -83,11 +108,36 @@ class BundleFinder:
             spec.submodule_search_locations = [os.path.dirname(entry.source)]
         return spec  # no has_location: exec_module sets __file__ (the import would work out a __cached__ too)
 
+    def _read_later(self) -> bool:
+        """Read the second part into its entries, once: from the file the first part came from, still trusted."""
+        later, self.later = self.later, None
+        if later is None:
+            return False
+        try:
+            fd = os.open(later.path, _OPEN_FLAGS)
+        except OSError:
+            return False
+        try:
+            info = os.fstat(fd)
+            same = _trusted(info) and (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) == later.identity
+            view = memoryview(os.pread(fd, later.length, later.start) if same else b"")
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+        if len(view) != later.length:
+            return False
+        for entry in self.entries.values():
+            if entry.code is None:
+                entry.code = view[entry.at - later.start:entry.at - later.start + entry.length]
+        return True
+
     def create_module(self, spec: ModuleSpec) -> None:
         return None
 
     def exec_module(self, module: ModuleType) -> None:
         entry = self.entries[module.__name__]
+        assert entry.code is not None  # find_spec read it
         code: CodeType = marshal.loads(entry.code)
         module.__file__ = entry.source  # the real source: tracebacks and __file__ read as with the normal import
         exec(code, module.__dict__)
@@ -102,26 +152,33 @@ def install(path: str) -> bool:
     try:  # O_NONBLOCK: a FIFO put there never blocks the launch (it is refused below, as anything but a file)
         if not _trusted(os.stat(os.path.dirname(path))):
             return False
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.open(path, _OPEN_FLAGS)
     except OSError:
         return False
     try:
         info = os.fstat(fd)
         if not _trusted(info) or info.st_mode & _S_IFMT != _S_IFREG or info.st_size > _LIMIT:
             return False
-        view = memoryview(os.read(fd, info.st_size + 1))
-        # The layout `write_bundle` makes: the index's length (8 bytes), the index, then the code of each module.
-        start = 8 + int.from_bytes(view[:8], "little")
-        version, rows = marshal.loads(view[8:start])
-        if version != sys.version or start + sum(row[-1] for row in rows) != len(view):  # another's, or cut short
+        # The layout `write_bundle` makes: the index's length and the first part's (8 bytes each), the index, the
+        # first part's code, the second part's.
+        head = os.read(fd, 16)
+        index_length, first = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:16], "little")
+        view = memoryview(os.read(fd, index_length + first) if index_length + first < info.st_size else b"")
+        version, rows = marshal.loads(view[:index_length])
+        total = sum(row[-1] for row in rows)
+        if (version != sys.version or len(view) != index_length + first or first > total
+                or info.st_size != 16 + index_length + total):  # another's, or cut short
             return False
-        entries = {name: _Entry(source, directory, is_package, mtime_ns, size, view[start + at:start + at + length])
+        code, start = view[index_length:], 16 + index_length  # where the code starts in the file
+        entries = {name: _Entry(source, directory, is_package, mtime_ns, size,
+                                code[at:at + length] if at < first else None, start + at, length)
                    for name, source, directory, is_package, mtime_ns, size, at, length in rows}
     except (OSError, ValueError, EOFError, TypeError, IndexError):  # not a bundle this code wrote
         return False
     finally:
         os.close(fd)
-    sys.meta_path.insert(0, BundleFinder(entries))
+    later = _Later(path, info, start + first, total - first) if total > first else None
+    sys.meta_path.insert(0, BundleFinder(entries, later))
     return True
 
 
@@ -149,10 +206,38 @@ def hot_path_modules(package_root: str, entries: Sequence[str] = ENTRY_MODULES) 
     return [(name, source) for name, source in pairs if name not in _NOT_BUNDLED]
 
 
-def write_bundle(path: str, modules: Iterable[tuple[str, str]]) -> int:
-    """Write the bundle of `modules` ((name, source) pairs, compiled from the sources as read now) to `path`,
-    atomically; returns how many it holds."""
-    rows, blobs, offset = [], [], 0
+def image_path_modules(package_root: str) -> list[tuple[str, str]]:
+    """(name, source) of the singpy modules that IMAGE_ENTRY_MODULES load on top of the plain launch's."""
+    plain = {name for name, _ in hot_path_modules(package_root)}
+    both = hot_path_modules(package_root, (*ENTRY_MODULES, *IMAGE_ENTRY_MODULES))
+    return [(name, source) for name, source in both if name not in plain]
+
+
+def write_bundle(path: str, modules: Iterable[tuple[str, str]], later: Iterable[tuple[str, str]] = ()) -> int:
+    """Write the bundle of `modules`, then `later` (its second part), ((name, source) pairs, compiled from the
+    sources as read now) to `path`, atomically; returns how many it holds."""
+    rows: list[tuple[str, str, str, bool, int, int, int, int]] = []
+    blobs: list[bytes] = []
+    first = _compile(modules, rows, blobs, 0)
+    _compile(later, rows, blobs, first)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(partial, "wb") as out:
+            index = marshal.dumps((sys.version, rows))
+            out.write(len(index).to_bytes(8, "little") + first.to_bytes(8, "little") + index + b"".join(blobs))
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+        raise
+    return len(rows)
+
+
+def _compile(modules: Iterable[tuple[str, str]], rows: list[tuple[str, str, str, bool, int, int, int, int]],
+             blobs: list[bytes], offset: int) -> int:
+    """Append each module's index row and code, its code starting at `offset`; the offset after them."""
     for name, source in modules:
         with open(source, "rb") as file:
             info = os.fstat(file.fileno())
@@ -163,16 +248,4 @@ def write_bundle(path: str, modules: Iterable[tuple[str, str]]) -> int:
         rows.append((name, source, directory, is_package, info.st_mtime_ns, info.st_size, offset, len(code)))
         blobs.append(code)
         offset += len(code)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(partial, "wb") as out:
-            index = marshal.dumps((sys.version, rows))
-            out.write(len(index).to_bytes(8, "little") + index + b"".join(blobs))
-        os.chmod(partial, 0o644)
-        os.replace(partial, path)
-    except BaseException:
-        if os.path.lexists(partial):
-            os.unlink(partial)
-        raise
-    return len(rows)
+    return offset

@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-from singpy.cli.bundle import bundle_path, hot_path_modules, write_bundle
+from singpy.cli.bundle import bundle_path, hot_path_modules, image_path_modules, write_bundle
 
 TEMPLATE = """#!{python} -S
 # singpy's console script, tuned by `python -m singpy.cli.launcher` (make setup): -S skips site and its .pth
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
         return 1
     bundle = bundle_path(os.path.join(package_root, "singpy"))
     try:
-        write_bundle(bundle, hot_path_modules(package_root))
+        write_bundle(bundle, hot_path_modules(package_root), image_path_modules(package_root))
     except (OSError, SyntaxError, subprocess.SubprocessError) as error:  # the script works without it, slower
         print(f"{bundle}: {error}", file=sys.stderr)
         return 1

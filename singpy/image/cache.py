@@ -34,11 +34,14 @@ under random O_EXCL | O_NOFOLLOW names and renamed.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
 
 from singpy import console
 from singpy.errors import ImageError
 from singpy.host.cachefiles import check_owned, identity, make_private_dirs, publish, read_private
+
+TYPE_CHECKING = False  # see singpy.record: `collections` is not loaded on a SIF launch (issue 31)
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
 
 ROOTFS, INDEX = "rootfs", "index"
 _HASH_CHUNK = 1 << 20

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import stat
-import struct
 
 from singpy.errors import ImageError, SifError
 from singpy.host import hostfiles
@@ -107,6 +106,8 @@ def _ext3_magic(head: bytes, offset: int) -> bool:
 
 def _ext3_features(head: bytes, offset: int) -> bool:
     """A journal and no feature ext3 lacks: Apptainer's CheckExt3Header (as singpy.image.extfs checks overlays)."""
+    import struct  # only for an image file: a sandbox's launch never loads it (issue 31)
+
     compat, incompat, rocompat = struct.unpack_from("<III", head, offset + _EXT_MAGIC_AT + 36)
     return bool(compat & _EXT_HAS_JOURNAL) and not incompat & ~_EXT_INCOMPAT and not rocompat & ~_EXT_ROCOMPAT
 

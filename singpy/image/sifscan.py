@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import stat
-import struct
 
 from singpy.constants import ARCHES, MACHINE_ARCH
 
-_HEADER = struct.Struct("<32s10s3s3s16s8q")  # as singpy.image.sif.HEADER
-_DESCRIPTOR = struct.Struct("<i?III7q128s384s")  # as singpy.image.sif.DESCRIPTOR
+# `struct` is imported when a SIF is read, not at import: a sandbox's launch imports this module too (issue 31)
+_HEADER = "<32s10s3s3s16s8q"  # as singpy.image.sif.HEADER
+_DESCRIPTOR = "<i?III7q128s384s"  # as singpy.image.sif.DESCRIPTOR
 _PARTITION = 0x4004
 _PRIMSYS = 2
 _OVERLAY = 4  # part type Overlay
@@ -34,7 +34,7 @@ def overlay_partition(path: str) -> tuple[int, int] | None:
 
 def _overlay(partitions: list[tuple[int, int, int, bytes]] | None) -> tuple[int, int] | None:
     for datatype, offset, length, extra in partitions or ():
-        fstype, parttype = struct.unpack_from("<ii", extra)
+        fstype, parttype = _int32(extra, 0), _int32(extra, 4)
         if datatype == _PARTITION and parttype == _OVERLAY and fstype == _FS_EXT3:
             return offset, length
     return None
@@ -43,9 +43,14 @@ def _overlay(partitions: list[tuple[int, int, int, bytes]] | None) -> tuple[int,
 def _scan(partitions: list[tuple[int, int, int, bytes]] | None) -> tuple[int, int, int, str] | None:
     """(offset, size, fstype, arch) of the primary partition, or None if anything is amiss."""
     for datatype, offset, length, extra in partitions or ():
-        if datatype == _PARTITION and struct.unpack_from("<i", extra, 4)[0] == _PRIMSYS:
-            return offset, length, struct.unpack_from("<i", extra)[0], arch_name(extra[8:11])
+        if datatype == _PARTITION and _int32(extra, 4) == _PRIMSYS:
+            return offset, length, _int32(extra, 0), arch_name(extra[8:11])
     return None
+
+
+def _int32(extra: bytes, at: int) -> int:
+    """The little-endian signed 32-bit number at `at` of a descriptor's extra field (struct's "<i")."""
+    return int.from_bytes(extra[at:at + 4], "little", signed=True)
 
 
 def _partitions(path: str) -> list[tuple[int, int, int, bytes]] | None:
@@ -58,16 +63,19 @@ def _partitions(path: str) -> list[tuple[int, int, int, bytes]] | None:
         fd = _open(path)
     except OSError:
         return None
+    import struct
+
+    header, descriptor = struct.Struct(_HEADER), struct.Struct(_DESCRIPTOR)
     try:
         info = os.fstat(fd)
         size = info.st_size
-        head = os.pread(fd, _HEADER.size, 0)
-        if not stat.S_ISREG(info.st_mode) or len(head) < _HEADER.size:
+        head = os.pread(fd, header.size, 0)
+        if not stat.S_ISREG(info.st_mode) or len(head) < header.size:
             return None
-        fields = _HEADER.unpack(head)
+        fields = header.unpack(head)
         total, table_at, table_size = fields[8], fields[9], fields[10]
         if (fields[1] != b"SIF_MAGIC\0" or fields[2] != b"01\0" or not 0 <= total <= 0xFFFFFFFF
-                or table_size != total * _DESCRIPTOR.size or table_at < _HEADER.size
+                or table_size != total * descriptor.size or table_at < header.size
                 or table_at + table_size > size or fields[11] < 0):
             return None
         table = os.pread(fd, table_size, table_at)
@@ -78,7 +86,7 @@ def _partitions(path: str) -> list[tuple[int, int, int, bytes]] | None:
     if len(table) != table_size:
         return None
     found = []
-    for datatype, used, _, _, _, offset, length, *_, extra in _DESCRIPTOR.iter_unpack(table):
+    for datatype, used, _, _, _, offset, length, *_, extra in descriptor.iter_unpack(table):
         if not used:
             continue
         if offset < 0 or length < 0 or offset + length > size:

@@ -31,7 +31,6 @@ at /oldroot, and returns the image root as seen from there.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from singpy import console
 from singpy.constants import FUSE_DEVICE
@@ -41,6 +40,10 @@ from singpy.kernel import syscalls as k
 from singpy.launch import process
 from singpy.layers import rootfs
 from singpy.plan import ImageSpec
+
+TYPE_CHECKING = False  # see singpy.record: `collections` is not loaded on a SIF launch (issue 31)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 FUSE_TOOLS = ("squashfuse_ll", "squashfuse")  # the low-level one is faster (Apptainer prefers it too)
 _MOUNT_FLAGS = k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV

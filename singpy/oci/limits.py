@@ -20,13 +20,13 @@ change them (docs/pull.md):
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 from singpy.errors import ImageError
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
 RETRIES = 5

@@ -40,7 +40,6 @@ mirror and the origin share cached images.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
 
 from singpy import console
 from singpy.errors import ImageError
@@ -49,6 +48,7 @@ from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from typing import Any
 
     from singpy.oci.auth import Credentials

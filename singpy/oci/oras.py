@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Mapping
 
 from singpy import console
 from singpy.errors import ImageError
@@ -31,6 +30,7 @@ from singpy.oci.ref import Reference
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any
 
     from singpy.oci.pull import PullOptions

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 
 from singpy import __version__, console
 from singpy.constants import SQUASH_MEMORY
@@ -28,6 +27,7 @@ from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time (a cached image starts fast)
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any, Protocol
 
     class Source(Protocol):

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import _socket
 import time
-from collections.abc import Callable, Mapping
 
 from singpy.oci.limits import Limits
 from singpy.oci.ref import Reference, valid_digest, valid_tag
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
     from typing import Any
 
 HEADER_LIMIT = 64 << 10  # bytes of a HEAD answer's status line and headers (a registry sends ~500)

@@ -29,9 +29,7 @@ Small files are written under random O_EXCL | O_NOFOLLOW names and renamed.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Mapping
 
 from singpy import console
 from singpy.errors import ImageError
@@ -40,7 +38,8 @@ from singpy.image import cache
 from singpy.oci.ref import valid_digest
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time (a cached image starts fast)
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # nor `contextlib` nor `collections` (~1 ms of a cached docker:// run's imports: issue 31)
+    from collections.abc import Mapping
     from typing import Any
 
 BLOBS, SIFS, REFS, WORK = "blobs/sha256", "sif", "refs", "tmp"
@@ -149,8 +148,7 @@ def _verified_after_restart(sif: str, digest: str) -> str:
         console.warning(f"the cached SIF {digest[:19]} does not match its digest after a restart: "
                         "downloading it again")
         for suffix in (".id", ".sif"):  # the seal first: a SIF without one is never used
-            with contextlib.suppress(OSError):
-                os.unlink(sif.removesuffix(".sif") + suffix)
+            _unlink_quietly(sif.removesuffix(".sif") + suffix)
         return ""
     return sif
 
@@ -169,8 +167,7 @@ def seal_sif(sif: str, digest: str, record: Mapping[str, object], *, unsynced: b
             _fsync(sif)
         cachefiles.publish(f"{base}.id", f"{digest} {cachefiles.identity(os.lstat(sif))}{mark}\n".encode())
     except OSError as error:
-        with contextlib.suppress(OSError):
-            os.unlink(sif)  # unsealed, it would never be used: not left behind
+        _unlink_quietly(sif)  # unsealed, it would never be used: not left behind
         raise ImageError(f"can't record the digest of {sif}: {error.strerror}") from None
     try:  # for `singpy cache list`: the image is usable without it
         cache.write_record(f"{base}.json", record)
@@ -227,17 +224,37 @@ def open_blob(location: str, digest: str) -> Any:
         raise ImageError(f"can't read the cached layer {digest}: {error.strerror}") from None
 
 
-@contextlib.contextmanager
-def locked(path: str, *, waiting_for: str) -> Iterator[None]:
-    """Hold the flock of `path` (created if needed, deleted on release) for the block."""
-    fd = cache.lock_file(path, wait=waiting_for)
-    assert fd is not None
+def _unlink_quietly(path: str) -> None:
     try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)  # while locked, as cache.lock_file requires
-        os.close(fd)
+        os.unlink(path)
+    except OSError:
+        return
+
+
+def _unlink_if_there(path: str) -> bool:
+    """Whether `path` was there to remove; any other failure is raised."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class locked:  # noqa: N801 - called as the function it was: `with store.locked(...)`
+    """`with locked(path, waiting_for=...)`: hold the flock of `path` (created if needed, deleted on release)
+    for the block. A class rather than a contextlib decorator: that module is not imported on a cached run."""
+
+    def __init__(self, path: str, *, waiting_for: str) -> None:
+        self.path, self.waiting_for, self.fd = path, waiting_for, -1
+
+    def __enter__(self) -> None:
+        fd = cache.lock_file(self.path, wait=self.waiting_for)
+        assert fd is not None
+        self.fd = fd
+
+    def __exit__(self, *exc: object) -> None:
+        _unlink_quietly(self.path)  # while locked, as cache.lock_file requires
+        os.close(self.fd)
 
 
 def _ref_path(location: str, reference: str, platform: str) -> str:
@@ -390,8 +407,7 @@ def remove_pulled(location: str, hex_digest: str) -> bool:
         return False
     try:
         for name in (f"{hex_digest}.sif", f"{hex_digest}.id", f"{hex_digest}.json"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{location}/{SIFS}/{name}")
+            _unlink_if_there(f"{location}/{SIFS}/{name}")
         os.unlink(lock)  # while locked, as cache.lock_file requires
     finally:
         os.close(fd)
@@ -414,9 +430,7 @@ def remove_blobs(location: str) -> int:
         if fd is None:
             continue  # downloading now
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{directory}/{name}")
-                removed += 1
+            removed += _unlink_if_there(f"{directory}/{name}")
             os.unlink(f"{directory}/.{hex_digest}.lock")
         finally:
             os.close(fd)

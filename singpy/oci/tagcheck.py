@@ -13,10 +13,10 @@ nobody asked for (an error came first).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from singpy.oci.pull import PullOptions
     from singpy.oci.ref import Reference
 

@@ -127,11 +127,14 @@ def test_a_link_a_foreign_or_a_broken_bundle_is_ignored(built: tuple[Path, Path]
     os.mkfifo(fifo, 0o644)  # would block a plain open: never waited on
     assert run_importer(root, fifo, "pkg.sub.mod") == "not installed\npkg.sub.mod SourceFileLoader first True\n"
     data = path.read_bytes()
-    start = 8 + int.from_bytes(data[:8], "little")  # the index's length, the index, the code (write_bundle)
-    _, rows = marshal.loads(data[8:start])
+    # the index's length and the first part's (8 bytes each), the index, the code (write_bundle)
+    start = 16 + int.from_bytes(data[:8], "little")
+    _, rows = marshal.loads(data[16:start])
     index = marshal.dumps(("3.0.0 (another interpreter)", rows))
-    foreign = len(index).to_bytes(8, "little") + index + data[start:]
-    for content in (foreign, data[:start - 1], b"\xff" * 8 + data[8:], b"\x00garbage", b""):
+    foreign = len(index).to_bytes(8, "little") + data[8:16] + index + data[start:]
+    longer = data[:8] + (len(data) - start + 1).to_bytes(8, "little") + data[16:]  # a first part past the end
+    for content in (foreign, longer, data[:start - 1], data[:-1], data + b"\0", b"\xff" * 8 + data[8:],
+                    b"\x00garbage", b""):
         path.write_bytes(content)
         assert run_importer(root, path, "pkg.sub.mod") == "not installed\npkg.sub.mod SourceFileLoader first True\n"
 
@@ -153,9 +156,105 @@ def _stat(path: Path) -> tuple[int, int]:
     return info.st_mtime_ns, info.st_size
 
 
+# Installs the bundle argv[2] for the package root argv[1], then does argv[3] to it ("replace": a copy renamed over
+# it, "chmod": made writable by others, "keep": nothing) and imports argv[4:], printing what served them.
+LATER_IMPORTER = """
+import os, shutil, sys
+sys.path.append(sys.argv[1])
+from singpy.cli.bundle import install
+print("installed" if install(sys.argv[2]) else "not installed")
+if sys.argv[3] == "replace":
+    shutil.copy(sys.argv[2], sys.argv[2] + ".new")
+    os.replace(sys.argv[2] + ".new", sys.argv[2])
+elif sys.argv[3] == "chmod":
+    os.chmod(sys.argv[2], 0o666)
+for name in sys.argv[4:]:
+    module = __import__(name, fromlist=["x"])
+    print(name, type(module.__spec__.loader).__name__, module.VALUE)
+"""
+
+
+@pytest.mark.parametrize(("change", "served_by"), [("keep", "BundleFinder"), ("replace", "SourceFileLoader"),
+                                                   ("chmod", "SourceFileLoader")])
+def test_the_second_part_is_read_from_the_same_trusted_file(workdir: Path, change: str, served_by: str) -> None:
+    """The image paths' modules (the second part) are read when first imported, from the file the first part came
+    from, still trusted: a bundle replaced or made writable by others since start-up serves none of them."""
+    root = Path(tempfile.mkdtemp(dir=workdir, prefix="bundle-")) / "tree"
+    first, later = make_package(root)
+    path = Path(bundle.bundle_path(str(root / "pkg")))
+    assert bundle.write_bundle(str(path), [first], [later]) == 2
+    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {singpy_root!r})\n"
+                           f"{LATER_IMPORTER}", str(root), str(path), change, "pkg.sub", "pkg.sub.mod"],
+                          capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"installed\npkg.sub BundleFinder package\npkg.sub.mod {served_by} first\n"
+
+
+# Counts the bytes the bundle code reads (os.read, os.pread) while installing argv[2] and importing argv[3:].
+COUNTING_IMPORTER = """
+import os, sys
+sys.path.append(sys.argv[1])
+counted = []
+for name in ("read", "pread"):
+    def counting(*args, real=getattr(os, name)):
+        data = real(*args)
+        counted.append(len(data))
+        return data
+    setattr(os, name, counting)
+from singpy.cli.bundle import install
+print("installed" if install(sys.argv[2]) else "not installed", sum(counted))
+for name in sys.argv[3:]:
+    module = __import__(name, fromlist=["x"])
+    print(name, type(module.__spec__.loader).__name__, sum(counted))
+"""
+
+
+def test_the_first_part_is_read_alone(built: tuple[Path, Path]) -> None:
+    """A launch reads the first part only; the second is read, once, when one of its modules is imported."""
+    root, path = built
+    package = root / "pkg" / "sub"
+    assert bundle.write_bundle(str(path), [("pkg.sub", str(package / "__init__.py"))],
+                               [("pkg.sub.mod", str(package / "mod.py"))]) == 2
+    data = path.read_bytes()
+    second = 16 + int.from_bytes(data[:8], "little") + int.from_bytes(data[8:16], "little")
+    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {singpy_root!r})\n"
+                           f"{COUNTING_IMPORTER}", str(root), str(path), "pkg.sub", "pkg.sub.mod"],
+                          capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert 0 < second < len(data)
+    assert done.stdout == (f"installed {second}\npkg.sub BundleFinder {second}\n"
+                           f"pkg.sub.mod BundleFinder {len(data)}\n")
+
+
+def test_an_extension_in_the_second_part_stays_one(built: tuple[Path, Path]) -> None:
+    """An extension module's row holds no code (the interpreter's own loader loads the file): read from the second
+    part, it must stay empty, not run on into the next module's code."""
+    root, path = built
+    package = root / "pkg" / "sub"
+    (package / "ext.so").write_bytes(b"not loaded here")
+    later = [("pkg.sub.ext", str(package / "ext.so")), ("pkg.sub.mod", str(package / "mod.py"))]
+    assert bundle.write_bundle(str(path), [("pkg.sub", str(package / "__init__.py"))], later) == 3
+    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
+    script = (f"import sys; sys.path.insert(0, {singpy_root!r}); sys.path.append({str(root)!r})\n"
+              "from singpy.cli.bundle import install\n"
+              f"assert install({str(path)!r})\n"
+              "import pkg.sub.mod\n"
+              "entries = sys.meta_path[0].entries\n"
+              "print(pkg.sub.mod.VALUE, bytes(entries['pkg.sub.ext'].code), entries['pkg.sub.ext'].length)\n")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=60,
+                          check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "first b'' 0\n"
+
+
 def test_the_hot_path_modules_are_the_launch_path() -> None:
     package_root = str(Path(bundle.__file__).resolve().parents[2])
     names = [name for name, _ in bundle.hot_path_modules(package_root)]
     assert {"singpy.cli.main", "singpy.launch.launch", "singpy.mounts.apply", "singpy.plan"} <= set(names)
     assert "singpy.kernel._native" in names  # the extension: its directory is not listed at each launch
     assert not {"singpy.cli.bundle", "singpy.cli", "singpy.cli.app", "singpy.oci.pull"} & set(names)
+    later = [name for name, _ in bundle.image_path_modules(package_root)]
+    assert {"singpy.image.squashfs", "singpy.oci.pull", "singpy.oci.tagcheck", "singpy.oci.store"} <= set(later)
+    assert not set(later) & set(names) and not {"singpy.oci.registry", "singpy.image.sif"} & set(later)

@@ -10,8 +10,10 @@ A plain launch imports no CLI framework (typer, click, rich: singpy.cli.parse
 explains why), no pyroute2 or prctl (needed only by --net and capability
 handling), no SIF writer, and none of the stdlib modules the code avoids on
 purpose (`dataclasses`, `typing`, `pathlib`, `json`: see singpy.record and
-benchmarks/README.md). GPU and image flags may pull in more of the stdlib, but
-never those third-party packages nor the SIF writer.
+benchmarks/README.md). GPU flags may pull in more of the stdlib, but never those
+third-party packages nor the SIF writer. A SIF's launch and a cached docker://
+image's, run through the console script itself as root and as the test user,
+import no enum, signal or contextlib, and only singpy modules the bundle holds.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import Singpy
 from tests.support.images import build_busybox_rootfs
+from tests.support.oci import busybox_image
+from tests.support.registry import RegistryServer
+from tests.support.sifs import siftool_sif
 
 NEVER = ("typer", "click", "rich", "pyroute2", "prctl", "singpy.image.sifwrite")
 # The registry client, layer applier and converter (issue 10) are only for docker:// and OCI sources.
@@ -39,6 +45,13 @@ NOT_ON_PLAIN_PATH = (*NEVER, *PULL, "dataclasses", "typing", "pathlib", "json", 
                      "enum", "collections", "functools", "signal",
                      # the system calls go through the C extension singpy.kernel._native (built by make setup)
                      "ctypes", "singpy.kernel._libcalls")
+# A SIF's launch (the loop device as root, squashfuse as a user) and a cached docker:// image's: no enum (with
+# functools), no signal wrappers, no contextlib, no ctypes; a SIF's launch no collections either (issue 31).
+# (A cached docker:// run still imports collections.abc: singpy.oci.tagcheck, pull, quickhead and oras do.)
+IMAGE_FILE_PATH = (*NEVER, "enum", "functools", "signal", "contextlib", "ctypes", "singpy.kernel._libcalls",
+                   "dataclasses", "typing", "pathlib", "json")
+SIF_PATH = (*IMAGE_FILE_PATH, "collections", "singpy.oci", "http", "ssl", "socket")
+CACHED_TAG_PATH = (*IMAGE_FILE_PATH, "collections")  # ~1.9 ms on the cached docker:// run (issue 31)
 # Runs the console script's code (singpy.cli.main:main) with the given arguments.
 ENTRY = "import sys; from singpy.cli.main import main; sys.argv[0] = 'singpy'; sys.exit(main())"
 MARK = "hot-path-ok"
@@ -47,12 +60,27 @@ MARK = "hot-path-ok"
 def imported_modules(*args: str, cwd: Path) -> tuple[list[str], subprocess.CompletedProcess[str]]:
     done = subprocess.run([sys.executable, "-X", "importtime", "-c", ENTRY, *args], capture_output=True, text=True,
                           timeout=60, cwd=cwd, check=False)
-    modules = []
-    for line in done.stderr.splitlines():
+    return module_names(done.stderr), done
+
+
+def script_imports(singpy: Singpy, *args: str) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+    """What the console script itself (`python -S`, the bundle: make setup's) imports for `singpy ARGS`, run as
+    the profile's user."""
+    done = singpy.run(*args, env=singpy.env(PYTHONPROFILEIMPORTTIME="1"))
+    return module_names(done.stderr), done
+
+
+def module_names(stderr: str) -> list[str]:
+    """The modules importtime lists in `stderr`: those of the last interpreter started (each prints its header
+    first; tests.support.hostsim's wrapper, when a test needs it, is Python too, and execs singpy)."""
+    modules: list[str] = []
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and "imported package" in line:
+            modules = []
         parts = line.removeprefix("import time:").split("|")
         if line.startswith("import time:") and len(parts) == 3 and parts[0].strip().isdigit():
             modules.append(parts[2].strip())
-    return modules, done
+    return modules
 
 
 def offenders(modules: list[str], forbidden: tuple[str, ...]) -> list[str]:
@@ -123,11 +151,48 @@ def test_env_file_reader_comes_with_env_file_only(sandbox: Path, tmp_path: Path)
 
 
 def test_the_bundle_holds_the_whole_plain_launch_path(sandbox: Path) -> None:
-    """singpy.cli.bundle's list (what make setup bundles) is exactly what a plain launch imports of singpy, less
-    the packages imported before the bundle is installed."""
+    """singpy.cli.bundle's first part (what make setup bundles for every launch) is exactly what a plain launch
+    imports of singpy, less the packages imported before the bundle is installed; its second part none of it."""
     from singpy.cli import bundle
 
     modules, done = imported_modules("exec", str(sandbox), "echo", MARK, cwd=sandbox.parent)
     assert done.returncode == 0 and MARK in done.stdout, f"singpy exec failed:\n{done.stderr[-2000:]}"
-    bundled = {name for name, _ in bundle.hot_path_modules(str(Path(bundle.__file__).resolve().parents[2]))}
+    root = str(Path(bundle.__file__).resolve().parents[2])
+    bundled = {name for name, _ in bundle.hot_path_modules(root)}
     assert {name for name in modules if name.startswith("singpy.")} - {"singpy.cli"} == bundled
+    assert not bundled & {name for name, _ in bundle.image_path_modules(root)}
+
+
+def _bundled_everywhere(modules: list[str]) -> list[str]:
+    """The singpy modules of `modules` that neither part of the bundle holds."""
+    from singpy.cli import bundle
+
+    root = str(Path(bundle.__file__).resolve().parents[2])
+    bundled = {name for name, _ in (*bundle.hot_path_modules(root), *bundle.image_path_modules(root))}
+    return sorted(name for name in modules if name.startswith("singpy.") and name not in bundled
+                  and name not in ("singpy.cli", "singpy.cli.bundle"))
+
+
+def test_a_sif_launch_imports_no_enum_signal_or_collections(singpy: Singpy, workdir: Path, fuse_open: str) -> None:
+    """As root (the kernel's squashfs on a loop device) and as a user (squashfuse): every singpy module from the
+    bundle, none of the standard library's heavier modules (issue 31)."""
+    modules, done = script_imports(singpy, "exec", str(siftool_sif(workdir)), "echo", MARK)
+    assert done.returncode == 0 and MARK in done.stdout, done.stderr[-2000:]
+    assert "singpy.image.squashfs" in modules and "singpy.launch.launch" in modules
+    assert offenders(modules, SIF_PATH) == []
+    assert _bundled_everywhere(modules) == []
+
+
+def test_a_cached_docker_image_imports_from_the_bundle(singpy: Singpy, registry_plain: RegistryServer,
+                                                      fuse_open: str) -> None:
+    """`exec docker://X:TAG` of a cached image: its tag's check and cache records come from the bundle's second
+    part, without enum, signal, contextlib or collections (issue 31)."""
+    registry_plain.upload(busybox_image(), f"hot-path/busybox-{singpy.profile}")
+    ref = registry_plain.ref(f"hot-path/busybox-{singpy.profile}")
+    singpy.ok("-q", "exec", "--no-https", ref, "true")  # pulled and cached once
+    modules, done = script_imports(singpy, "exec", "--no-https", ref, "echo", MARK)
+    assert done.returncode == 0 and MARK in done.stdout, done.stderr[-2000:]
+    assert {"singpy.oci.tagcheck", "singpy.oci.store", "singpy.image.squashfs"} <= set(modules)
+    assert "singpy.oci.registry" not in modules  # the cached image's check: one HEAD request, no full client
+    assert offenders(modules, CACHED_TAG_PATH) == []
+    assert _bundled_everywhere(modules) == []
