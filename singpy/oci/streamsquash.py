@@ -10,7 +10,8 @@ cache in memory. Here, instead:
 2. Apptainer's /.singularity.d is laid over it (singpy.oci.streaminstall);
 3. `tar2sqfs` (squashfs-tools-ng) reads one tar stream: every directory,
    link and special file first, then the surviving files' data as the
-   layers are read a second time (a layer with none is not read), then
+   layers are read a second time (a layer with none is not read; the
+   byte ranges the first pass found, singpy.oci.streamdata), then
    the hard links. Each path is sent once (tar2sqfs refuses duplicates).
 
 Anything the stream can't express exactly (tarmerge.Unsupported), or no
@@ -32,17 +33,17 @@ from typing import Any
 
 from singpy import console
 from singpy.errors import ImageError
-from singpy.oci.tarmerge import Dir, File, Index, Link, Node, Special, Unsupported
+from singpy.oci.streamdata import Offsets, header, send_ranges
+from singpy.oci.tarmerge import File, Index, Node, Unsupported
 
-_KINDS = {"d": tarfile.DIRTYPE, "l": tarfile.SYMTYPE, "p": tarfile.FIFOTYPE, "c": tarfile.CHRTYPE,
-          "b": tarfile.BLKTYPE, "f": tarfile.REGTYPE}
 _BLOCK = 512
 _CHUNK = 1 << 20
 _TAR_BUFFER = 1 << 16
 _MAX_PSEUDO = 7998  # bytes of a path the tree path can give mksquashfs: "/PATH" escaped under 16000 (owners.py)
 # squashfs-tools-ng with the tree path's compression (pull.SQUASH_COMPRESSION: gzip level 6); two block
-# compressors: the machines measured have two cores (docs/pull.md, "Big images")
-COMPRESSION = ("-c", "gzip", "-X", "level=6", "-j", "2")
+# compressors: the machines measured have two cores; a backlog of 200 blocks (25 MiB, default 10 per job)
+# keeps both busy through runs of small files: 179% -> 194% of the two cores (docs/pull.md, "Big images")
+COMPRESSION = ("-c", "gzip", "-X", "level=6", "-j", "2", "-Q", "200")
 
 
 class Squashed:
@@ -75,12 +76,13 @@ def squash(blobs: Any, steps: Any, descriptors: list[dict[str, Any]], what: str,
             raise Unsupported(f"umask {umask:03o}: the tree path's directories get other modes")
         started = time.monotonic()
         index = Index(as_root=as_root, root_mode=0o755)
-        _merge_headers(index, blobs, descriptors, what, steps)
+        offsets = Offsets()
+        _merge_headers(index, offsets, blobs, descriptors, what, steps)
         from singpy.oci.streaminstall import install_over
 
         attributes = install_over(index, scratch, config, labels, deffile)
         console.debug(f"the layers' headers merged in {time.monotonic() - started:.1f} s")
-        _stream(index, tar2sqfs, output, blobs, descriptors, what, steps)
+        _stream(index, offsets, tar2sqfs, output, blobs, descriptors, what, steps)
         console.debug(f"the merged stream squashed in {time.monotonic() - started:.1f} s in all")
     except Unsupported as why:
         console.debug(f"{what} is converted through a tree: the merged stream can't hold it ({why})")
@@ -158,8 +160,10 @@ class _Reading:
         return self.members
 
 
-def _merge_headers(index: Index, blobs: Any, descriptors: list[dict[str, Any]], what: str, steps: Any) -> None:
-    """Every layer's headers applied to `index` in order, the next layer read on another thread meanwhile."""
+def _merge_headers(index: Index, offsets: Offsets, blobs: Any, descriptors: list[dict[str, Any]], what: str,
+                   steps: Any) -> None:
+    """Every layer's headers applied to `index` in order, the next layer read on another thread meanwhile;
+    where each file's data starts kept in `offsets` (the data pass parses no header again)."""
     import threading
 
     stop = threading.Event()
@@ -170,9 +174,11 @@ def _merge_headers(index: Index, blobs: Any, descriptors: list[dict[str, Any]], 
                 ahead = descriptors[number + len(pending)]["digest"]
                 pending.append(_Reading(blobs, ahead, f"layer {ahead} of {what}", stop))
             steps.extracting(number + 1, len(descriptors), descriptor["digest"])
-            for member in pending.pop(0).result():
+            members = pending.pop(0).result()
+            for member in members:
                 index.apply(member)
             index.end_layer()
+            offsets.record(number, members)
     finally:
         stop.set()
 
@@ -190,8 +196,8 @@ def _headers(blobs: Any, digest: str, what: str, stop: Any) -> list[tarfile.TarI
 # -- the stream ------------------------------------------------------------------------------------------
 
 
-def _stream(index: Index, tar2sqfs: str, output: str, blobs: Any, descriptors: list[dict[str, Any]], what: str,
-            steps: Any) -> None:
+def _stream(index: Index, offsets: Offsets, tar2sqfs: str, output: str, blobs: Any,
+            descriptors: list[dict[str, Any]], what: str, steps: Any) -> None:
     """`index` as one tar stream into tar2sqfs writing `output`; on any failure, tar2sqfs killed and `output`
     removed before the error goes on."""
     from singpy.image.tools import ToolError
@@ -203,16 +209,21 @@ def _stream(index: Index, tar2sqfs: str, output: str, blobs: Any, descriptors: l
         assert child.stdin is not None
         out = child.stdin
         try:
-            out.write(_header(".", index.root, None))
+            out.write(header(".", index.root, None))
             for path, node in plan.early:
-                out.write(_header(path, node, None))
+                out.write(header(path, node, None))
                 if isinstance(node, File) and node.content:
                     out.write(node.content + _padding(len(node.content)))
             advance(1 + len(plan.early))
             for number, descriptor in enumerate(descriptors):
                 wanted = plan.files.get(number)
                 if wanted:
-                    _send_layer(out, wanted, blobs, descriptor["digest"], f"layer {descriptor['digest']} of {what}")
+                    layer = f"layer {descriptor['digest']} of {what}"
+                    ranges = offsets.ranges(number, wanted)
+                    if ranges is None:  # a sparse file: tarfile reads that layer again
+                        _send_layer(out, wanted, blobs, descriptor["digest"], layer)
+                    else:
+                        _send_ranges(out, ranges, blobs, descriptor["digest"], layer)
                     advance(len(wanted))
             for path, target in plan.hard_links:
                 info = tarfile.TarInfo(path)
@@ -270,6 +281,22 @@ def _plan(index: Index) -> _Plan:
     return plan
 
 
+def _send_ranges(out: Any, ranges: list[tuple[int, str, File]], blobs: Any, digest: str, what: str) -> None:
+    """The data of layer `digest`'s entries that the image keeps, copied from where the headers pass found it."""
+    from singpy.oci.readahead import ReadAhead
+    from singpy.oci.streams import VerifyingReader, open_layer
+
+    raw = blobs.open(digest)
+    try:
+        with raw if isinstance(raw, VerifyingReader) else VerifyingReader(raw, digest, source=what) as blob, \
+                ReadAhead(open_layer(blob, source=what)) as layer:
+            send_ranges(out, ranges, layer)
+    except OSError as error:  # not the pipe (BrokenPipeError, its own handling): the tree path says what is wrong
+        if isinstance(error, BrokenPipeError):
+            raise
+        raise Unsupported(f"reading a layer: {error.strerror or error}") from None
+
+
 def _send_layer(out: Any, wanted: dict[int, tuple[str, File]], blobs: Any, digest: str, what: str) -> None:
     """The data of layer `digest`'s entries that the image keeps, each under its final path."""
     for ordinal, (member, archive) in enumerate(_layer_members(blobs, digest, what, again=True)):
@@ -279,7 +306,7 @@ def _send_layer(out: Any, wanted: dict[int, tuple[str, File]], blobs: Any, diges
         path, node = found
         if not member.isreg() or member.size != node.size:
             raise ImageError(f"can't convert {what}: it changed while it was read")
-        out.write(_header(path, node, member.size))
+        out.write(header(path, node, member.size))
         source = archive.fileobj
         if member.sparse is not None:
             source = archive.extractfile(member)
@@ -291,22 +318,6 @@ def _send_layer(out: Any, wanted: dict[int, tuple[str, File]], blobs: Any, diges
             out.write(data)
             left -= len(data)
         out.write(_padding(member.size))
-
-
-def _header(path: str, node: Node, size: int | None) -> bytes:
-    info = tarfile.TarInfo(path)
-    info.type = _KINDS[node.kind]
-    info.mode, info.uid, info.gid, info.mtime = node.mode, node.uid, node.gid, node.mtime
-    info.uname = info.gname = ""
-    if isinstance(node, File):
-        info.size = size if size is not None else len(node.content or b"")
-    elif isinstance(node, Link):
-        info.linkname = node.target
-    elif isinstance(node, Special):
-        info.devmajor, info.devminor = node.major, node.minor
-    elif not isinstance(node, Dir):
-        raise Unsupported(f"a node of kind {node.kind}")
-    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
 def _nearly_full(directory: str) -> bool:

@@ -174,7 +174,8 @@ class Index:
             raise Unsupported(f"entry type {member.type!r}")
         if not (0 <= member.uid <= _MAX_ID and 0 <= member.gid <= _MAX_ID):
             raise Unsupported("an owner out of range")
-        if any(len(os.fsencode(part)) > _MAX_COMPONENT for part in parts):
+        # encoded only when it might be too long: a character is at most 4 bytes (every entry passes here)
+        if any(len(part) > _MAX_COMPONENT // 4 and len(os.fsencode(part)) > _MAX_COMPONENT for part in parts):
             raise Unsupported("a name longer than NAME_MAX")
         if self.as_root and any(key.startswith("SCHILY.xattr.") for key in member.pax_headers):
             raise Unsupported("extended attributes")

@@ -8,6 +8,7 @@ back to the tree path, which says why).
 
 from __future__ import annotations
 
+import gzip
 import io
 import os
 import random
@@ -20,7 +21,9 @@ import pytest
 from singpy.errors import ImageError
 from singpy.oci.layers import apply_layer
 from singpy.oci.owners import Ownership
-from singpy.oci.tarmerge import Dir, File, Index, Link, Node, Unsupported
+from singpy.oci.streamdata import Offsets, header, send_ranges
+from singpy.oci.streams import open_layer
+from singpy.oci.tarmerge import Dir, File, Index, Link, Node, Special, Unsupported
 
 Entry = tuple[str, str, str]  # (kind, name, link target or file content)
 
@@ -95,6 +98,9 @@ def test_a_hard_link_is_one_file_and_keeps_its_data_when_the_name_is_replaced() 
     [("file", "f", "x"), ("file", "f/under", "y")],  # a path through a file
     [("link", "a", "b"), ("link", "b", "a"), ("file", "a/x", "")],  # a loop
     [("link", "l", "missing/../x"), ("file", "l/y", "")],  # '..' below a missing directory
+    [("file", "d/" + "x" * 256, "")],  # a name over NAME_MAX (255 bytes)
+    [("file", "é" * 128 + "/f", "")],  # 128 characters, 256 bytes
+    [("file", "\U0001f600" * 64, "")],  # 64 characters, 256 bytes
 ])
 def test_what_the_stream_cant_express_is_unsupported(layer: list[Entry]) -> None:
     with pytest.raises(Unsupported):
@@ -222,3 +228,101 @@ def test_random_layers_give_the_tree_paths_tree(seed: int, tmp_path: Path) -> No
     disk, memory = on_disk(root, ownership), in_memory(index, layers)
     assert _without_identity(memory) == _without_identity(disk), layers
     assert _same_file(memory) == _same_file(disk), layers
+
+
+# -- the stream's data pass (singpy.oci.streamdata) ------------------------------------------------------------
+
+
+def tarfile_header(path: str, node: Node, size: int) -> bytes:
+    """What tarfile itself writes for `node` (the stream's headers must be these bytes)."""
+    info = tarfile.TarInfo(path)
+    info.type = {"f": tarfile.REGTYPE, "d": tarfile.DIRTYPE, "l": tarfile.SYMTYPE, "p": tarfile.FIFOTYPE,
+                 "c": tarfile.CHRTYPE, "b": tarfile.BLKTYPE}[node.kind]
+    info.mode, info.uid, info.gid, info.mtime, info.size = node.mode, node.uid, node.gid, node.mtime, size
+    info.uname = info.gname = ""
+    info.linkname = node.target if isinstance(node, Link) else ""
+    if isinstance(node, Special):
+        info.devmajor, info.devminor = node.major, node.minor
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize("path", ["a", "usr/lib/x.so", "x" * 99, "x" * 100, "y" * 101, "caf\udcff", "é/x",
+                                  "with space", "d/" * 49 + "d"])
+def test_the_streams_headers_are_the_bytes_tarfile_writes(path: str) -> None:
+    nodes: list[tuple[Node, int]] = [
+        (File(0o644, 0, 0, 1_700_000_000, source=(0, 1), size=12345), 12345),
+        (File(0o4755, 1 << 21, 5, 0, source=None, size=2, content=b"hi"), 2),
+        (File(0o600, (1 << 32) - 2, (1 << 21) - 1, (1 << 32) - 1, source=(1, 0), size=1 << 33), 1 << 33),
+        (Dir(0o1777, 1000, 1000, 1 << 33), 0), (Dir(0o755, 0, 0, 0), 0),
+        (Link("t", 0, 0, 5), 0), (Link("t" * 100, 0, 0, 5), 0), (Link("t" * 101, 0, 0, 5), 0), (Link("é", 1, 1, 1), 0),
+        (Special("c", 0o666, 0, 0, 7, 1, 3), 0), (Special("b", 0o600, 0, 0, 7, 4095, (1 << 20) - 1), 0),
+        (Special("p", 0o620, 5, 0, 9), 0)]
+    for node, size in nodes:
+        made = header(path, node, size if isinstance(node, File) and node.source is not None else None)
+        assert made == tarfile_header(path, node, size), (path, node.kind)
+        read = tarfile.open(fileobj=io.BytesIO(made + bytes(1024)), mode="r:")  # noqa: SIM115
+        [entry] = read.getmembers() if not size else [read.next()]
+        assert entry is not None and entry.name == path and entry.size == size
+
+
+def gzip_layer(files: list[tuple[str, bytes]]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        archive.addfile(member("dir", "d"))
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue())
+
+
+def test_the_data_pass_copies_each_kept_file_from_where_the_headers_pass_found_it() -> None:
+    """Files of every size around the tar block, one behind a PAX header (a long name), some not kept: the
+    stream holds each kept file's data under its final name, read from the offsets of the first pass."""
+    rng = random.Random(3)
+    files = [(f"d/{'long-' * 30 if number == 2 else ''}f{number}", rng.randbytes(size))
+             for number, size in enumerate((0, 1, 511, 512, 513, 70_000, (1 << 20) + 3, 5))]
+    layer = gzip_layer(files)
+    with tarfile.open(fileobj=open_layer(io.BytesIO(layer)), mode="r|") as archive:  # type: ignore[call-overload]
+        members = list(archive)
+    offsets = Offsets()
+    offsets.record(0, members)
+    kept = {ordinal: (f"final/{member_.name}", File(0o644, 0, 0, 0, source=(0, ordinal), size=member_.size))
+            for ordinal, member_ in enumerate(members) if member_.isreg() and ordinal % 3 != 1}
+    ranges = offsets.ranges(0, kept)
+    assert ranges is not None
+    out = io.BytesIO()
+    send_ranges(out, ranges, open_layer(io.BytesIO(layer)))
+    sent = tarfile.open(fileobj=io.BytesIO(out.getvalue() + bytes(1024)), mode="r:")  # noqa: SIM115
+    found = {entry.name: sent.extractfile(entry).read() for entry in sent}  # type: ignore[union-attr]
+    expected = {f"final/{name}": data for ordinal, (name, data) in enumerate(files, start=1) if ordinal in kept}
+    assert found == expected and len(expected) == 5
+
+
+def test_a_layer_that_ends_early_in_the_data_pass_is_unsupported() -> None:
+    layer = gzip_layer([("d/f", b"data" * 300)])
+    with tarfile.open(fileobj=open_layer(io.BytesIO(layer)), mode="r|") as archive:  # type: ignore[call-overload]
+        members = list(archive)
+    offsets = Offsets()
+    offsets.record(0, members)
+    ranges = offsets.ranges(0, {1: ("f", File(0o644, 0, 0, 0, source=(0, 1), size=1200))})
+    assert ranges is not None
+    shorter = gzip.compress(gzip.decompress(layer)[:ranges[0][0] + 100])
+    with pytest.raises(Unsupported, match="ends inside a file"):
+        send_ranges(io.BytesIO(), ranges, open_layer(io.BytesIO(shorter)))
+
+
+def test_a_sparse_file_leaves_its_layer_to_tarfile() -> None:
+    """A sparse member's data is not one range of the tar: the data pass reads that layer with tarfile again."""
+    plain, sparse = member("file", "plain", "x"), member("file", "sparse", "y")
+    sparse.sparse = [(0, 1)]  # type: ignore[assignment]  # typeshed says bytes; tarfile stores (offset, size) pairs
+    offsets = Offsets()
+    offsets.record(0, [plain, sparse])
+    file_ = File(0o644, 0, 0, 0, source=(0, 0), size=1)
+    assert offsets.ranges(0, {0: ("plain", file_)}) is not None
+    assert offsets.ranges(0, {0: ("plain", file_), 1: ("sparse", file_)}) is None
+
+
+@pytest.mark.parametrize("name", ["x" * 255, "é" * 127 + "x", "\U0001f600" * 63 + "xxx", "caf\udcff" * 63])
+def test_a_name_of_255_bytes_is_kept(name: str) -> None:
+    assert listing(index_of([("file", f"d/{name}", "data")]))[f"d/{name}"] == "f"
