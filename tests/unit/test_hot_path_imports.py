@@ -21,6 +21,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -45,13 +46,13 @@ NOT_ON_PLAIN_PATH = (*NEVER, *PULL, "dataclasses", "typing", "pathlib", "json", 
                      "enum", "collections", "functools", "signal",
                      # the system calls go through the C extension singpy.kernel._native (built by make setup)
                      "ctypes", "singpy.kernel._libcalls")
-# A SIF's launch (the loop device as root, squashfuse as a user) and a cached docker:// image's: no enum (with
-# functools), no signal wrappers, no contextlib, no ctypes; a SIF's launch no collections either (issue 31).
-# (A cached docker:// run still imports collections.abc: singpy.oci.tagcheck, pull, quickhead and oras do.)
+# A SIF's launch (the loop device as root, squashfuse as a user) and a cached docker:// or oras:// image's: no
+# enum (with functools), no signal wrappers, no contextlib, no ctypes, no collections (issue 31); a SIF's
+# launch nothing of singpy.oci or the network either.
 IMAGE_FILE_PATH = (*NEVER, "enum", "functools", "signal", "contextlib", "ctypes", "singpy.kernel._libcalls",
                    "dataclasses", "typing", "pathlib", "json")
 SIF_PATH = (*IMAGE_FILE_PATH, "collections", "singpy.oci", "http", "ssl", "socket")
-CACHED_TAG_PATH = (*IMAGE_FILE_PATH, "collections")  # ~1.9 ms on the cached docker:// run (issue 31)
+CACHED_TAG_PATH = (*IMAGE_FILE_PATH, "collections")  # ~1.9 ms on a cached docker:// run (issue 31)
 # Runs the console script's code (singpy.cli.main:main) with the given arguments.
 ENTRY = "import sys; from singpy.cli.main import main; sys.argv[0] = 'singpy'; sys.exit(main())"
 MARK = "hot-path-ok"
@@ -194,5 +195,28 @@ def test_a_cached_docker_image_imports_from_the_bundle(singpy: Singpy, registry_
     assert done.returncode == 0 and MARK in done.stdout, done.stderr[-2000:]
     assert {"singpy.oci.tagcheck", "singpy.oci.store", "singpy.image.squashfs"} <= set(modules)
     assert "singpy.oci.registry" not in modules  # the cached image's check: one HEAD request, no full client
+    assert offenders(modules, CACHED_TAG_PATH) == []
+    assert _bundled_everywhere(modules) == []
+
+
+@pytest.mark.parametrize("by", ["tag", "digest"])
+def test_a_cached_oras_image_imports_from_the_bundle(singpy: Singpy, registry_plain: RegistryServer, workdir: Path,
+                                                    fuse_open: str, by: str) -> None:
+    """`exec oras://X:TAG` (one HEAD request) and `oras://X@sha256:…` (none) of a cached SIF: as the docker://
+    path, everything from the bundle and none of the heavier standard modules (issues 29 and 31)."""
+    repository = f"hot-path/oras-{singpy.profile}-{by}"
+    reference = f"oras://{registry_plain.host}/{repository}:1"
+    singpy.ok("push", "--no-https", str(siftool_sif(workdir)), reference)
+    if by == "digest":
+        accept = "application/vnd.oci.image.manifest.v1+json"
+        request = urllib.request.Request(f"{registry_plain.url}/v2/{repository}/manifests/1", method="HEAD",
+                                         headers={"Accept": accept})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            reference = f"oras://{registry_plain.host}/{repository}@{answer.headers['Docker-Content-Digest']}"
+    singpy.ok("-q", "exec", "--no-https", reference, "true")  # pulled and cached once
+    modules, done = script_imports(singpy, "exec", "--no-https", reference, "echo", MARK)
+    assert done.returncode == 0 and MARK in done.stdout, done.stderr[-2000:]
+    assert {"singpy.oci.oras", "singpy.image.squashfs"} <= set(modules)
+    assert "singpy.oci.registry" not in modules
     assert offenders(modules, CACHED_TAG_PATH) == []
     assert _bundled_everywhere(modules) == []
