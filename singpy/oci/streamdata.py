@@ -69,18 +69,23 @@ def send_ranges(out: Any, ranges: list[tuple[int, str, File]], layer: Any) -> No
             raise Unsupported("a layer's members overlap")
         _skip(layer, offset - position)
         out.write(header(path, node, node.size))
-        left = node.size
-        while left > 0:
-            data = layer.read(min(left, _CHUNK))
-            if not data:
-                raise Unsupported("a layer ends inside a file")
-            out.write(data)
-            left -= len(data)
-        if node.size % _BLOCK:
-            out.write(_ZEROS[node.size % _BLOCK:])
+        copy_data(out, layer, node.size)
         position = offset + node.size
     while layer.read(_CHUNK):
         pass
+
+
+def copy_data(out: Any, source: Any, size: int) -> None:
+    """`size` bytes of a member's data from `source` into `out`, then the zeros to the tar block's end."""
+    left = size
+    while left > 0:
+        data = source.read(min(left, _CHUNK))
+        if not data:
+            raise Unsupported("a layer ends inside a file")
+        out.write(data)
+        left -= len(data)
+    if size % _BLOCK:
+        out.write(_ZEROS[size % _BLOCK:])
 
 
 def _skip(layer: Any, count: int) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from singpy import console
 from singpy.errors import ImageError
-from singpy.oci.streamdata import Offsets, header, send_ranges
+from singpy.oci.streamdata import Offsets, copy_data, header, send_ranges
 from singpy.oci.tarmerge import File, Index, Node, Unsupported
 
 _BLOCK = 512
@@ -310,14 +310,7 @@ def _send_layer(out: Any, wanted: dict[int, tuple[str, File]], blobs: Any, diges
         source = archive.fileobj
         if member.sparse is not None:
             source = archive.extractfile(member)
-        left = member.size
-        while left > 0:
-            data = source.read(min(left, _CHUNK))
-            if not data:
-                raise Unsupported("a layer ends inside a file")
-            out.write(data)
-            left -= len(data)
-        out.write(_padding(member.size))
+        copy_data(out, source, member.size)
 
 
 def _nearly_full(directory: str) -> bool:
