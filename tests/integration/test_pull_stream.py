@@ -9,6 +9,7 @@ the SHA-256 of every regular file. `-d` shows which path each pull took.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import re
@@ -101,10 +102,47 @@ def truncated_image() -> oci.Image:
     return busybox_image(layers=[cut])
 
 
+SPARSE_PARTS = ((1 << 20, b"in the middle\n"), (3 << 20, b"near the end\n"))  # (offset, data); holes elsewhere
+SPARSE_SIZE = 4 << 20
+
+
+def sparse_image(scratch: Path, tar_format: str) -> oci.Image:
+    """A layer GNU tar wrote from a sparse file (`--sparse`: old GNU sparse headers, or PAX GNU.sparse 1.0),
+    between two plain files: its data is not one byte range of the tar, the stream's data pass reads it
+    with tarfile."""
+    source = scratch / f"sparse-{tar_format}"
+    source.mkdir()
+    (source / "before").write_text("before\n")
+    with open(source / "sparse", "wb") as out:
+        for offset, data in SPARSE_PARTS:
+            out.seek(offset)
+            out.write(data)
+        out.truncate(SPARSE_SIZE)
+    (source / "after").write_text("after\n")
+    tar = subprocess.run(["tar", "--sparse", f"--format={tar_format}", "--numeric-owner", "--owner=0",
+                          "--group=0", "--mtime=@0", "-C", str(source), "-cf", "-", "before", "sparse", "after"],
+                         capture_output=True, check=True).stdout
+    assert (b"GNU.sparse" if tar_format == "pax" else b"S") in tar  # a sparse member, not a plain file
+    layer = oci.Layer.__new__(oci.Layer)  # the tar as GNU tar wrote it, gzip-compressed as a registry's layer
+    layer.entries, layer.compression, layer.tar = (), "gzip", tar
+    layer.data = gzip.compress(tar, mtime=0)
+    layer.diff_id, layer.digest = (f"sha256:{hashlib.sha256(blob).hexdigest()}" for blob in (tar, layer.data))
+    layer.size, layer._media_type = len(layer.data), None
+    return busybox_image(layers=[layer])
+
+
+def sparse_content() -> bytes:
+    data = bytearray(SPARSE_SIZE)
+    for offset, part in SPARSE_PARTS:
+        data[offset:offset + len(part)] = part
+    return bytes(data)
+
+
 @pytest.fixture(scope="module")
 def layout(workdir: Path) -> Path:
     images = {"tricky": tricky_image(), "linked-etc": linked_etc_image(), "fallback": fallback_image(),
-              "escape": escape_image(), "truncated": truncated_image()}
+              "escape": escape_image(), "truncated": truncated_image(),
+              **{f"sparse-{form}": sparse_image(workdir, form) for form in ("gnu", "pax")}}
     path = write_layout(workdir / "stream-layout", images)
     for where, dirs, files in os.walk(path):
         for name in (*dirs, *files):
@@ -283,3 +321,19 @@ def test_on_a_terminal_the_stream_shows_the_entries_sent(singpy: Singpy, workdir
     counts = re.findall(r"Squashing oci:\S+\s+\S*\s*(\d+)/(\d+)", screen)
     assert counts and counts[-1][0] == counts[-1][1] != "0", screen[-2000:]
     assert (out / "image.sif").is_file()
+
+
+@pytest.mark.parametrize("form", ["gnu", "pax"])
+def test_a_sparse_file_gets_the_tree_paths_content(singpy: Singpy, workdir: Path, layout: Path, tmp_path: Path,
+                                                   form: str) -> None:
+    """A sparse member (GNU tar's old headers, or PAX GNU.sparse 1.0) streamed whole, holes as zeros: the
+    same content as the tree path's, and the bytes of the file GNU tar read."""
+    said, listing = same_content(singpy, workdir, layout, f"sparse-{form}", tmp_path)
+    assert STREAMED in said and FELL_BACK not in said
+    assert f"-rw-r--r-- 0/0 {SPARSE_SIZE} squashfs-root/sparse" in listing
+    streamed = workdir / "stream-out" / f"{singpy.profile}-sparse-{form}-stream" / "image.sif"  # pull()'s
+    scratch = tmp_path / "again"
+    scratch.mkdir()
+    _, sums = content(streamed, scratch)
+    assert sums["sparse"] == hashlib.sha256(sparse_content()).hexdigest()
+    assert sums["after"] == hashlib.sha256(b"after\n").hexdigest()
