@@ -14,6 +14,7 @@ import hashlib
 import os
 import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -110,8 +111,7 @@ def sparse_image(scratch: Path, tar_format: str) -> oci.Image:
     """A layer GNU tar wrote from a sparse file (`--sparse`: old GNU sparse headers, or PAX GNU.sparse 1.0),
     between two plain files: its data is not one byte range of the tar, the stream's data pass reads it
     with tarfile."""
-    source = scratch / f"sparse-{tar_format}"
-    source.mkdir()
+    source = Path(tempfile.mkdtemp(prefix=f"sparse-{tar_format}-", dir=scratch))  # the layout is made per profile
     (source / "before").write_text("before\n")
     with open(source / "sparse", "wb") as out:
         for offset, data in SPARSE_PARTS:
