@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -23,6 +24,9 @@ class ExecRow:
         self.times: list[float] = []
         self.failures = 0
         self.na = ""
+        # ms of CPU the registry spent on one of this row's runs (its HEAD request), where measured: on this
+        # machine the registry shares the launcher's cores, a remote registry does not
+        self.server_cpu_ms: float | None = None
 
     @property
     def median(self) -> float | None:
@@ -78,6 +82,27 @@ def measure_exec(runner: Runner, rows: list[ExecRow], env: dict[str, str], round
                 row.failures += 1
             else:
                 row.times.append(elapsed)
+
+
+def server_cpu_per_head(pid: int, url: str, accept: str, count: int = 50) -> float | None:
+    """Milliseconds of CPU the registry (process `pid`) spends answering one anonymous HEAD of `url` on a new
+    connection, as a cached tag's check sends it; None where its /proc entry can't be read."""
+    import urllib.request
+
+    def cpu_ms() -> float:
+        with open(f"/proc/{pid}/stat") as stat:  # utime and stime, after the command's closing parenthesis
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+    try:
+        before = cpu_ms()
+        for _ in range(count):
+            request = urllib.request.Request(url, method="HEAD", headers={"Accept": accept, "Connection": "close"})
+            with urllib.request.urlopen(request, timeout=30):
+                pass
+        return (cpu_ms() - before) / count
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class ImportExtra(TypedDict):

@@ -12,7 +12,6 @@ from __future__ import annotations
 from singpy.errors import ImageError
 from singpy.oci.limits import parse_json
 from singpy.oci.ref import valid_digest
-from singpy.oci.regerrors import DigestMismatch
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
@@ -56,6 +55,8 @@ def verified_manifest(reference: str, data: bytes, content_type: str, sent_diges
                       image: str) -> Manifest:
     """The manifest or index `data` (asked for as `reference`, from `host`; `image` names it), checked: its
     digest, its media type, and every field used later (a malformed one is an ImageError)."""
+    from singpy.oci.regerrors import DigestMismatch
+
     algorithm = reference.partition(":")[0] if valid_digest(reference) else "sha256"
     digest = f"{algorithm}:{digest_hex(algorithm, data)}"
     if valid_digest(reference) and digest != reference:

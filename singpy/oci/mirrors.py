@@ -9,7 +9,8 @@ does singpy, with containers/image's rules (pkg/sysregistriesv2, written down he
   of `/etc/containers/registries.conf.d` and `$HOME/.config/containers/registries.conf.d`, each directory
   in name order, the system one first (only the user's directory when the user's file is the one read).
   A drop-in's `[[registry]]` replaces the whole entry of the same prefix. $HOME is the environment's,
-  as containers/image reads it (the passwd home when it is unset).
+  as containers/image reads it (the passwd home when it is unset). singpy.oci.regfiles finds and reads
+  them; this module parses those that may define a registry.
 * `[[registry]]`: `prefix` (default: `location`), `location`, `insecure`, `blocked`,
   `mirror-by-digest-only`, and `[[registry.mirror]]` tables (`location`, `insecure`,
   `pull-from-mirror` = all | digest-only | tag-only). The entry whose prefix matches the image's name
@@ -39,10 +40,9 @@ mirror and the origin share cached images.
 
 from __future__ import annotations
 
-import os
-
 from singpy import console
 from singpy.errors import ImageError
+from singpy.oci import regfiles
 from singpy.oci.ref import Reference, parse
 from singpy.record import Record
 
@@ -53,13 +53,7 @@ if TYPE_CHECKING:
 
     from singpy.oci.auth import Credentials
 
-SYSTEM_FILE = "/etc/containers/registries.conf"
-SYSTEM_DIR = "/etc/containers/registries.conf.d"
-USER_FILE = ".config/containers/registries.conf"  # under $HOME
-USER_DIR = ".config/containers/registries.conf.d"
-FILE_VARIABLE = "CONTAINERS_REGISTRIES_CONF"
 PULL_FROM = ("all", "digest-only", "tag-only")
-_FILE_LIMIT = 1 << 20  # bytes of one file (real ones are a few KB)
 _V2_KEYS = ("registry", "unqualified-search-registries", "aliases", "short-name-mode", "credential-helpers")
 
 
@@ -95,48 +89,20 @@ class Source(Record):
 
 def load(env: Mapping[str, str], home: str) -> tuple[Entry, ...] | None:
     """The [[registry]] entries of registries.conf and its drop-ins, by prefix; None when no file exists."""
-    home = env.get("HOME") or home
-    user_file = os.path.join(home, USER_FILE)
-    user_dir = os.path.join(home, USER_DIR)
-    explicit = env.get(FILE_VARIABLE, "")
-    dirs: tuple[str, ...]
-    if explicit:
-        main, dirs = explicit, (SYSTEM_DIR, user_dir)
-        if not os.path.lexists(main):
-            from singpy.host.hostfiles import shown
-
-            raise ImageError(f"{FILE_VARIABLE} names {shown(main)}, which does not exist")
-    elif os.path.lexists(user_file):
-        main, dirs = user_file, (user_dir,)
-    else:
-        main, dirs = SYSTEM_FILE, (SYSTEM_DIR, user_dir)
-    drop_ins = [path for directory in dirs for path in _drop_ins(directory)]
-    if not drop_ins and not os.path.lexists(main):
+    found = regfiles.files(env, home)
+    if found is None:
         return None
     merged: dict[str, Entry] = {}
-    if os.path.lexists(main):
-        merged.update((entry.prefix, entry) for entry in _read(main, drop_in=False))
-    for path in drop_ins:
-        merged.update((entry.prefix, entry) for entry in _read(path, drop_in=True))
+    for path, drop_in in found:
+        merged.update((entry.prefix, entry) for entry in _read(path, drop_in=drop_in))
     return tuple(merged[prefix] for prefix in sorted(merged))
 
 
-def _drop_ins(directory: str) -> list[str]:
-    try:
-        names = sorted(os.listdir(directory))
-    except (FileNotFoundError, NotADirectoryError):
-        return []  # most hosts have none
-    except OSError as error:
-        raise ImageError(f"can't read the directory {directory}: {error.strerror}") from None
-    return [f"{directory}/{name}" for name in names
-            if name.endswith(".conf") and not os.path.isdir(f"{directory}/{name}")]
-
-
 def _read(path: str, *, drop_in: bool) -> list[Entry]:
-    from singpy.host.hostfiles import read_text, shown
+    from singpy.host.hostfiles import shown
 
-    text = read_text(path, what="registries configuration", error=ImageError, limit=_FILE_LIMIT)
-    if not may_name_registries(text):
+    text = regfiles.read(path)
+    if not regfiles.may_name_registries(text):
         return []  # Debian's registries.conf (all comments), shortnames.conf (aliases): no entry to parse
     import tomllib  # only here: a run without registries.conf entries never loads it
 
@@ -151,31 +117,6 @@ def _read(path: str, *, drop_in: bool) -> list[Entry]:
         raise ImageError(f"{shown(path)}{line}: not valid TOML: {message[:where.start()] if where else message}") \
             from None
     return parse_config(data, shown(path), text, drop_in=drop_in)
-
-
-def may_name_registries(text: str) -> bool:
-    """Whether a file may define registry entries: a table header naming `registr...` (`[[registry]]`, v1's
-    `[registries.*]`), a top-level key naming it (`registry = [...]`), a key with an escape (which could
-    spell it), or a top-level value spanning lines (not followed: any doubt parses).
-
-    The others (comments only, as Debian ships registries.conf; shortnames.conf's `[aliases]`) are not
-    parsed: tomllib's import and parse cost ~5-10 ms on every run of a cached docker:// tag.
-    """
-    top_level = True  # keys before the first table header are the document's own
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if stripped.startswith("["):  # a table header (a value's continuation is never seen at top level)
-            if "registr" in stripped.lower() or "\\" in stripped:
-                return True
-            top_level = False
-            continue
-        key, _, value = stripped.partition("=")
-        if top_level and ("registr" in key.lower() or "\\" in key or value.count("[") != value.count("]")
-                          or '"""' in value or "'''" in value):
-            return True
-    return False
 
 
 def parse_config(data: dict[str, Any], path: str, text: str = "", *, drop_in: bool = False) -> list[Entry]:

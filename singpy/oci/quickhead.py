@@ -61,14 +61,12 @@ def cached_top(ref: Reference, reference: str, *, login: bool, https: bool, env:
                home: str) -> str | None:
     """What the registry names `reference` now, asked here where the full client would ask the image's own
     registry anonymously (no --docker-login, nothing in registries.conf for it); None: ask the full client."""
-    from singpy.oci import mirrors
-
     if login:
         return None
     early = _PENDING.pop(_key(ref, reference, https), None)
     if early is not None:  # sent ahead under the same conditions (tagcheck.send_ahead)
         return early.answer()
-    if not mirrors.is_direct(ref, env=env, home=home):
+    if not _direct(ref, env, home):
         return None
     return tag_digest(ref, reference, https=https, env=env)
 
@@ -81,6 +79,18 @@ def tag_digest(ref: Reference, reference: str, *, https: bool, env: Mapping[str,
     deadline = time.monotonic() + Limits.from_env(env).document_timeout
     return _decided(ref, reference, lambda: _exchange(host, port, _request(ref, reference, https=https), https=https,
                                                      env=env, deadline=deadline, endpoint=ref.endpoint))
+
+
+def _direct(ref: Reference, env: Mapping[str, str], home: str) -> bool:
+    """Whether registries.conf leaves `ref` to its own registry (singpy.oci.mirrors parses it only where a file
+    may define an entry: on most hosts none does)."""
+    from singpy.oci import regfiles
+
+    if regfiles.define_nothing(env, home):
+        return True
+    from singpy.oci import mirrors
+
+    return mirrors.is_direct(ref, env=env, home=home)
 
 
 def _askable(ref: Reference, reference: str, *, https: bool, env: Mapping[str, str]) -> tuple[str | None, int]:
@@ -106,10 +116,8 @@ def _decided(ref: Reference, reference: str, exchange: Callable[[], bytes]) -> s
 def send(ref: Reference, reference: str, *, https: bool, env: Mapping[str, str], home: str) -> _Early | None:
     """The check `cached_top` would make, begun now (an `_Early`: connecting, the TLS handshake begun, nothing
     asked yet); None where cached_top would not make it. `expect` it, or `close` it."""
-    from singpy.oci import mirrors
-
     host, port = _askable(ref, reference, https=https, env=env)
-    if host is None or not mirrors.is_direct(ref, env=env, home=home):
+    if host is None or not _direct(ref, env, home):
         return None
     early = _Early(ref, reference, https=https, env=env, host=host, port=port)
     early.begin()

@@ -64,10 +64,10 @@ def imported_modules(*args: str, cwd: Path) -> tuple[list[str], subprocess.Compl
     return module_names(done.stderr), done
 
 
-def script_imports(singpy: Singpy, *args: str) -> tuple[list[str], subprocess.CompletedProcess[str]]:
+def script_imports(singpy: Singpy, *args: str, **env: str) -> tuple[list[str], subprocess.CompletedProcess[str]]:
     """What the console script itself (`python -S`, the bundle: make setup's) imports for `singpy ARGS`, run as
-    the profile's user."""
-    done = singpy.run(*args, env=singpy.env(PYTHONPROFILEIMPORTTIME="1"))
+    the profile's user (with `env` added)."""
+    done = singpy.run(*args, env=singpy.env(PYTHONPROFILEIMPORTTIME="1", **env))
     return module_names(done.stderr), done
 
 
@@ -185,16 +185,22 @@ def test_a_sif_launch_imports_no_enum_signal_or_collections(singpy: Singpy, work
 
 
 def test_a_cached_docker_image_imports_from_the_bundle(singpy: Singpy, registry_plain: RegistryServer,
-                                                      fuse_open: str) -> None:
+                                                      workdir: Path, fuse_open: str) -> None:
     """`exec docker://X:TAG` of a cached image: its tag's check and cache records come from the bundle's second
-    part, without enum, signal, contextlib or collections (issue 31)."""
+    part, without enum, signal, contextlib or collections (issue 31); a registries.conf that defines no
+    registry (as Debian's) is read but loads neither its parser nor the registry errors."""
     registry_plain.upload(busybox_image(), f"hot-path/busybox-{singpy.profile}")
     ref = registry_plain.ref(f"hot-path/busybox-{singpy.profile}")
+    conf = workdir / "registries.conf"
+    conf.write_text("# unqualified-search-registries = ['docker.io']\n")
+    conf.chmod(0o644)
     singpy.ok("-q", "exec", "--no-https", ref, "true")  # pulled and cached once
-    modules, done = script_imports(singpy, "exec", "--no-https", ref, "echo", MARK)
+    modules, done = script_imports(singpy, "exec", "--no-https", ref, "echo", MARK,
+                                   CONTAINERS_REGISTRIES_CONF=str(conf))
     assert done.returncode == 0 and MARK in done.stdout, done.stderr[-2000:]
-    assert {"singpy.oci.tagcheck", "singpy.oci.store", "singpy.image.squashfs"} <= set(modules)
+    assert {"singpy.oci.tagcheck", "singpy.oci.store", "singpy.oci.regfiles", "singpy.image.squashfs"} <= set(modules)
     assert "singpy.oci.registry" not in modules  # the cached image's check: one HEAD request, no full client
+    assert {"singpy.oci.mirrors", "singpy.oci.regerrors"} & set(modules) == set()
     assert offenders(modules, CACHED_TAG_PATH) == []
     assert _bundled_everywhere(modules) == []
 

@@ -11,7 +11,7 @@ import pytest
 
 from singpy.errors import ImageError
 from singpy.host.hostfiles import shown
-from singpy.oci import mirrors
+from singpy.oci import mirrors, regfiles
 from singpy.oci.auth import Credentials
 from singpy.oci.ref import Reference, parse
 from singpy.oci.regerrors import CantWrite, DigestMismatch, Unreachable
@@ -176,8 +176,8 @@ def system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The system files, moved to a directory of the test's own."""
     root = tmp_path / "etc"
     (root / "registries.conf.d").mkdir(parents=True)
-    monkeypatch.setattr(mirrors, "SYSTEM_FILE", str(root / "registries.conf"))
-    monkeypatch.setattr(mirrors, "SYSTEM_DIR", str(root / "registries.conf.d"))
+    monkeypatch.setattr(regfiles, "SYSTEM_FILE", str(root / "registries.conf"))
+    monkeypatch.setattr(regfiles, "SYSTEM_DIR", str(root / "registries.conf.d"))
     return root
 
 

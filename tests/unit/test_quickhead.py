@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from singpy.oci import mirrors, quickhead, tlsconf
+from singpy.oci import mirrors, quickhead, regfiles, tlsconf
 from singpy.oci.ref import parse
 from singpy.oci.regerrors import Unreachable
 from tests.support.answering import Answering
@@ -158,14 +158,18 @@ def test_endpoints(endpoint: str, https: bool, expected: tuple[str | None, int])
     ('short-name-mode = "enforcing"\n[aliases]\n"a" = "b"\n', False),
 ])
 def test_only_files_that_may_define_registries_are_parsed(text: str, parsed: bool) -> None:
-    assert mirrors.may_name_registries(text) is parsed
+    assert regfiles.may_name_registries(text) is parsed
 
 
 def test_a_mirror_in_registries_conf_turns_the_quick_check_off(tmp_path: Path) -> None:
     conf = tmp_path / "registries.conf"
     conf.write_text('[[registry]]\nlocation = "origin.example"\n[[registry.mirror]]\nlocation = "mirror.example"\n')
     env = {"CONTAINERS_REGISTRIES_CONF": str(conf), "HOME": str(tmp_path)}
+    assert not regfiles.define_nothing(env, str(tmp_path))  # parsed by singpy.oci.mirrors
     assert not mirrors.is_direct(parse("docker://origin.example/a/b:v1"), env=env, home=str(tmp_path))
     assert mirrors.is_direct(parse("docker://other.example/a/b:v1"), env=env, home=str(tmp_path))
+    assert quickhead.send(parse("docker://origin.example/a/b:v1"), "v1", https=True, env=env,
+                          home=str(tmp_path)) is None  # not sent: the mirror is the full client's
     conf.write_text("# nothing\n")
+    assert regfiles.define_nothing(env, str(tmp_path))  # not parsed at all
     assert mirrors.is_direct(parse("docker://origin.example/a/b:v1"), env=env, home=str(tmp_path))
