@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
@@ -13,6 +14,8 @@ from startup_imports import parse_importtime
 from startup_runner import Runner
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from tests.support.registry import RegistryServer
 
 
@@ -27,6 +30,7 @@ class ExecRow:
         # ms of CPU the registry spent on one of this row's runs (its HEAD request), where measured: on this
         # machine the registry shares the launcher's cores, a remote registry does not
         self.server_cpu_ms: float | None = None
+        self.base = "sif"  # the key of the row its ratio is taken against
 
     @property
     def median(self) -> float | None:
@@ -82,6 +86,39 @@ def measure_exec(runner: Runner, rows: list[ExecRow], env: dict[str, str], round
                 row.failures += 1
             else:
                 row.times.append(elapsed)
+
+
+def apart_rows(rows: list[ExecRow]) -> list[ExecRow]:
+    """The SIF and tag rows again, to be timed with the registry kept off the launcher's core (`registry_apart`)."""
+    twins = []
+    for key in ("sif", "docker"):
+        row = next(row for row in rows if row.key == key)
+        twin = ExecRow(f"{key}-apart", f"{row.label}, the registry on the other core", row.argv, row.display)
+        twin.base, twin.na = "sif-apart", row.na
+        twins.append(twin)
+    return twins
+
+
+@contextlib.contextmanager
+def registry_apart(pid: int) -> Iterator[bool]:
+    """The registry (every thread of process `pid`) on the last CPU and this process (and what it starts) on
+    the others, as a registry on another machine never takes the launcher's core; False where there is one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    threads = [int(name) for name in os.listdir(f"/proc/{pid}/task")]
+    if len(cpus) < 2:
+        yield False
+        return
+    mine, theirs = os.sched_getaffinity(0), {thread: os.sched_getaffinity(thread) for thread in threads}
+    for thread in threads:  # threads the registry starts later inherit it
+        os.sched_setaffinity(thread, {cpus[-1]})
+    os.sched_setaffinity(0, set(cpus[:-1]))
+    try:
+        yield True
+    finally:
+        os.sched_setaffinity(0, mine)
+        for thread, allowed in theirs.items():
+            with contextlib.suppress(ProcessLookupError):
+                os.sched_setaffinity(thread, allowed)
 
 
 def server_cpu_per_head(pid: int, url: str, accept: str, count: int = 50) -> float | None:
