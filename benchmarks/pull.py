@@ -46,7 +46,7 @@ from pathlib import Path
 import startup
 from pull_commands import PATH, Series, SeriesResult, make_dirs, remove, run, scratch
 from pull_convert import PullBench, compression_table
-from pull_exec import apart_rows, exec_env, exec_rows, import_extras, measure_exec, registry_apart, server_cpu_per_head
+from pull_exec import apart_rows, exec_env, exec_rows, import_extras, measure_apart, measure_exec, server_cpu_per_head
 from pull_image import BIG_BYTES, MB, QUICK_BYTES, ImageInfo, cached_layout
 from pull_report import render, results_document, targets, write_results
 from pull_results import ResultsHeader, RunInfo, conditions, mb, save_results, targets_table, write_section
@@ -124,11 +124,7 @@ def benchmark(options: Options, workdir: Path, singpy: str, python: str) -> None
             tag_row.server_cpu_ms = server_cpu_per_head(registry.pid, f"{registry.url}/v2/small/manifests/latest",
                                                         ACCEPT)
         apart = apart_rows(rows)
-        with registry_apart(registry.pid) as pinned:
-            if pinned:
-                measure_exec(runner, apart, env, options.exec_rounds, options.seed)
-        for row in apart:
-            row.na = row.na or ("" if pinned else "one CPU: no other core for the registry")
+        measure_apart(runner, apart, env, options.exec_rounds, options.seed, (registry.pid,))
         extras = import_extras(runner, python, rows, env)
         rows += apart
     info["loadavg_end"] = os.getloadavg()

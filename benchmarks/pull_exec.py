@@ -88,26 +88,31 @@ def measure_exec(runner: Runner, rows: list[ExecRow], env: dict[str, str], round
                 row.times.append(elapsed)
 
 
-def apart_rows(rows: list[ExecRow]) -> list[ExecRow]:
-    """The SIF and tag rows again, to be timed with the registry kept off the launcher's core (`registry_apart`)."""
+APART = "-apart"  # the key suffix of a row timed with the registry off the launcher's core
+
+
+def apart_rows(rows: list[ExecRow], keys: tuple[str, ...] = ("sif", "docker")) -> list[ExecRow]:
+    """The rows of `keys` again, to be timed with the registry kept off the launcher's core (`registry_apart`),
+    each against the twin of its own base."""
     twins = []
-    for key in ("sif", "docker"):
-        row = next(row for row in rows if row.key == key)
-        twin = ExecRow(f"{key}-apart", f"{row.label}, the registry on the other core", row.argv, row.display)
-        twin.base, twin.na = "sif-apart", row.na
-        twins.append(twin)
+    for row in rows:
+        if row.key in keys:
+            twin = ExecRow(row.key + APART, f"{row.label}, the registry on the other core", row.argv, row.display)
+            twin.base, twin.na = row.base + APART, row.na
+            twins.append(twin)
     return twins
 
 
 @contextlib.contextmanager
-def registry_apart(pid: int) -> Iterator[bool]:
-    """The registry (every thread of process `pid`) on the last CPU and this process (and what it starts) on
-    the others, as a registry on another machine never takes the launcher's core; False where there is one CPU."""
+def registry_apart(*pids: int) -> Iterator[bool]:
+    """The registries (every thread of each process in `pids`) on the last CPU and this process (and what it
+    starts) on the others, as a registry on another machine never takes the launcher's core; False where there
+    is one CPU."""
     cpus = sorted(os.sched_getaffinity(0))
-    threads = [int(name) for name in os.listdir(f"/proc/{pid}/task")]
     if len(cpus) < 2:
         yield False
         return
+    threads = [int(name) for pid in pids for name in os.listdir(f"/proc/{pid}/task")]
     mine, theirs = os.sched_getaffinity(0), {thread: os.sched_getaffinity(thread) for thread in threads}
     for thread in threads:  # threads the registry starts later inherit it
         os.sched_setaffinity(thread, {cpus[-1]})
@@ -119,6 +124,16 @@ def registry_apart(pid: int) -> Iterator[bool]:
         for thread, allowed in theirs.items():
             with contextlib.suppress(ProcessLookupError):
                 os.sched_setaffinity(thread, allowed)
+
+
+def measure_apart(runner: Runner, rows: list[ExecRow], env: dict[str, str], rounds: int, seed: int,
+                  pids: tuple[int, ...]) -> None:
+    """`rows` (from apart_rows) timed as measure_exec times, with the registries `pids` off the launcher's core."""
+    with registry_apart(*pids) as pinned:
+        if pinned:
+            measure_exec(runner, rows, env, rounds, seed)
+    for row in rows:
+        row.na = row.na or ("" if pinned else "one CPU: no other core for the registry")
 
 
 def server_cpu_per_head(pid: int, url: str, accept: str, count: int = 50) -> float | None:
