@@ -125,6 +125,8 @@ class Index:
         self.ordinal += 1
         if len(member.name) > _MAX_NAME or len(member.linkname) > _MAX_NAME:
             raise Unsupported("a name too long")
+        if "\0" in member.name or "\0" in member.linkname:  # the kernel refuses it; tar2sqfs would cut the name
+            raise Unsupported("a NUL byte in a name")
         parts = clean(member.name)
         if not parts:
             if not member.isdir():

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import os
 import re
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -103,6 +105,19 @@ def truncated_image() -> oci.Image:
     return busybox_image(layers=[cut])
 
 
+def nul_image() -> oci.Image:
+    """A PAX name with a NUL byte in it: tar2sqfs would keep what comes before it (`opt/passwd`), the kernel
+    refuses it; the tree path's FATAL line either way."""
+    info = tarfile.TarInfo("placeholder")
+    info.pax_headers = {"path": "opt/passwd\0.txt"}
+    info.size = 5
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        archive.addfile(info, io.BytesIO(b"data\n"))
+    layer = oci.Layer.raw(gzip.compress(tar.getvalue(), mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip")
+    return busybox_image(layers=[oci.Layer([directory("opt")]), layer])
+
+
 SPARSE_PARTS = ((1 << 20, b"in the middle\n"), (3 << 20, b"near the end\n"))  # (offset, data); holes elsewhere
 SPARSE_SIZE = 4 << 20
 
@@ -141,7 +156,7 @@ def sparse_content() -> bytes:
 @pytest.fixture(scope="module")
 def layout(workdir: Path) -> Path:
     images = {"tricky": tricky_image(), "linked-etc": linked_etc_image(), "fallback": fallback_image(),
-              "escape": escape_image(), "truncated": truncated_image(),
+              "escape": escape_image(), "truncated": truncated_image(), "nul": nul_image(),
               **{f"sparse-{form}": sparse_image(workdir, form) for form in ("gnu", "pax")}}
     path = write_layout(workdir / "stream-layout", images)
     for where, dirs, files in os.walk(path):
@@ -258,11 +273,13 @@ def converted(cache: Path) -> list[str]:
 
 
 @pytest.mark.parametrize(("tag", "fatal"), [("escape", "which is not in the image"),
-                                           ("truncated", "its gzip data is corrupt or truncated")])
+                                           ("truncated", "its gzip data is corrupt or truncated"),
+                                           ("nul", "embedded null byte")])
 def test_a_bad_layer_is_the_same_fatal_line_either_way(singpy: Singpy, workdir: Path, layout: Path, tag: str,
                                                        fatal: str) -> None:
-    """A layer refused (a link out of the image) or cut short (gzip inflated by isal where installed, on the
-    stream's headers pass and on the tree path alike): one FATAL, the same both ways, nothing left behind."""
+    """A layer refused (a link out of the image, a NUL byte in a name) or cut short (gzip inflated by isal where
+    installed, on the stream's headers pass and on the tree path alike): one FATAL, the same both ways, nothing
+    left behind."""
     results = []
     for tree in (False, True):
         cache = new_cache(singpy, workdir, f"stream-{tag}-{tree}")

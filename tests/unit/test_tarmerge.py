@@ -101,6 +101,8 @@ def test_a_hard_link_is_one_file_and_keeps_its_data_when_the_name_is_replaced() 
     [("file", "d/" + "x" * 256, "")],  # a name over NAME_MAX (255 bytes)
     [("file", "é" * 128 + "/f", "")],  # 128 characters, 256 bytes
     [("file", "\U0001f600" * 64, "")],  # 64 characters, 256 bytes
+    [("file", "etc/passwd\0.txt", "")],  # a NUL byte: tar2sqfs would store the name up to it
+    [("link", "l", "etc/passwd\0x")],  # in a link's target too
 ])
 def test_what_the_stream_cant_express_is_unsupported(layer: list[Entry]) -> None:
     with pytest.raises(Unsupported):
