@@ -100,7 +100,7 @@ def cached_sif(text: str, options: PullOptions, env: Mapping[str, str], home: st
     location = store.location(env, home)
     platform = str(_platform(options))
     known, known_sif = lookedup.known(location, shown(ref), platform)  # as looked up by the check sent ahead
-    if ref.digest and known_sif:
+    if ref.digest and known_sif and known["top"] == ref.digest:
         return known_sif
     if not known_sif:  # nothing to compare a tag with: the pull itself, by the quick client where it can
         pulled = _quick_fetch(ref, options, location, env, home)

@@ -81,7 +81,7 @@ def cached_image(text: str, options: PullOptions, env: Mapping[str, str], home: 
         if ref.digest and store.usable_sif(location, ref.digest):
             return store.sif_path(location, ref.digest)  # the digest of an image's manifest: nothing to ask
         known, known_sif = lookedup.known(location, str(ref), str(want))  # as looked up by the check sent ahead
-        if ref.digest and known_sif:
+        if ref.digest and known_sif and known["top"] == ref.digest:
             return known_sif  # an index's digest, resolved for this platform before
         source, reference = None, ref.digest or ref.tag or "latest"
         try:

@@ -429,11 +429,13 @@ def digest_of(head: bytes) -> str | None:
         raise _Undecided("non-ASCII headers") from None
     status_line, *headers = text.split("\r\n")
     version, _, rest = status_line.partition(" ")
-    status = rest[:3]
+    status = rest.partition(" ")[0]  # "200", exactly: not "2000"
     if not version.startswith("HTTP/1.") or status != "200":
         raise _Undecided(f"status {status_line[:40]!r}")
+    if any(line[:1] in (" ", "\t") for line in headers):  # a folded line: http.client would not read it so
+        raise _Undecided("a folded header line")
     found = [value.strip() for name, _, value in (line.partition(":") for line in headers)
-             if name.strip().lower() == "docker-content-digest"]
+             if name.lower() == "docker-content-digest"]
     if len(found) != 1 or not valid_digest(found[0]):
         raise _Undecided("no single valid Docker-Content-Digest")
     return found[0]

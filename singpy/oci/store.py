@@ -257,12 +257,21 @@ class locked:  # noqa: N801 - called as the function it was: `with store.locked(
         os.close(self.fd)
 
 
+_REF_NAME_MAX = 240  # bytes of a refs/ file name (filesystems take 255)
+
+
 def _ref_path(location: str, reference: str, platform: str) -> str:
-    """refs/NAME for a reference and platform: the text made safe as one file name (readable in `ls`)."""
+    """refs/NAME for a reference and platform: the text made safe as one file name (readable in `ls`). A
+    longer one keeps its beginning and ends with the SHA-256 of the whole text: two references (or platforms)
+    never share a record, however long their names ('~' is never in an escaped name)."""
     text = f"{reference} {platform}"
     safe = "".join(char if char.isascii() and (char.isalnum() or char in "._-") else f"%{ord(char):02x}"
                    for char in text)
-    return f"{location}/{REFS}/{safe[:240]}"
+    if len(safe) > _REF_NAME_MAX:
+        import hashlib
+
+        safe = f"{safe[:_REF_NAME_MAX - 65]}~{hashlib.sha256(text.encode()).hexdigest()}"
+    return f"{location}/{REFS}/{safe}"
 
 
 def remember(location: str, reference: str, platform: str, *, top: str, digest: str) -> None:

@@ -101,3 +101,20 @@ def test_the_cache_is_looked_up_once_a_run(home: str, tmp_path: Path) -> None:
     record, found = lookedup.known(location, key, platform)  # the remembered lookup, taken (the SIF is gone)
     assert found == sif and record["top"] == DIGEST
     assert lookedup.known(location, key, platform) == (store.recall(location, key, platform), "")  # a new one
+
+
+def test_long_references_never_share_a_record(home: str, tmp_path: Path) -> None:
+    """A record's file name is cut to fit a file name, and ends with a digest of the whole reference and
+    platform: two long references (or one on two platforms) that differ only past the cut keep their own."""
+    location = store.location({"HOME": home, "SINGPY_CACHEDIR": str(tmp_path / "cache")}, home)
+    repository = "127.0.0.1:5000/" + "ab/" * 60 + "image"
+    first, second = f"{repository}@sha256:{'a' * 64}", f"{repository}@sha256:{'b' * 64}"
+    remember(location, first, "linux/amd64")
+    assert store.recall(location, first, "linux/amd64")["top"] == DIGEST
+    assert store.recall(location, second, "linux/amd64") == {}
+    assert store.recall(location, first, "linux/arm64") == {}
+    assert all(len(name) <= 240 for name in os.listdir(f"{location}/{store.REFS}"))
+    short = "127.0.0.1:5000/some/image:v1"
+    remember(location, short, "linux/amd64")
+    assert f"{location}/{store.REFS}/" + "127.0.0.1%3a5000%2fsome%2fimage%3av1%20linux%2famd64" in {
+        f"{location}/{store.REFS}/{name}" for name in os.listdir(f"{location}/{store.REFS}")}  # short: readable

@@ -54,6 +54,9 @@ def test_a_200_with_a_digest_is_the_answer(server: Answering) -> None:
     (b"HTTP/1.1 200 OK\r\nDocker-Content-Digest: sha256:short\r\n\r\n", {}),
     (b"HTTP/1.1 200 OK\r\nX-Padding: " + b"p" * (quickhead.HEADER_LIMIT + 10) + b"\r\n\r\n", {}),
     (b"SSH-2.0-OpenSSH_9.2\r\n", {}),
+    (f"HTTP/1.1 2000 OK\r\nDocker-Content-Digest: {DIGEST}\r\n\r\n".encode(), {}),  # not a 200
+    (f"HTTP/1.1 200 OK\r\nX-A: b\r\n Docker-Content-Digest: {DIGEST}\r\n\r\n".encode(), {}),  # folded
+    (f"HTTP/1.1 200 OK\r\nDocker-Content-Digest : {DIGEST}\r\n\r\n".encode(), {}),  # a space before ':'
 ], indirect=True)
 def test_anything_else_is_left_to_the_full_client(server: Answering) -> None:
     assert ask(server.port) is None
