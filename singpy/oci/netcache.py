@@ -40,7 +40,7 @@ def cached_url_image(url: str, env: Mapping[str, str], home: str) -> str:
         if cached and (sif := store.usable_sif(location, cached["digest"])):
             return sif
     store.ensure(location, store.SIFS)
-    lock = f"{location}/{store.SIFS}/.url-{hashlib.sha256(url.encode()).hexdigest()}.lock"
+    lock = f"{location}/{store.SIFS}/.url-{hashlib.sha256(url.encode('utf-8', 'surrogateescape')).hexdigest()}.lock"
     with store.locked(lock, waiting_for=f"another singpy to finish downloading {console.escape(url)}"):
         digest = _download(url, location)
     for key in (_record_key(url, version), _record_key(url, "*")) if version else (_record_key(url, "*"),):
@@ -52,7 +52,8 @@ def _record_key(url: str, version: str) -> str:
     """A fixed-length record name (refs/ names are cut at 240 characters: a long URL must not share one)."""
     import hashlib
 
-    return "url:" + hashlib.sha256(f"{url}\n{version}".encode()).hexdigest()
+    # surrogateescape: bytes of the command line that are not UTF-8 (the download then says what is wrong)
+    return "url:" + hashlib.sha256(f"{url}\n{version}".encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def _server_version(url: str) -> str:

@@ -126,7 +126,9 @@ def test_a_cached_url_image_runs_with_a_warning_when_the_server_is_gone(singpy: 
 
 
 @pytest.mark.parametrize(("name", "message"), [("missing.sif", "the server answered 404"),
-                                               ("page.sif", "is not a container image")])
+                                               ("page.sif", "is not a container image"),
+                                               ("\udcff.sif", "can't reach")],  # a byte that is not UTF-8
+                         ids=["missing", "page", "not-utf8"])
 def test_a_url_that_gives_no_image_is_one_fatal_and_leaves_nothing_in_the_cache(
         singpy: Singpy, web: WebServer, name: str, message: str) -> None:
     (web.root / "page.sif").write_text("<html>a login page</html>\n")
