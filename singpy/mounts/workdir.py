@@ -41,6 +41,9 @@ def checked_workdir(value: str, cwd: str) -> str:
         reason = "is not a directory you can write to" if os.path.isdir(path) else "is not a directory"
         raise SingpyError(f"--workdir {shown(path)} {reason}",
                           hint="create it first (sites point --workdir at $SLURM_TMPDIR or $TMPDIR)")
+    if os.stat(path).st_mode & 0o1002 == 0o002:  # anyone could rename its home or tmp and leave a link instead
+        raise SingpyError(f"--workdir {shown(path)} is writable by everyone but not sticky",
+                          hint="choose a directory of your own, or one sticky like /tmp (chmod +t)")
     return path
 
 
@@ -143,23 +146,21 @@ def make_host_dirs(dirs: tuple[HostDir, ...]) -> None:
 
     One that exists is used as it is, as in Apptainer, but it must be a
     directory of its own: a symbolic link (planted in a shared workdir, say)
-    would send the container's /tmp elsewhere.
+    would send the container's /tmp elsewhere, and another user's directory
+    (made first in a shared workdir such as /tmp) would get the container's
+    files, its owner free to read them or to swap the directory for a link.
     """
-    import stat
-
-    from singpy.host.hostfiles import shown
-
+    for entry in dirs:  # all checked before any is made: a refused run leaves nothing in the workdir
+        _refuse_unusable(entry.path)
     for entry in dirs:
         try:
             os.mkdir(entry.path)
         except FileExistsError:
-            mode = os.lstat(entry.path).st_mode
-            if not stat.S_ISDIR(mode):
-                raise SingpyError(f"{shown(entry.path)} is in the way of the work directory: not a directory"
-                                  + (" (a symbolic link)" if stat.S_ISLNK(mode) else ""),
-                                  hint="remove it, or choose another --workdir") from None
+            _refuse_unusable(entry.path)  # made meanwhile
             continue
         except OSError as error:
+            from singpy.host.hostfiles import shown
+
             raise SingpyError(f"can't make work directory {shown(entry.path)}: {error.strerror}") from None
         # mkdir's mode would lose the bits the umask holds; chmod on a descriptor of what mkdir made, not on a name
         fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -167,3 +168,23 @@ def make_host_dirs(dirs: tuple[HostDir, ...]) -> None:
             os.fchmod(fd, int(entry.mode, 8))
         finally:
             os.close(fd)
+
+
+def _refuse_unusable(path: str) -> None:
+    """Refuse an existing `path` that is not a directory of this user's (nothing there: fine)."""
+    import stat
+
+    from singpy.host.hostfiles import shown
+
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise SingpyError(f"can't use work directory {shown(path)}: {error.strerror}") from None
+    problem = ("not a directory" + (" (a symbolic link)" if stat.S_ISLNK(info.st_mode) else "")
+               if not stat.S_ISDIR(info.st_mode)
+               else f"a directory of another user (uid {info.st_uid})" if info.st_uid != os.geteuid() else "")
+    if problem:
+        raise SingpyError(f"{shown(path)} is in the way of the work directory: {problem}",
+                          hint="remove it, or choose another --workdir")

@@ -49,7 +49,8 @@ def cached_url_image(url: str, env: Mapping[str, str], home: str) -> str:
 
 
 def _record_key(url: str, version: str) -> str:
-    """A fixed-length record name (refs/ names are cut at 240 characters: a long URL must not share one)."""
+    """A fixed-length record name: the URL and the server's version, hashed (kept so since existing records are
+    named by it; the store also names long references safely itself now, singpy.oci.store._ref_path)."""
     import hashlib
 
     # surrogateescape: bytes of the command line that are not UTF-8 (the download then says what is wrong)

@@ -69,20 +69,32 @@ def test_workdir_and_a_home_of_ones_own(singpy: Singpy, image: Path, workdir: Pa
     assert (home / "x").exists() and not (work / "home").exists()
 
 
-@pytest.mark.parametrize("problem", ["missing", "file", "link"])
-def test_bad_workdir_is_one_fatal_line(singpy: Singpy, image: Path, workdir: Path, problem: str) -> None:
+@pytest.mark.parametrize("problem", ["missing", "file", "link", "foreign", "open"])
+def test_bad_workdir_is_one_fatal_line(singpy: Singpy, image: Path, workdir: Path, problem: str,
+                                       request: pytest.FixtureRequest) -> None:
     work = _own_dir(singpy, workdir, f"wd-bad-{problem}")
     target: Path = work
+    expected = "--workdir"
     if problem == "missing":
         target = work / "nowhere"
     elif problem == "file":
         target = work / "file"
         target.write_text("")
-    else:  # a link planted where the workdir's tmp goes: /tmp must not end up elsewhere
+    elif problem == "link":  # a link planted where the workdir's tmp goes: /tmp must not end up elsewhere
         (work / "tmp").symlink_to("/etc")
+        expected = "symbolic link"
+    elif problem == "foreign":  # another user made the home first (in a shared workdir): it must not get our files
+        intruder = request.getfixturevalue("other_user")
+        (work / "home").mkdir()
+        os.chown(work / "home", intruder.pw_uid, intruder.pw_gid)
+        (work / "home").chmod(0o777)
+        expected = f"a directory of another user (uid {intruder.pw_uid})"
+    else:  # writable by all, not sticky: anyone could swap its home for a link
+        work.chmod(0o777)
+        expected = "writable by everyone but not sticky"
     before = traces(work)
     result = singpy.run("exec", "-c", "-W", str(target), str(image), "true")
-    assert_one_fatal(result, "symbolic link" if problem == "link" else "--workdir")
+    assert_one_fatal(result, expected)
     assert settled(before, work) == before
     assert not (work / "var_tmp").exists()
 

@@ -94,6 +94,14 @@ def test_checked_workdir(tmp_path: Path) -> None:
         workdir.checked_workdir("missing", str(tmp_path))
     with pytest.raises(UsageError):
         workdir.checked_workdir("", str(tmp_path))
+    # Writable by everyone: only if sticky (as /tmp), where others can't rename the home singpy makes in it.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    assert workdir.checked_workdir(str(shared), "/") == str(shared)
+    shared.chmod(0o777)
+    with pytest.raises(SingpyError, match="writable by everyone but not sticky"):
+        workdir.checked_workdir(str(shared), "/")
 
 
 def test_make_host_dirs_modes_whatever_the_umask(tmp_path: Path) -> None:
@@ -113,6 +121,19 @@ def test_make_host_dirs_refuses_a_link(tmp_path: Path) -> None:
     with pytest.raises(SingpyError, match="symbolic link"):
         workdir.make_host_dirs((HostDir(path=f"{tmp_path}/tmp", mode="1777"),))
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_make_host_dirs_refuses_another_users_directory(tmp_path: Path) -> None:
+    """A home made first by another user in a shared workdir would get the container's files."""
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root (the integration test runs as both)")
+    planted = tmp_path / "home"
+    planted.mkdir(mode=0o777)
+    os.chown(planted, 65534, 65534)
+    dirs = (HostDir(path=f"{tmp_path}/tmp", mode="1777"), HostDir(path=str(planted), mode="0700"))
+    with pytest.raises(SingpyError, match=r"home is in the way of the work directory: a directory of another user"):
+        workdir.make_host_dirs(dirs)
+    assert sorted(os.listdir(tmp_path)) == ["home"] and list(planted.iterdir()) == []  # nor tmp, checked first
 
 
 def test_no_env_filter() -> None:
