@@ -26,11 +26,23 @@ class BindSpec(Record, kw_only=False):
 
 
 def parse_bind_list(values: list[str] | tuple[str, ...], cwd: str) -> tuple[BindSpec, ...]:
-    """Parse every comma-separated spec of every value, in order."""
-    specs = []
+    """Parse every comma-separated spec of every value, in order.
+
+    As Apptainer's ParseBindPath: an empty item is skipped (`APPTAINER_BIND="$APPTAINER_BIND,/scratch"` with
+    the variable unset), and `ro` or `rw` right after a spec that has options is one more of its options
+    (`/a:/b:rw,ro`: read-only, as any `ro` among them makes it), not a path of the working directory.
+    """
+    specs: list[BindSpec] = []
     for value in values:
-        for item in split_unescaped(value, ","):
-            specs.append(parse_bind(item.strip(), cwd))
+        options_open = False  # the last spec of this value ended with its options
+        for item in (piece.strip() for piece in split_unescaped(value, ",")):
+            if not item:
+                continue
+            if options_open and item in _OPTIONS:
+                specs[-1] = specs[-1].replace(readonly=specs[-1].readonly or _OPTIONS[item])
+                continue
+            specs.append(parse_bind(item, cwd))
+            options_open = len(split_unescaped(item, ":")) == 3
     return tuple(specs)
 
 

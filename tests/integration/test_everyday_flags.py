@@ -41,7 +41,8 @@ def test_bindpath_variables_add_binds(singpy: Singpy, image: Path, workdir: Path
     first, second = _own_dir(singpy, workdir, "bindpath-a"), _own_dir(singpy, workdir, "bindpath-b")
     (first / "mark").write_text("first\n")
     (second / "mark").write_text("second\n")
-    env = singpy.env(**{variable: f"{first}:/mnt/a,{second}:/mnt/b:ro"})
+    # As with Apptainer: the empty items of `X="$X,/more"` (X unset) skipped, `rw,ro` read-only.
+    env = singpy.env(**{variable: f",{first}:/mnt/a,,{second}:/mnt/b:rw,ro"})
     out = singpy.ok("exec", "-B", f"{first}:/mnt/c", str(image), "cat", "/mnt/a/mark", "/mnt/b/mark", "/mnt/c/mark",
                     env=env)
     assert out == "first\nsecond\nfirst\n"
