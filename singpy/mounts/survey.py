@@ -13,7 +13,7 @@ import stat
 from singpy.errors import PathError
 from singpy.layers.rootfs import HOST
 from singpy.mounts.rootpath import Resolver, Tree
-from singpy.plan import MountOp, MountSpec
+from singpy.plan import Missing, MountOp, MountSpec
 
 
 class Survey:
@@ -48,6 +48,8 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
             continue
         if found_all.covers(spec.dest):  # below a mount already: a covering path has no link in it
             continue
+        if _left_out(spec, found_all.host):  # no mount point for it (/scratch an empty file on hosts without it)
+            continue
         try:
             found = image.locate(spec.dest)
         except PathError:
@@ -67,6 +69,12 @@ def _is_covered(path: str, covering: set[str]) -> bool:
             return False
         path = path.rsplit("/", 1)[0] or "/"
     return True
+
+
+def _left_out(spec: MountSpec, host: Resolver) -> bool:
+    """A bind apply_mounts will skip: its source is not on this host and it may be left out (Missing.SKIP)."""
+    return (spec.op == MountOp.BIND and spec.missing == Missing.SKIP and spec.source is not None
+            and host.found(spec.source)[1] is None)
 
 
 def _wants_directory(spec: MountSpec, host: Resolver) -> bool:
