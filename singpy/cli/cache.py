@@ -39,11 +39,9 @@ def list_command() -> None:
     total = 0
     for digest in cache.entries(location):
         info = cache.entry_info(location, digest)
-        size = int(str(info.get("size", 0)))
+        size = _number(info.get("size")) or 0
         total += size
-        created = info.get("created")
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(str(created)))) if created else "?"
-        rows.append((digest[:16], human_size(size), when, escape(str(info.get("source", "?")))))
+        rows.append((digest[:16], human_size(size), _when(info.get("created")), escape(str(info.get("source", "?")))))
     _list_build_trees(location)
     if not rows:
         print(f"no unpacked images in {location}")
@@ -126,10 +124,8 @@ def _list_pulled(location: str) -> None:
         return
     rows = [("DIGEST", "SIZE", "CREATED", "PLATFORM", "SOURCE")]
     for digest, info in pulled:
-        created = info.get("created")
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(int(created))) if isinstance(created, int) else "?"
-        rows.append((digest[:16], human_size(int(info["size"])), when, escape(str(info.get("platform", "?"))),
-                     escape(str(info.get("source", "?")))))
+        rows.append((digest[:16], human_size(_number(info.get("size")) or 0), _when(info.get("created")),
+                     escape(str(info.get("platform", "?"))), escape(str(info.get("source", "?")))))
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])
@@ -194,3 +190,20 @@ def _confirm(question: str) -> bool:
         return typer.confirm(question)
     except typer.Abort:
         return False
+
+
+def _number(value: object) -> int | None:
+    """A record's number, or None where the record (hand-edited, damaged) holds no usable one."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def _when(created: object) -> str:
+    """A record's creation time for the listing: "?" where it holds none a calendar can show."""
+    seconds = _number(created)
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds)) if seconds else "?"
+    except (OverflowError, OSError, ValueError):  # beyond what time_t holds
+        return "?"

@@ -10,6 +10,7 @@ line that leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -185,6 +186,11 @@ def test_run_pulls_once_then_runs_from_the_cache(singpy: Singpy, plain: Registry
     assert (second.returncode, second.stdout, second.stderr) == (0, "tool ran b\n", "")
     listing = singpy.ok("cache", "list", env=env)
     assert f"{plain.host}/pull/main:latest" in listing and "1 pulled image(s)" in listing
+    # A record its user damaged (a time no calendar holds): listed with "?", not a traceback
+    [record] = Path(env["SINGPY_CACHEDIR"]).glob("**/sif/*.json")
+    record.write_text(json.dumps({**json.loads(record.read_text()), "created": 10**20}))
+    listing = singpy.ok("cache", "list", env=env)
+    assert f"{plain.host}/pull/main:latest" in listing and " ? " in listing
 
 
 def test_cached_image_runs_when_the_registry_is_gone(singpy: Singpy, workdir: Path, tmp_path: Path) -> None:
