@@ -185,6 +185,17 @@ def double_quoted_body(value: str) -> str:
     return "".join(out)
 
 
+def evaluates_to(value: str) -> str:
+    """The injected value whose evaluation (between double quotes, by ACTION_SCRIPT) is `value` itself.
+
+    Inside double quotes a backslash escapes `\\`, `$` and a backquote, and
+    `double_quoted_body` keeps such pairs as written. A `"` needs nothing: that
+    function escapes it. Values that are someone else's text, not the user's
+    (a CDI spec's env), are injected this way, literal as CDI and OCI set them.
+    """
+    return "".join(f"\\{char}" if char in _EVALUATED else char for char in value)
+
+
 def shell_env(plan: EnvPlan, env_scripts: tuple[str, ...] = ()) -> dict[str, str]:
     """The environment the action shell starts with: base, plus data for ACTION_SCRIPT.
 

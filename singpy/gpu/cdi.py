@@ -12,7 +12,9 @@ and hooks. Every edit of a requested device and of its spec is applied:
   match the spec's type/major/minor; it is bound at `path`, usable (dev), as
   --nv binds /dev/nvidia*. With --contain only those nodes are in /dev.
 * `mounts`: bound `hostPath` -> `containerPath`, read-only with `ro`.
-* `env`: set in the container, as --env sets them (they survive --cleanenv).
+* `env`: injected as --env injects them (they survive --cleanenv), but
+  literal: the spec's text, never evaluated (singpy.launch.launch). A name
+  must be a shell name: the container's shell handles the injected names.
 * `hooks`: singpy runs no hook binary. NVIDIA's two hooks are done here:
   `create-symlinks --link TARGET::LINK` becomes a read-only bind at LINK of
   the file TARGET names (the container gets the same content at the same
@@ -36,8 +38,10 @@ import stat
 from collections.abc import Iterable, Mapping
 
 from singpy.constants import LIBS_DIR
+from singpy.env.environ import is_valid_name
 from singpy.errors import GpuError
 from singpy.gpu import CDI_DIRS, CDI_SPEC_SUFFIXES, GpuContribution
+from singpy.gpu.cdiparse import parse
 from singpy.gpu.libsdir import libs_dir_mounts, link_notes
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
@@ -140,7 +144,7 @@ def resolve(kind: str, name: str, specs: list[_Spec], dirs: tuple[str, ...]) -> 
 
 
 def _natural(name: str) -> tuple[int, int | str]:
-    return (0, int(name)) if name.isdigit() else (1, name)
+    return (0, int(name)) if name.isdigit() and len(name) <= 18 else (1, name)
 
 
 def load_specs(dirs: Iterable[str]) -> list[_Spec]:
@@ -159,82 +163,32 @@ def load_specs(dirs: Iterable[str]) -> list[_Spec]:
 
 def read_spec(path: str) -> _Spec:
     """One spec file, parsed and checked."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(SPEC_LIMIT + 1)
+    try:  # non-blocking: a FIFO or a tty among the specs is refused, never waited on (links are followed)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
         raise GpuError(f"can't read the CDI spec {path}: {error.strerror}") from None
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise GpuError(f"the CDI spec {path} is not a regular file")
+        try:
+            raw = handle.read(SPEC_LIMIT + 1)
+        except OSError as error:
+            raise GpuError(f"can't read the CDI spec {path}: {error.strerror}") from None
     if len(raw) > SPEC_LIMIT:
         raise GpuError(f"the CDI spec {path} is larger than {SPEC_LIMIT >> 20} MiB")
     try:
         text = raw.decode()
     except UnicodeDecodeError:
         raise GpuError(f"the CDI spec {path} is not UTF-8 text") from None
-    data = _parse(path, text)
+    data = parse(path, text)
     return _check_spec(path, data)
-
-
-def _parse(path: str, text: str) -> object:
-    if path.endswith(".json"):
-        parsed = _scan_json(text)
-        if parsed is not _NOT_PARSED:
-            return parsed
-        import json  # the fallback, and the message (with its line) for a spec that is not JSON
-
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as error:
-            raise GpuError(f"malformed CDI spec {path}:{error.lineno}: {error.msg}") from None
-    from singpy.gpu import cdiload
-
-    try:
-        return cdiload.loads(text)
-    except cdiload.SpecError as error:
-        raise GpuError(f"malformed CDI spec {path}:{error.line}: {error.message}") from None
-
-
-_NOT_PARSED = object()
-_JSON_SPACE = " \t\n\r"
-
-
-class _JsonContext:
-    """What CPython's JSON scanner reads from a json.JSONDecoder: its defaults (no hooks, strict strings)."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-
-    @staticmethod
-    def parse_constant(name: str) -> object:
-        raise ValueError(f"{name} is not JSON a CDI spec may hold")
-
-
-def _scan_json(text: str) -> object:
-    """json.loads(text) by the C scanner of CPython's `_json` accelerator, or _NOT_PARSED.
-
-    That scanner is what json.loads itself runs; importing it alone skips
-    the `json` package and the `re` it imports (`python3 -c 'import json'`
-    takes ~12 ms more than `pass` here, far more than the parse). Whatever it does not accept (malformed text, a
-    Python without `_json`) is left to json.loads, for its verdict and message.
-    """
-    try:
-        from _json import make_scanner
-
-        start = len(text) - len(text.lstrip(_JSON_SPACE))
-        # typeshed names the scanner's own class as its argument; any object with a decoder's attributes works
-        value, end = make_scanner(_JsonContext())(text, start)  # type: ignore[arg-type]
-    except (ImportError, StopIteration, ValueError):  # json.JSONDecodeError is a ValueError
-        return _NOT_PARSED
-    return value if not text[end:].strip(_JSON_SPACE) else _NOT_PARSED
 
 
 def _check_spec(path: str, data: object) -> _Spec:
     spec = _mapping(data, path, "the spec")
     version = spec.get("cdiVersion")
     parts = version.split(".") if isinstance(version, str) else []
-    if len(parts) != 3 or not all(part.isascii() and part.isdigit() for part in parts):
+    if len(parts) != 3 or not all(part.isascii() and part.isdigit() and len(part) <= 9 for part in parts):
         raise GpuError(f"CDI spec {path}: cdiVersion {version!r} is not a version (0.5.0)")
     if (int(parts[0]), int(parts[1])) > NEWEST_VERSION[:2]:
         newest = ".".join(map(str, NEWEST_VERSION))
@@ -273,9 +227,20 @@ def _list(value: object, path: str, what: str) -> list[object]:
 
 
 def _text(value: object, path: str, what: str) -> str:
+    """A non-empty string that can reach the kernel: no NUL, no lone surrogate."""
     if not isinstance(value, str) or not value:
         raise GpuError(f"CDI spec {path}: {what} is not a string")
+    if "\0" in value or not value.isascii() and not _encodes(value):
+        raise GpuError(f"CDI spec {path}: {what} holds a NUL or a lone surrogate (\\u0000, \\ud800)")
     return value
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class _Edits:
@@ -293,13 +258,16 @@ class _Edits:
 
     def add(self, edits: Mapping[str, object], where: str) -> None:
         path = where.split(" (", 1)[0]
-        unknown = sorted(set(edits) - _EDIT_FIELDS)
+        unknown = sorted(str(field) for field in edits if field not in _EDIT_FIELDS)  # YAML keys: 5, ~ too
         if unknown:
             raise GpuError(f"CDI spec {where}: singpy can't apply {', '.join(unknown)}")
         for entry in _list(edits.get("env"), path, "env"):
             name, sep, value = _text(entry, path, "an env entry").partition("=")
-            if not sep or not name:
-                raise GpuError(f"CDI spec {where}: env entry {entry!r} is not NAME=VALUE")
+            if not sep or not is_valid_name(name):  # the container's shell evaluates injected names
+                raise GpuError(f"CDI spec {where}: env entry {entry!r} is not NAME=VALUE (NAME: letters, digits, _)")
+            if name == "HOME":  # as --env HOME: Apptainer never lets injection replace it
+                self.warnings.append(f"overriding HOME environment variable with the CDI spec {path} is not permitted")
+                continue
             self.env[name] = value
         for entry in _list(edits.get("deviceNodes"), path, "deviceNodes"):
             self._node(_mapping(entry, path, "a device node"), where)
@@ -310,8 +278,8 @@ class _Edits:
 
     def _node(self, node: Mapping[str, object], where: str) -> None:
         path = _text(node.get("path"), where, "a device node's path")
-        host = node.get("hostPath") or path
-        assert isinstance(host, str)
+        given = node.get("hostPath")
+        host = path if given in (None, "") else _text(given, where, "a device node's hostPath")
         if not os.path.isabs(path) or not os.path.isabs(host):
             raise GpuError(f"CDI spec {where}: device node {path} is not an absolute path")
         try:
@@ -322,7 +290,7 @@ class _Edits:
                                 "module is not loaded") from None
         kind = node.get("type")
         expected = {"c": stat.S_ISCHR, "u": stat.S_ISCHR, "b": stat.S_ISBLK, "p": stat.S_ISFIFO}
-        if kind is not None and kind not in expected:
+        if kind is not None and (not isinstance(kind, str) or kind not in expected):
             raise GpuError(f"CDI spec {where}: device node {path} has an unknown type {kind!r}")
         check = expected[kind] if isinstance(kind, str) else None
         if not (check(info.st_mode) if check else stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)):
@@ -431,9 +399,10 @@ class _Edits:
         path = os.path.normpath(os.path.join(os.path.dirname(link), target))
         if path in self.mounts:
             return self.mounts[path][0]
-        for dest, (host, _) in self.mounts.items():  # a file inside a mounted directory
-            if path.startswith(dest + "/") and os.path.exists(os.path.join(host, path[len(dest) + 1:])):
-                return os.path.join(host, path[len(dest) + 1:])
+        for dest, (host, _) in self.mounts.items():  # a file inside a mounted directory, and not out of it
+            candidate = os.path.join(host, path[len(dest) + 1:])
+            if path.startswith(dest + "/") and os.path.exists(candidate) and _inside(candidate, host):
+                return candidate
         if depth < 8 and path in sonames:
             return self._provider(path, sonames[path], sonames, depth + 1)
         if depth < 8 and path in self.links and path != link:
@@ -458,6 +427,11 @@ class _Edits:
                 resolved = os.path.normpath(os.path.join(folder, target))
                 links.append((name, sonames.get(resolved, resolved)))  # a soname link exists only here
         return libs_dir_mounts((), links)
+
+
+def _inside(candidate: str, directory: str) -> bool:
+    """Whether `candidate` is in `directory` once the host's links are followed (`sub -> /etc` leads out)."""
+    return os.path.realpath(candidate).startswith(os.path.realpath(directory).rstrip("/") + "/")
 
 
 def _node_kind(kind: object) -> str:

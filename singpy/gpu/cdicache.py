@@ -27,7 +27,9 @@ TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-_FORMAT = "1"  # in the file name: a singpy writing another layout misses, it never misreads
+# In the file name: a singpy writing another layout misses, it never misreads. "2": the edits of a spec are checked
+# more (env names, HOME dropped, links out of a mount): a "1" entry may hold what a spec can no longer give.
+_FORMAT = "2"
 _MOUNT_FIELDS = 9  # after the tag: op, dest, source, readonly, dev, missing, stage, mode, what the source was
 
 

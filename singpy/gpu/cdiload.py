@@ -10,11 +10,16 @@ spec's author or another CDI reader sees:
 * a key given twice in one mapping (YAML says it is an error; PyYAML keeps the last);
 * anchors and aliases (shared nodes: an alias bomb expands to billions of entries);
 * nesting deeper than `MAX_DEPTH` (a CDI spec is 6 levels deep; PyYAML's constructor recurses).
+
+An integer longer than `MAX_NUMBER` characters (int() raises ValueError past
+4300 digits) and a scalar PyYAML can't build (the date 2001-02-30) are a
+SpecError too, as is any malformed text.
 """
 
 from __future__ import annotations
 
 MAX_DEPTH = 64
+MAX_NUMBER = 64  # characters of an integer: a spec's largest (a device's major) has ~10; int() stops at 4300 digits
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -44,6 +49,8 @@ def loads(text: str) -> object:
         raise SpecError(mark.line + 1 if mark else 0, said) from None
     except yaml.YAMLError as error:
         raise SpecError(0, str(error)) from None
+    except (ValueError, OverflowError) as error:  # a scalar PyYAML can't build: the date 2001-02-30
+        raise SpecError(0, f"a value that can't be read ({error})") from None
 
 
 def _check_events(events: Any, yaml: Any) -> None:
@@ -74,4 +81,10 @@ def _loader(base: Any, yaml: Any) -> Any:
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+        def construct_yaml_int(self, node: Any) -> Any:
+            if len(node.value) > MAX_NUMBER:
+                raise SpecError(node.start_mark.line + 1, f"a number longer than {MAX_NUMBER} characters")
+            return super().construct_yaml_int(node)
+
+    _NoDuplicates.add_constructor("tag:yaml.org,2002:int", _NoDuplicates.construct_yaml_int)
     return _NoDuplicates

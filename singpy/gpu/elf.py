@@ -90,7 +90,7 @@ def required_glibc(path: str | os.PathLike[str]) -> tuple[int, int] | None:
 def _version(name: str) -> tuple[int, int] | None:
     """(2, 34) from "GLIBC_2.34" (or "GLIBC_2.3.4"); None for any other name."""
     parts = name[len("GLIBC_"):].split(".") if name.startswith("GLIBC_") else []
-    if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts):
+    if len(parts) not in (2, 3) or not all(part.isascii() and part.isdigit() and len(part) <= 18 for part in parts):
         return None
     return int(parts[0]), int(parts[1])
 

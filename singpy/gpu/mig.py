@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 
+from singpy.gpu.versions import is_number
 from singpy.record import Record
 
 
@@ -56,12 +57,12 @@ def parse_listing(text: str) -> dict[tuple[int, int], str]:
     gpu: int | None = None
     for line in text.splitlines():
         words = line.split()
-        if len(words) >= 2 and words[0] == "GPU" and words[1].rstrip(":").isdigit():
+        if len(words) >= 2 and words[0] == "GPU" and is_number(words[1].rstrip(":")):
             gpu = int(words[1].rstrip(":"))
         elif gpu is not None and words[:1] == ["MIG"] and "Device" in words and "(UUID:" in line:
             index = words[words.index("Device") + 1].rstrip(":") if words[-1] != "Device" else ""
             uuid = line.partition("(UUID:")[2].partition(")")[0].strip()
-            if index.isdigit() and uuid.startswith("MIG-"):
+            if is_number(index) and uuid.startswith("MIG-"):
                 found[(gpu, int(index))] = uuid
     return found
 
@@ -78,7 +79,7 @@ def parse_table(text: str) -> list[tuple[int, int, int, int]]:
             break
         cells = line.strip().strip("|").split("|") if inside else []
         numbers = cells[0].split() if cells else []
-        if len(numbers) == 4 and all(number.isdigit() for number in numbers):
+        if len(numbers) == 4 and all(is_number(number) for number in numbers):
             gpu, gi, ci, index = (int(number) for number in numbers)
             rows.append((gpu, gi, ci, index))
     return rows
@@ -95,7 +96,7 @@ def find(item: str, devices: list[MigDevice]) -> MigDevice | None:
     if item[:4].upper() == "MIG-":
         return next((device for device in devices if device.uuid.lower() == item.lower()), None)
     gpu, _, index = item.partition(":")
-    if gpu.isdigit() and index.isdigit():
+    if is_number(gpu) and is_number(index):
         return next((d for d in devices if (d.gpu, d.index) == (int(gpu), int(index))), None)
     return None
 
@@ -108,7 +109,7 @@ def mig_caps(item: str, proc_dir: str, dev_dir: str, warnings: list[str]) -> tup
     the /dev/nvidia-caps/nvidia-capM node that grants it ("DeviceFileMinor: M").
     """
     gpu, gi, ci = (part.strip() for part in item.split(":"))
-    if not (gpu.isdigit() and gi.isdigit() and ci.isdigit()):
+    if not (is_number(gpu) and is_number(gi) and is_number(ci)):
         warnings.append(f"NVIDIA_VISIBLE_DEVICES: '{item}' is not GPU:GI:CI (three numbers); ignored")
         return None
     instance = os.path.join(proc_dir, "capabilities", f"gpu{int(gpu)}", "mig", f"gi{int(gi)}")
@@ -132,6 +133,6 @@ def _device_file_minor(path: str) -> int | None:
         return None
     for line in text.splitlines():
         name, _, value = line.partition(":")
-        if name.strip() == "DeviceFileMinor" and value.strip().isdigit():
+        if name.strip() == "DeviceFileMinor" and is_number(value.strip()):
             return int(value.strip())
     return None

@@ -30,7 +30,7 @@ from singpy.gpu.ldcache import (
     glibc_needs,
     so_links,
 )
-from singpy.gpu.versions import after, dotted, driver_version_text, major_minor
+from singpy.gpu.versions import after, dotted, driver_version_text, is_number, major_minor
 from singpy.host.hostfiles import which
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
@@ -160,7 +160,7 @@ def _nodes_for(devices: _Devices, wanted: frozenset[str], dev_dir: str) -> _Devi
 def gpu_index(name: str) -> int | None:
     """N for a GPU node "nvidiaN"; None for the others (nvidiactl, nvidia-uvm, nvidia-caps)."""
     number = name[len("nvidia"):]
-    return int(number) if name.startswith("nvidia") and number.isdigit() else None
+    return int(number) if name.startswith("nvidia") and is_number(number) else None
 
 
 def _node_order(name: str) -> tuple[int, int, str]:
@@ -207,7 +207,7 @@ def _wanted_gpus(
             elif found is not None:
                 warnings.append(f"NVIDIA_VISIBLE_DEVICES: no GPU device node for '{item}'; ignored")
             continue
-        if item.isdigit():
+        if is_number(item):
             index: int | None = int(item)
         else:
             if uuids is None:
@@ -251,7 +251,7 @@ def gpu_uuids(path_env: str, warnings: list[str]) -> dict[str, int]:
     table: dict[str, int] = {}
     for line in done.stdout.splitlines():
         index, _, uuid = (part.strip() for part in line.partition(","))
-        if index.isdigit() and uuid:
+        if is_number(index) and uuid:
             table[uuid] = int(index)
     return table
 

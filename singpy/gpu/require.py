@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from singpy.gpu.versions import is_number
 from singpy.record import Record
 
 KEYS = ("cuda", "driver", "arch", "brand")
@@ -75,7 +76,7 @@ def _condition(text: str) -> Condition:
 def version(text: str) -> tuple[int, ...] | None:
     """(12, 4) from "12.4", (550, 54, 14) from "550.54.14", (12,) from "12"; None for anything else."""
     parts = text.split(".")
-    if not 1 <= len(parts) <= 4 or not all(part.isdigit() for part in parts):
+    if not 1 <= len(parts) <= 4 or not all(is_number(part) for part in parts):
         return None
     return tuple(int(part) for part in parts)
 

@@ -6,12 +6,19 @@ were a few milliseconds of the 10 ms --nv may add (benchmarks/README.md).
 
 from __future__ import annotations
 
+MAX_DIGITS = 18  # a number longer than this is no GPU index or version (and int() refuses 4300 digits)
+
+
+def is_number(text: str) -> bool:
+    """ASCII digits only, at most MAX_DIGITS: what int() takes, where str.isdigit() also takes '²' (an image's text)."""
+    return 0 < len(text) <= MAX_DIGITS and text.isascii() and text.isdigit()
+
 
 def major_minor(text: str) -> tuple[int, int] | None:
     """(12, 4) from "12.4", "12.4.1", " 12.4 ...", "2.36"; None unless it starts with N.N."""
     head, dot, rest = text.lstrip().partition(".")
     minor = _leading_digits(rest)
-    if not dot or not head.isdigit() or not minor:
+    if not dot or not is_number(head) or not is_number(minor):
         return None
     return int(head), int(minor)
 
@@ -25,14 +32,14 @@ def after(text: str, marker: str) -> tuple[int, int] | None:
 def dotted(token: str) -> tuple[int, ...] | None:
     """(550, 54, 14) from "550.54.14": two or three dot-separated numbers, nothing else."""
     parts = token.split(".")
-    if not 2 <= len(parts) <= 3 or not all(part.isdigit() for part in parts):
+    if not 2 <= len(parts) <= 3 or not all(is_number(part) for part in parts):
         return None
     return tuple(int(part) for part in parts)
 
 
 def _leading_digits(text: str) -> str:
     end = 0
-    while end < len(text) and text[end].isdigit():
+    while end < len(text) and text[end] in "0123456789":
         end += 1
     return text[:end]
 

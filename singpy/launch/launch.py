@@ -97,8 +97,11 @@ def plan_launch(request: LaunchRequest, config: SysConfig, host: HostInfo, *,
     """The image prepared and the plan built, its warnings (and --verbose notes) printed."""
     image = prepare_image(request, config, host, dry_run=dry_run)
     gpu = _gpus(request, config, host, image)
-    if gpu and gpu.env:  # CDI's env edits: set in the container as --env sets them (--env given wins)
-        request = request.replace(env=(*gpu.env, *request.env))
+    if gpu and gpu.env:  # CDI's env (and --nv's): injected as --env (which wins), literal: the text isn't the user's
+        from singpy.env.environ import evaluates_to
+
+        literal = gpu.env if request.no_eval else tuple((name, evaluates_to(value)) for name, value in gpu.env)
+        request = request.replace(env=(*literal, *request.env))
     planned = build_plan(request, config, host, image, gpu_mounts=gpu.mounts if gpu else (),
                          keep_host_env=gpu.keep_host_env if gpu else ())
     if planned.plan.process.security is not None and not dry_run:  # imported and compiled while the host is here

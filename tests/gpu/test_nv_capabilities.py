@@ -151,6 +151,26 @@ def test_image_visible_devices_by_uuid(nv: DriverRun, workdir: Path, caps_host: 
     assert "nvidia0" in devices and "nvidia1" not in devices
 
 
+@pytest.mark.parametrize(("name", "value", "warning"), [
+    ("NVIDIA_REQUIRE_CUDA", "cuda>=².0", "NVIDIA_REQUIRE_CUDA: 'cuda>=².0': '².0' is not a version; this requirement"
+                                         " is not checked"),
+    ("NVIDIA_REQUIRE_CUDA", "cuda>=1" + "0" * 5000, "is not a version; this requirement is not checked"),
+    ("CUDA_VERSION", "².0", None),
+    ("CUDA_VERSION", "12." + "4" * 5000, None),
+    ("NVIDIA_VISIBLE_DEVICES", "²", "NVIDIA_VISIBLE_DEVICES: no GPU device node for '²'; ignored"),
+    ("NVIDIA_VISIBLE_DEVICES", "0:²:0", "NVIDIA_VISIBLE_DEVICES: '0:²:0' is not GPU:GI:CI (three numbers); ignored"),
+])  # fmt: skip
+def test_odd_digits_in_the_image_are_ignored_as_unparsable(nv: DriverRun, workdir: Path, name: str, value: str,
+                                                           warning: str | None) -> None:
+    """'²' passes str.isdigit() and int() refuses it (and 4300 digits): as any value --nv can't parse, a warning or
+    nothing (CUDA_VERSION: no requirement), never a traceback."""
+    result = nv.run("exec", "--nv", "--contain", str(env_image(workdir, **{name: value})), "echo", "payload ran")
+    assert result.returncode == 0 and result.stdout == "payload ran\n", result.stderr
+    assert "Traceback" not in result.stderr
+    if warning:
+        assert warning in result.stderr
+
+
 # --- NVIDIA_REQUIRE_* -------------------------------------------------------------------------------------
 
 

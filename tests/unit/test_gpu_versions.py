@@ -15,7 +15,8 @@ from singpy.gpu.versions import after, dotted, driver_version_text, major_minor
 @pytest.mark.parametrize("text, expected", [
     ("12.4", (12, 4)), ("12.4.1", (12, 4)), (" 2.36", (2, 36)), ("11.8 brand=tesla", (11, 8)),
     ("12", None), ("", None), ("v12.4", None), ("12.x", None), (".4", None),
-], ids=repr)
+    ("².0", None), ("12.²", None), ("1" * 5000 + ".0", None), ("12." + "4" * 5000, None),  # an image's odd digits
+], ids=lambda value: repr(value)[:20])
 def test_major_minor(text: str, expected: tuple[int, int] | None) -> None:
     assert major_minor(text) == expected
 
@@ -25,6 +26,18 @@ def test_after_and_dotted() -> None:
     assert after("brand=tesla", "cuda>=") is None
     assert dotted("550.54.14") == (550, 54, 14) and dotted("570.86") == (570, 86)
     assert dotted("x86_64") is None and dotted("1.2.3.4") is None
+    assert dotted("550.²") is None and dotted("550." + "5" * 5000) is None and after("cuda>=².0", "cuda>=") is None
+
+
+@pytest.mark.parametrize("text", ["²", "1²", "٣", "1" * 5000])
+def test_odd_digits_are_no_gpu_index_or_requirement(text: str) -> None:
+    """str.isdigit() takes '²' and '٣', which int() refuses or reads; int() refuses 4300 digits and more."""
+    from singpy.gpu.mig import find
+    from singpy.gpu.require import version
+
+    assert gpu_index(f"nvidia{text}") is None
+    assert version(text) is None and version(f"12.{text}") is None
+    assert find(f"{text}:0", []) is None and find(f"0:{text}", []) is None
 
 
 @pytest.mark.parametrize("name, index", [("nvidia0", 0), ("nvidia17", 17), ("nvidiactl", None),
