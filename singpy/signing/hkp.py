@@ -17,6 +17,12 @@ from collections.abc import Sequence
 from singpy.errors import SingpyError
 from singpy.record import Record
 
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    import urllib.request
+    from http.client import HTTPMessage
+    from typing import IO
+
 TIMEOUT = 30.0
 _LIMIT = 16 << 20
 
@@ -57,13 +63,29 @@ def _request(url: str, *, data: bytes | None = None, auth: str = "") -> tuple[in
         headers["Content-Type"] = "application/x-www-form-urlencoded"
     request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data is not None else "GET")
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310 - http(s) only
+        with _opener().open(request, timeout=TIMEOUT) as response:
             return response.status, _bounded(response.read(_LIMIT + 1))
     except urllib.error.HTTPError as error:
         return error.code, _bounded(error.read(4096))
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise KeyserverError(f"can't reach the keyserver {_origin(url)}: {reason}") from None
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """An opener whose redirects carry the credential only to the origin it was given for (urllib's default
+    handler copies every header onto the redirected request, to any host, https to http included)."""
+    import urllib.request
+
+    class SameOriginCredential(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
+                             headers: HTTPMessage, newurl: str) -> urllib.request.Request | None:
+            new = super().redirect_request(req, fp, code, msg, headers, newurl)
+            if new is not None and _origin(new.full_url) != _origin(req.full_url):
+                new.remove_header("Authorization")
+            return new
+
+    return urllib.request.build_opener(SameOriginCredential())
 
 
 def _bounded(body: bytes) -> bytes:

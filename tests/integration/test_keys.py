@@ -211,6 +211,19 @@ def test_keyserver_login_sends_the_token_to_that_keyserver(singpy: Singpy, workd
         assert "s3cret-token" not in (home / "remote.yaml").read_text()
 
 
+def test_a_keyserver_token_never_follows_a_redirect_to_another_server(singpy: Singpy, workdir: Path) -> None:
+    """urllib copies every header onto a redirected request: the token must stay with its keyserver."""
+    home = _home(singpy, workdir)
+    with hkp_server.running(token="s3cret-token") as keyserver, hkp_server.running(host="127.0.0.2") as elsewhere:
+        singpy.ok("keyserver", "login", "--password-stdin", keyserver.url, env=_env(singpy, home),
+                  input="s3cret-token\n")
+        keyserver.redirect = elsewhere.url
+        singpy.run("key", "search", "--url", keyserver.url, "someone", env=_env(singpy, home))
+        assert keyserver.requests[-1][2] == "Bearer s3cret-token"  # asked the keyserver with it
+        assert [path for _, path, _ in elsewhere.requests] == ["/pks/lookup?op=index&options=mr&search=someone"]
+        assert [auth for _, _, auth in elsewhere.requests] == [""]  # followed there, without it
+
+
 def test_keyservers_of_the_remote_are_roots(as_root: Singpy, as_user: Singpy, workdir: Path) -> None:
     site = _site(workdir)
     conf = str(site / "singpy.conf")

@@ -26,6 +26,7 @@ class Keyserver:
         self.keys: dict[str, pysequoia.Cert] = {}
         self.requests: list[tuple[str, str, str]] = []  # (method, path, Authorization)
         self.url = ""
+        self.redirect = ""  # set: every /pks/ request is answered 302 to this URL + its path (another server)
 
     def add(self, armored: bytes) -> str:
         cert = pysequoia.Cert.from_bytes(armored)
@@ -68,6 +69,12 @@ def _handler(server: Keyserver) -> type[BaseHTTPRequestHandler]:
             if parts.path == "/":  # what a client's login checks: the credential, if the server wants one
                 authorized = not server.token or self.headers.get("Authorization") == f"Bearer {server.token}"
                 return self._answer(200, "welcome") if authorized else self._answer(401, "unauthorized")
+            if server.redirect and parts.path.startswith("/pks/"):
+                self.send_response(302)
+                self.send_header("Location", server.redirect + self.path)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
             if parts.path != "/pks/lookup":
                 return self._answer(404, "not found")
             if query.get("op") == "get":
@@ -99,11 +106,11 @@ def _handler(server: Keyserver) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def running(token: str = "") -> Iterator[Keyserver]:
-    """A keyserver listening on 127.0.0.1 (a free port) until the block ends."""
+def running(token: str = "", host: str = "127.0.0.1") -> Iterator[Keyserver]:
+    """A keyserver listening on `host` (a free port) until the block ends."""
     keyserver = Keyserver(token)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(keyserver))
-    keyserver.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd = ThreadingHTTPServer((host, 0), _handler(keyserver))
+    keyserver.url = f"http://{host}:{httpd.server_address[1]}"
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
