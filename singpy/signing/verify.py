@@ -230,8 +230,7 @@ def verify(path: str, material: KeyMaterial, *, groups: list[int] | None = None,
     from singpy.signing import sifsig
 
     image = sifsig.load(path)
-    if any(not image.group_of(d) and d.datatype != sifsig.DATA_SIGNATURE for d in image.used):
-        raise SingpyError("integrity: non-signature object not associated with object group")
+    _refuse_ungrouped(image)
     results = []
     for task in _tasks(image, list(groups or ()), list(objects or ()), legacy, all_objects):
         for sig in task.signatures:
@@ -242,6 +241,14 @@ def verify(path: str, material: KeyMaterial, *, groups: list[int] | None = None,
                 raise result.error
             results.append(result)
     return results
+
+
+def _refuse_ungrouped(image: SifObjects) -> None:
+    """As sif's Verifier (errNonGroupedObject): an object outside every group is signed by nobody."""
+    from singpy.signing import sifsig
+
+    if any(not image.group_of(d) and d.datatype != sifsig.DATA_SIGNATURE for d in image.used):
+        raise sifsig.IntegrityError("integrity: non-signature object not associated with object group")
 
 
 def signer_fingerprints(path: str, *, legacy: bool = False, config_dir: str | None = None,
@@ -266,6 +273,7 @@ def signer_fingerprints(path: str, *, legacy: bool = False, config_dir: str | No
         if not image.group_ids():
             return []
         raise
+    _refuse_ungrouped(image)  # no signature covers it, and the launch may run it (the first system partition)
     signed_by: list[set[str]] = []
     for task in tasks:
         good: set[str] = set()

@@ -166,6 +166,42 @@ def test_a_tampered_signed_image_is_refused(singpy: Singpy, site: Site) -> None:
     assert_one_fatal(singpy.run("--config", site.conf, "exec", str(tampered), "true"), "image signature not valid")
 
 
+def _with_ungrouped_partition(signed: Path, target: Path) -> Path:
+    """`signed` with a copy of its system partition added outside every group, in the descriptor table's first
+    slot (where the launch looks for the root first): no signature covers it."""
+    from singpy.image import sif
+
+    data = bytearray(signed.read_bytes())
+    header, slots, _ = sif.read_raw(str(signed))
+    used = [slot for slot in slots if slot.used]
+    primary = next(slot for slot in used if slot.datatype == sif.DATA_PARTITION)
+    offset = len(data)
+    data += data[primary.offset:primary.offset + primary.size]
+    added = primary._replace(id=max(slot.id for slot in used) + 1, group_id=0, offset=offset)
+    table = b"".join(sif.DESCRIPTOR.pack(*slot) for slot in [added, *used])
+    data[header.descriptors_offset:header.descriptors_offset + len(table)] = table
+    fields = list(sif.HEADER.unpack(data[:sif.HEADER.size]))
+    fields[7] -= 1  # descriptors free
+    fields[12] = len(data) - fields[11]  # data size
+    data[:sif.HEADER.size] = sif.HEADER.pack(*fields)
+    target.write_bytes(data)
+    target.chmod(0o644)
+    return target
+
+
+def test_a_partition_outside_every_group_is_refused(singpy: Singpy, site: Site) -> None:
+    """A signed image with an added system partition that no signature covers, first in the table: refused."""
+    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n')
+    added = Path(site.image("ungrouped"))
+    if not added.exists():
+        _with_ungrouped_partition(Path(site.image("by-unit")), added)
+    assert_one_fatal(singpy.run("--config", site.conf, "exec", str(added), "echo", "ran"),
+                     "not associated with object group")
+    verified = singpy.run("verify", str(added))
+    assert verified.returncode != 0 and "FATAL:   Failed to verify container: integrity: non-signature object not " \
+        "associated with object group" in verified.stderr, verified.stderr
+
+
 @pytest.mark.parametrize("mode", [0o666, 0o664])
 def test_an_ecl_others_can_write_is_refused(singpy: Singpy, site: Site, mode: int) -> None:
     site.ecl("activated = false\n", mode)
