@@ -100,7 +100,10 @@ def _query(cert: Certificate, issuer: Certificate) -> Certificate | None:
         raise OcspError(f"OCSP response err: {e}") from None
     if response.response_status != ocsp.OCSPResponseStatus.SUCCESSFUL:
         raise OcspError(f"OCSP response err: {response.response_status.name.lower()}")
-    delegated = next((c for c in response.certificates if issued_by(c, issuer)), None)
+    # RFC 6960 4.2.2.2 (and Apptainer's verify_ocsp.go): the issuer itself, or a responder it delegated to: a
+    # certificate it issued for OCSP signing alone, never the one asked about (its key's holder would vouch for it)
+    delegated = next((c for c in response.certificates
+                      if issued_by(c, issuer) and _ocsp_signing(c) and c.serial_number != cert.serial_number), None)
     if not (_signed_by(response, issuer) or (delegated is not None and _signed_by(response, delegated))):
         raise OcspError("OCSP response err: bad signature on embedded certificate")
     if response.serial_number != cert.serial_number:
@@ -116,6 +119,18 @@ def _query(cert: Certificate, issuer: Certificate) -> Certificate | None:
     if status != ocsp.OCSPCertStatus.GOOD:
         raise OcspError("status unknown. certificate cannot be trusted")
     return delegated
+
+
+def _ocsp_signing(cert: Certificate) -> bool:
+    """Whether `cert`'s extended key usage names OCSP signing (a delegated responder's mark)."""
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except (x509.ExtensionNotFound, ValueError):
+        return False
+    return ExtendedKeyUsageOID.OCSP_SIGNING in usage
 
 
 def _check(cert: Certificate, pool: dict[bytes, Certificate], depth: int) -> None:

@@ -374,6 +374,7 @@ class _Pki:
 
         now = datetime.datetime.now(datetime.UTC)
         self.revoked: set[int] = set()
+        self.forged = False  # the leaf's status answered by the holder of the leaf's key, signed with it
         self.keys: dict[str, ed25519.Ed25519PrivateKey | ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey] = {
             "root": ed25519.Ed25519PrivateKey.generate(), "intermediate": ec.generate_private_key(ec.SECP256R1()),
             "leaf": rsa.generate_private_key(65537, 2048)}
@@ -416,6 +417,14 @@ class _Pki:
         issuer = {"intermediate": "root", "leaf": "intermediate"}[name]
         now = datetime.datetime.now(datetime.UTC)
         revoked = serial in self.revoked
+        if self.forged and name == "leaf":  # "good", signed by the leaf's key, the leaf's certificate embedded
+            forged = ocsp.OCSPResponseBuilder().add_response(
+                cert=self.certs[name], issuer=self.certs[issuer], algorithm=hashes.SHA1(),
+                cert_status=ocsp.OCSPCertStatus.GOOD, this_update=now - datetime.timedelta(minutes=1),
+                next_update=now + datetime.timedelta(hours=1), revocation_time=None, revocation_reason=None,
+            ).responder_id(ocsp.OCSPResponderEncoding.HASH, self.certs[name]).certificates([self.certs[name]])
+            return forged.sign(self.keys[name], hashes.SHA256()).public_bytes(
+                serialization.Encoding.DER)
         builder = ocsp.OCSPResponseBuilder().add_response(
             cert=self.certs[name], issuer=self.certs[issuer], algorithm=hashes.SHA1(),
             cert_status=ocsp.OCSPCertStatus.REVOKED if revoked else ocsp.OCSPCertStatus.GOOD,
@@ -479,6 +488,10 @@ def test_ocsp_verify_asks_the_responders(singpy: Singpy, place: Path,
     assert_one_fatal(_ocsp_verify(singpy, place, image), "OCSP verification has failed: certificate revoked")
     pki.revoked = {pki.certs["intermediate"].serial_number}
     assert_one_fatal(_ocsp_verify(singpy, place, image), "OCSP verification has failed: certificate revoked")
+    # A revoked leaf's key in other hands: "good", signed with that key, is no answer (RFC 6960 4.2.2.2)
+    pki.revoked, pki.forged = {pki.certs["leaf"].serial_number}, True
+    assert_one_fatal(_ocsp_verify(singpy, place, image),
+                     "OCSP verification has failed: OCSP response err: bad signature on embedded certificate")
 
 
 def test_ocsp_verify_without_a_responder_fails(singpy: Singpy, place: Path,
