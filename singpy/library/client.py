@@ -56,12 +56,14 @@ def _missing(lib: Library, ref: LibraryRef, arch: str, env: Mapping[str, str]) -
     except RemoteError:
         return f"{ref} does not exist in the library {lib.url}: check the name (singpy search NAME)"
     arch_tags = container.get("archTags") if isinstance(container, dict) else None
-    others = sorted(str(other) for other, tags in (arch_tags or {}).items()
+    if not isinstance(arch_tags, dict):  # the library's answer, whatever it holds
+        arch_tags = {}
+    others = sorted(str(other) for other, tags in arch_tags.items()
                     if other != arch and isinstance(tags, dict) and ref.tag in tags)
     if others:
         return (f"{ref} exists for {', '.join(others)}, not {arch}: pull it with --arch "
                 f"{others[0]} (it runs on a {others[0]} host only)")
-    tags = sorted({str(tag) for tags in (arch_tags or {}).values() if isinstance(tags, dict) for tag in tags})
+    tags = sorted({str(tag) for tags in arch_tags.values() if isinstance(tags, dict) for tag in tags})
     known = f" (tags: {', '.join(tags[:10])})" if tags else ""
     return f"{ref}: no tag {ref.tag} in the library {lib.url} for {arch}{known}: name an existing tag"
 
@@ -104,7 +106,7 @@ def api_version(lib: Library, env: Mapping[str, str]) -> tuple[int, ...]:
         return (0,)
     text = str(answer.get("apiVersion") or "") if isinstance(answer, dict) else ""
     numbers = text.split("-", 1)[0].split(".")
-    return tuple(int(part) for part in numbers if part.isdigit()) or (0,)
+    return tuple(int(part) for part in numbers if part.isascii() and part.isdigit() and len(part) < 10) or (0,)
 
 
 def search(lib: Library, value: str, arch: str, signed: bool, env: Mapping[str, str]) -> dict[str, Any]:

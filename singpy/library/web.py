@@ -125,7 +125,7 @@ def get_json(url: str, env: Mapping[str, str], *, token: str = "", method: str =
         return {}
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested thousands deep
         raise RemoteError(f"the answer of {_shown(url)} is not JSON") from None
     return value.get("data", value) if isinstance(value, dict) else value
 
@@ -172,7 +172,7 @@ def _error_text(response: Any) -> str:
     try:
         raw = response.read(1 << 16)
         value = json.loads(raw)
-    except (OSError, ValueError, http.client.HTTPException):
+    except (OSError, ValueError, RecursionError, http.client.HTTPException):
         return ""
     error = value.get("error") if isinstance(value, dict) else None
     message = error.get("message") if isinstance(error, dict) else None

@@ -137,7 +137,7 @@ def sign_envelope(payload: bytes, key: PrivateKeyTypes, hash_name: str = "sha256
 def is_envelope(data: bytes) -> bool:
     try:
         envelope = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: JSON nested thousands deep
         return False
     return isinstance(envelope, dict) and envelope.get("payloadType") == PAYLOAD_TYPE
 
@@ -148,7 +148,7 @@ def verify_envelope(data: bytes, keys: list[PublicKey], hash_name: str) -> tuple
         envelope = json.loads(data)
         payload = base64.b64decode(envelope["payload"], validate=True)
         signatures = [base64.b64decode(s["sig"], validate=True) for s in envelope["signatures"]]
-    except (ValueError, TypeError, KeyError, binascii.Error):
+    except (ValueError, TypeError, KeyError, binascii.Error, RecursionError):
         raise DsseError("dsse: verify envelope failed: malformed envelope") from None
     if envelope.get("payloadType") != PAYLOAD_TYPE:
         raise DsseError("dsse: verify envelope failed: unexpected payload type")

@@ -169,7 +169,7 @@ def check_metadata(image: SifObjects, group: int, objects: list[sif.RawDescripto
         header_digest = document["header"]["digest"]
         if len(signed) != len(document["objects"]):
             raise ValueError("an entry is not an object")
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, RecursionError):
         raise IntegrityError("integrity: signed metadata malformed") from None
     min_id = image.min_id(group | sif.GROUP_MASK)
     if not subset:

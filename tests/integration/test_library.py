@@ -324,3 +324,48 @@ def test_library_requests_go_through_the_proxy_variables(singpy: Singpy, workdir
         singpy.ok("pull", "--no-https", str(home / "direct.sif"), server.ref("alice/tools/busybox"),
                   env={**proxied, "no_proxy": "127.0.0.1"})
         assert len(proxy.lines) == seen
+
+
+@pytest.fixture
+def odd_library() -> Iterator[str]:
+    """A library whose answers are odd JSON: archTags a list, a deeply nested image record (a real server on
+    127.0.0.1 answering what the strict one never would)."""
+    import http.server
+    import json
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.path.startswith("/v1/images/e/c/deep"):
+                status, body = 200, b"[" * 100000
+            elif self.path.startswith("/v1/images/"):
+                status, body = 404, b'{"error": {"code": 404, "message": "not found"}}'
+            elif self.path.startswith("/v1/containers/"):
+                status, body = 200, json.dumps({"data": {"archTags": ["amd64"]}}).encode()
+            else:
+                status, body = 404, b""
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.mark.parametrize(("name", "message"), [("e/c/absent", "no tag latest"), ("e/c/deep", "is not JSON")])
+def test_odd_answers_of_a_library_are_one_fatal_line(singpy: Singpy, odd_library: str, workdir: Path, name: str,
+                                                      message: str) -> None:
+    env, home = user_env(singpy, workdir, f"odd-{name.rsplit('/', 1)[1]}")
+    result = singpy.run("pull", "--no-https", "--library", odd_library, str(home / "out.sif"),
+                        f"library://{name}:latest", env=env)
+    assert_one_fatal(result, message)
+    assert not (home / "out.sif").exists()

@@ -137,6 +137,20 @@ def test_dsse_image_with_a_key_that_did_not_sign_fails(singpy: Singpy, place: Pa
            "failed" in result.stderr
 
 
+def test_a_signature_nested_thousands_deep_is_one_fatal_line(singpy: Singpy, place: Path) -> None:
+    """A signature object of `[[[[…` (Python's JSON parser recurses): not recognized, no traceback."""
+    from singpy.signing import sifsig
+
+    image = _copy(singpy, place, "one-group-signed-dsse.sif")
+    signature = sifsig.load(str(image)).signatures_of_group(1)[0]
+    with image.open("r+b") as handle:
+        handle.seek(signature.offset)
+        handle.write(b"[" * signature.size)
+    result = singpy.run("verify", "--key", str(TRUST / "ecdsa-public.pem"), str(image), env=_env(singpy, place))
+    assert result.returncode == 255 and "Traceback" not in result.stderr, result.stderr
+    assert "FATAL:   Failed to verify container: integrity: signature format not recognized" in result.stderr
+
+
 def test_verifies_apptainers_dsse_image_with_a_certificate_chain(singpy: Singpy, place: Path) -> None:
     image = _copy(singpy, place, "one-group-signed-dsse.sif")
     out = singpy.ok("verify", "--certificate", str(TRUST / "leaf.pem"), "--certificate-intermediates",
