@@ -30,9 +30,14 @@ URL = typer.Option("", "--url", "-u", metavar="URL", help="specify the key serve
 
 
 def same_keyserver(first: str, second: str) -> bool:
+    """Whether two URIs name one keyserver; False where either names none (remote.yaml's Credentials also hold
+    registry logins of older versions, `oras://registry.example.org`: never a keyserver's, never an error)."""
     from singpy.signing import hkp
 
-    return hkp.normalize(first) == hkp.normalize(second)
+    try:
+        return hkp.normalize(first) == hkp.normalize(second)
+    except hkp.KeyserverError:
+        return False
 
 
 def active_keyservers(remote: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pysequoia
 import pytest
+import yaml
 
 from tests.conftest import Singpy, assert_one_fatal
 from tests.support import hkp_server, sifs
@@ -204,6 +205,11 @@ def test_keyserver_login_sends_the_token_to_that_keyserver(singpy: Singpy, workd
         singpy.ok("keyserver", "login", "--password-stdin", keyserver.url, env=_env(singpy, home),
                   input="s3cret-token\n")
         assert stat.S_IMODE((home / "remote.yaml").stat().st_mode) == 0o600
+        # A registry login an older version kept in Credentials, listed first, is no keyserver's: passed over
+        remote = home / "remote.yaml"
+        config = yaml.safe_load(remote.read_text())
+        config["Credentials"].insert(0, {"URI": "oras://registry.example.org", "Auth": "Basic b2xkOmxvZ2lu"})
+        remote.write_text(yaml.safe_dump(config))
         singpy.ok("key", "push", "--url", keyserver.url, fingerprint, env=_env(singpy, home))
         assert keyserver.requests[-1] == ("POST", "/pks/add", "Bearer s3cret-token")
         assert fingerprint in keyserver.keys
