@@ -204,7 +204,7 @@ def _remember(verdicts: Verdicts, image: str, now: float, signers: Sequence[str]
     from singpy.signing import keyring
 
     try:
-        keys = keyring.read_bytes(verdicts.keyring_path)
+        keys = keyring.read_bytes(verdicts.keyring_path, roots_only=True)
         certs = keyring.parse_certs(keys, verdicts.keyring_path)
     except SingpyError:
         return

@@ -68,10 +68,14 @@ def global_public_path(config_dir_path: str | None = None) -> str:
     return os.path.join(config_dir_path or config_dir(), GLOBAL_PUBLIC_FILE)
 
 
-def read_bytes(path: str) -> bytes:
-    """A keyring's bytes; a missing keyring is empty (as Apptainer: nothing imported yet)."""
+def read_bytes(path: str, *, roots_only: bool = False) -> bytes:
+    """A keyring's bytes; a missing keyring is empty (as Apptainer: nothing imported yet).
+
+    `roots_only`: the keyring the execution control list trusts, held to ecl.toml's rule (singpy.signing.
+    eclfile): not a link, owned by root, writable by no one else; who could change it could choose the signers.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_NOFOLLOW if roots_only else 0))
     except FileNotFoundError:
         return b""
     except OSError as e:
@@ -79,10 +83,22 @@ def read_bytes(path: str) -> bytes:
     with os.fdopen(fd, "rb") as f:
         if not _is_regular(fd):
             raise KeyringError(f"keyring {path} is not a regular file")
+        if roots_only:
+            _check_roots(fd, path)
         data = f.read(MAX_KEYRING + 1)
     if len(data) > MAX_KEYRING:
         raise KeyringError(f"keyring {path} is larger than {MAX_KEYRING >> 20} MiB")
     return data
+
+
+def _check_roots(fd: int, path: str) -> None:
+    import stat
+
+    info = os.fstat(fd)
+    if info.st_uid != 0:
+        raise KeyringError(f"keyring {path} must be owned by root")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise KeyringError(f"keyring {path} must not be writable by group or others (mode {info.st_mode & 0o7777:o})")
 
 
 def _is_regular(fd: int) -> bool:
@@ -121,8 +137,9 @@ def secret_certs(env: Mapping[str, str] | None = None) -> list[Cert]:
     return read_certs(secret_path(env))
 
 
-def global_certs(config_dir_path: str | None = None) -> list[Cert]:
-    return read_certs(global_public_path(config_dir_path))
+def global_certs(config_dir_path: str | None = None, *, roots_only: bool = False) -> list[Cert]:
+    path = global_public_path(config_dir_path)
+    return parse_certs(read_bytes(path, roots_only=roots_only), path)
 
 
 def fingerprint(cert: Cert) -> str:

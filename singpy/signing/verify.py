@@ -261,9 +261,12 @@ def signer_fingerprints(path: str, *, legacy: bool = False, config_dir: str | No
     from singpy.signing import sifsig
     from singpy.signing.pgp import is_clearsigned
 
-    material = pgp_material(config_dir)
-    if global_only:
-        material = material._replace(local_certs=())
+    if global_only:  # the ECL's question: the keyring beside ecl.toml, as ecl.toml itself only if root's
+        from singpy.signing import keyring
+
+        material = KeyMaterial(local_certs=(), global_certs=tuple(keyring.global_certs(config_dir, roots_only=True)))
+    else:
+        material = pgp_material(config_dir)
     image = sifsig.load(path)
     try:
         tasks = _tasks(image, [], [], legacy, False)

@@ -209,6 +209,28 @@ def test_an_ecl_others_can_write_is_refused(singpy: Singpy, site: Site, mode: in
                      "must not be writable by group or others")
 
 
+@pytest.mark.parametrize("change", ["group-writable", "link"])
+def test_a_global_keyring_others_could_change_is_refused(singpy: Singpy, site: Site, change: str) -> None:
+    """Who can change the keyring beside ecl.toml chooses the signers: it is held to ecl.toml's rule."""
+    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n')
+    keyring = site.root / "global-pgp-public"
+    kept = site.root / "global-pgp-public.kept"
+    shutil.copy2(keyring, kept)
+    try:
+        if change == "group-writable":
+            keyring.chmod(0o664)
+        else:
+            keyring.unlink()
+            keyring.symlink_to(kept)
+        assert_one_fatal(singpy.run("--config", site.conf, "exec", site.image("by-unit"), "true"),
+                         "must not be writable by group or others" if change == "group-writable" else "keyring")
+    finally:
+        keyring.unlink()
+        kept.rename(keyring)
+        keyring.chmod(0o644)
+    singpy.ok("--config", site.conf, "exec", site.image("by-unit"), "true")
+
+
 def test_an_ecl_of_the_user_is_refused(as_user: Singpy, site: Site) -> None:
     site.ecl("activated = false\n")
     os.chown(site.root / "ecl.toml", as_user.uid, as_user.gid)
