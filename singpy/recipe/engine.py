@@ -241,7 +241,7 @@ def _build_stages(definition: Definition, text: str, request: BuildRequest, work
         elif not (layers is not None and base and layers.mount_stage(base, rootfs, work, number)):
             bootstrap.populate(base, rootfs, env=env, idmap=idmap, stage=stage, work=work, runner=runner)
         if request.fix_perms and base != request.target:
-            _host_command(idmap)([sys.executable, "-m", "singpy.recipe.fixperms", rootfs])
+            _host_command(idmap)([sys.executable, "-P", "-m", "singpy.recipe.fixperms", rootfs])
         bootstrap.lay_out_base(rootfs)
         stage = sections.selected(stage, request.sections)
         app_names = apps.app_names(stage, request.recipe)

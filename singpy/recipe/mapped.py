@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def command(idmap: IdMap) -> list[str]:
     """The argv prefix that runs what follows it as root of a namespace mapped by `idmap`."""
-    return [sys.executable, "-m", "singpy.recipe.mapped", "--helper" if idmap.helper else "--self",
+    return [sys.executable, "-P", "-m", "singpy.recipe.mapped", "--helper" if idmap.helper else "--self",
             encode(idmap.uids), encode(idmap.gids), "--"]
 
 

@@ -221,7 +221,7 @@ def _run(argv: list[str], rootfs: str, idmap: IdMap | None, env: Mapping[str, st
 
     from singpy.recipe import osns, sections
 
-    prefix = [sys.executable, "-m", "singpy.recipe.osns", *osns.arguments(idmap, rootfs, setup=setup), "--"]
+    prefix = [sys.executable, "-P", "-m", "singpy.recipe.osns", *osns.arguments(idmap, rootfs, setup=setup), "--"]
     status = sections.run_program([*prefix, *argv], env=_tool_env(env), what=f"Bootstrap: {agent}",
                                   ok=(0, *ok))
     if status in ok and status != 0:

@@ -50,7 +50,8 @@ class Runner:
         self.env = {name: value for name, value in env.items() if _passed(name)}
 
     def launcher(self, rootfs: str, *, writable: bool) -> list[str]:
-        argv = [sys.executable, "-m", "singpy", "--build-config", "exec", "--pid", "--pwd", "/"]
+        # -P: no working directory on sys.path (a `singpy/` planted where the build runs would run as its root)
+        argv = [sys.executable, "-P", "-m", "singpy", "--build-config", "exec", "--pid", "--pwd", "/"]
         if writable:  # %post; %test sees the caller's environment, as in Apptainer
             argv += ["--writable", "--cleanenv"]
         else:

@@ -324,3 +324,20 @@ def test_disable_cache_leaves_the_cache_alone(singpy: Singpy, workdir: Path, reg
     assert sorted(os.listdir(out)) == ["cache", "image.sif", "pulled", "recipe.def"]
     build(singpy, "--no-https", str(out / "cached.sif"), str(recipe), env=env)
     assert os.listdir(cache) != []  # without the flag, the same build fills it
+
+
+def test_a_singpy_package_where_the_build_runs_is_not_imported(singpy: Singpy, workdir: Path) -> None:
+    """The build starts helpers with `python -m singpy...`: a `singpy/` in the working directory (a shared
+    directory, /tmp) must not be the one run, as root least of all."""
+    out = out_dir(singpy, workdir, "planted-package")
+    planted = out / "singpy"
+    planted.mkdir()
+    marker = out / "imported"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'a').write('planted\\n')\n")
+    (planted / "__main__.py").write_text("raise SystemExit(0)\n")
+    recipe = write_recipe(out, FIXED.format(base=base_sandbox(workdir)))
+    built = out / "built"
+    result = singpy.run("build", "--sandbox", str(built), str(recipe), cwd=out, timeout=BUILD_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert (built / "post-made").read_text() == "post\n"  # %post ran, by the real singpy
+    assert not marker.exists()
