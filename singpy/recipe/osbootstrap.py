@@ -56,6 +56,7 @@ _OSVERSION = re.compile(r"%\{OSVERSION\}", re.IGNORECASE)
 _RPM_DBPATHS = ("/var/lib/rpm", "/usr/lib/sysimage/rpm")
 _MAX_DOWNLOAD = 256 << 20  # a busybox binary or a pacman.conf: far less
 _TIMEOUT = 60.0
+_DOWNLOAD_DEADLINE = 3600  # seconds for a whole download, however slowly the server sends it
 SBIN = "/usr/sbin:/sbin"
 
 
@@ -289,6 +290,8 @@ def _busybox(url: str, rootfs: str, runner: Runner) -> None:
 
 def _download(url: str, path: str) -> None:
     """`url` to the new file `path`: one ImageError for any failure, the partial file removed."""
+    import http.client
+    import time
     import urllib.error
     import urllib.request
 
@@ -302,11 +305,13 @@ def _download(url: str, path: str) -> None:
             request = urllib.request.Request(url, headers={"User-Agent": "singpy (apptainer-compatible)"})
             with urllib.request.urlopen(request, timeout=_TIMEOUT) as response:
                 expected = int(response.headers.get("Content-Length") or -1)
-                written = 0
+                written, deadline = 0, time.monotonic() + _DOWNLOAD_DEADLINE
                 while chunk := response.read(1 << 20):
                     written += len(chunk)
                     if written > _MAX_DOWNLOAD:
                         raise ValueError(f"more than {_MAX_DOWNLOAD >> 20} MiB")
+                    if time.monotonic() > deadline:  # a server trickling bytes: each read within the timeout
+                        raise ValueError(f"not received in {_DOWNLOAD_DEADLINE // 60} minutes")
                     out.write(chunk)
         if expected >= 0 and written != expected:
             raise ValueError(f"the file received is {written} bytes, not the {expected} announced")
@@ -314,7 +319,7 @@ def _download(url: str, path: str) -> None:
         _unlink(path)
         raise ImageError(f"can't get {escape(url)}: the server answered {error.code} {escape(str(error.reason))}") \
             from None
-    except (urllib.error.URLError, OSError, ValueError) as error:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:  # a malformed answer
         _unlink(path)
         reason = error.reason if isinstance(error, urllib.error.URLError) else getattr(error, "strerror", "") or error
         raise ImageError(f"can't download {escape(url)}: {escape(str(reason))}") from None

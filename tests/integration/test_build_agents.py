@@ -27,6 +27,7 @@ import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
 from tests.support import sifs
+from tests.support.answering import Answering
 from tests.support.leftovers import descendants, settled, traces, wait_for_descendants, wait_until_gone
 from tests.support.recipes import (
     base_sandbox,
@@ -218,14 +219,22 @@ def test_busybox_downloads_the_binary_and_installs_its_applets(singpy: Singpy, w
     assert "/bin/busybox" in listing and "/bin/ls" in listing and "/bin/sh" in listing
 
 
+@pytest.mark.parametrize("failure", ["404", "garbage"])
 def test_busybox_mirror_that_fails_is_one_error_and_leaves_nothing(singpy: Singpy, workdir: Path,
-                                                                  web: tuple[str, Path]) -> None:
+                                                                  web: tuple[str, Path], failure: str) -> None:
     url, _ = web
-    out = out_dir(singpy, workdir, "agent-busybox-404")
-    recipe = write_recipe(out, f"Bootstrap: busybox\nMirrorURL: {url}/missing\n")
+    out = out_dir(singpy, workdir, f"agent-busybox-{failure}")
+    garbage = Answering(b"GARBAGE\r\n\r\n") if failure == "garbage" else None  # no HTTP status line at all
+    mirror = f"http://127.0.0.1:{garbage.port}/busybox" if garbage else f"{url}/missing"
+    recipe = write_recipe(out, f"Bootstrap: busybox\nMirrorURL: {mirror}\n")
     before = traces(out)
-    result = singpy.run("build", str(out / "image.sif"), str(recipe), timeout=BUILD_TIMEOUT)
-    assert result.returncode == 255 and "FATAL:" in result.stderr and "404" in result.stderr, result.stderr
+    try:
+        result = singpy.run("build", str(out / "image.sif"), str(recipe), timeout=BUILD_TIMEOUT)
+    finally:
+        if garbage:
+            garbage.stop()
+    expected = "GARBAGE" if garbage else "404"
+    assert result.returncode == 255 and "FATAL:" in result.stderr and expected in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
     assert sorted(os.listdir(out)) == ["recipe.def"]
     assert settled(before, out) == before
