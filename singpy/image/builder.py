@@ -108,7 +108,8 @@ def copy_sandbox(target: str, sandbox: str) -> None:
     scratch = scratch_dir(target, ".singpy-copy-")
     try:
         tree = f"{scratch}/root"
-        tools.run_tool([cp, "-a", "--", sandbox, tree], label=f"Copying {os.path.basename(sandbox)}",
+        # -H: a link named on the command line (the sandbox given as a link to it) is copied as what it names
+        tools.run_tool([cp, "-a", "-H", "--", sandbox, tree], label=f"Copying {os.path.basename(sandbox)}",
                        failure=f"can't copy {sandbox}", squashfs_tool=False)
         try:
             publish_tree(tree, target, f"{scratch}/old")

@@ -270,7 +270,12 @@ def _component_regex(part: str) -> re.Pattern[str] | None:
         else:
             out.append(re.escape(char))
         index += 1
-    return re.compile("".join(out) + r"\Z", re.DOTALL) if magic else None
+    if not magic:
+        return None
+    try:
+        return re.compile("".join(out) + r"\Z", re.DOTALL)
+    except re.error:  # a bracket bash takes but matches nothing with ([z-a]): no name matches it either
+        return re.compile(r"(?!)")
 
 
 def _bracket_end(part: str, start: int) -> int:

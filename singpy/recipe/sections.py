@@ -135,7 +135,10 @@ def run_post(stage: Stage, rootfs: str, runner: Runner, *, apps: str = "") -> No
         _run(argv, env=runner.env, what="%post", idmap=runner.idmap)
     finally:
         if os.path.lexists(script):
-            os.unlink(script)
+            try:
+                os.unlink(script)
+            except OSError:  # %post made it a directory: the image keeps what %post made
+                console.warning(f"%post replaced {POST_SCRIPT} with something singpy does not remove")
 
 
 def run_test(rootfs: str, runner: Runner) -> None:

@@ -341,3 +341,19 @@ def test_a_singpy_package_where_the_build_runs_is_not_imported(singpy: Singpy, w
     assert result.returncode == 0, result.stderr
     assert (built / "post-made").read_text() == "post\n"  # %post ran, by the real singpy
     assert not marker.exists()
+
+
+def test_a_sandbox_given_as_a_link_is_copied_and_post_may_replace_its_script(singpy: Singpy, workdir: Path) -> None:
+    """`build --sandbox OUT LINK` copies the sandbox LINK names (not the link: OUT would then be the original);
+    a %post that turns its own script into a directory ends the build with a warning, not a traceback."""
+    out = out_dir(singpy, workdir, "link-base")
+    link = out / "base-link"
+    link.symlink_to(base_sandbox(workdir))
+    copy = out / "copy"
+    build(singpy, "--sandbox", str(copy), str(link))
+    assert copy.is_dir() and not copy.is_symlink() and (copy / "bin").is_dir()
+    recipe = write_recipe(out, FIXED.format(base=base_sandbox(workdir)).replace(
+        "echo post > /post-made", "echo post > /post-made; rm /.post.script; mkdir /.post.script"))
+    result = build(singpy, "--sandbox", str(out / "built"), str(recipe))
+    assert "Traceback" not in result.stderr and "WARNING: %post replaced /.post.script" in result.stderr
+    assert (out / "built" / "post-made").read_text() == "post\n"

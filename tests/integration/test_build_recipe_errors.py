@@ -78,6 +78,8 @@ BAD = {
                              None, "/nonexistent/source.txt"),
     "pattern matching nothing": ("Bootstrap: localimage\nFrom: {base}\n\n%files\n    /nonexistent/*.csv /opt/\n",
                                  None, "/nonexistent/*.csv"),
+    "reversed bracket range": ("Bootstrap: localimage\nFrom: {base}\n\n%files\n    /etc/host[z-a]ame /x\n", None,
+                               "/etc/host[z-a]ame"),  # bash: a bracket matching nothing
     "files from unknown stage": ("Bootstrap: localimage\nFrom: {base}\n\n%files from nowhere\n    /x /y\n", 4,
                                  "nowhere"),
 }
