@@ -44,7 +44,7 @@ def require_tool(name: str, env: Mapping[str, str], purpose: str) -> str:
     return path
 
 
-def _die_with(parent: int, mask: set[int | signal.Signals]) -> None:
+def die_with(parent: int, mask: set[int | signal.Signals]) -> None:
     """In the child, before exec: die (SIGKILL) when `parent` does; the signal mask back to `mask`.
 
     The death signal is armed only now; if the parent died between the fork
@@ -124,7 +124,7 @@ def run_tool(argv: list[str], *, label: str, failure: str, prefix: Sequence[str]
         try:
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal[1] if terminal else
                                      subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     preexec_fn=lambda: _die_with(parent, mask))
+                                     preexec_fn=lambda: die_with(parent, mask))
         except OSError as error:
             raise ImageError(f"{failure}: can't run {argv[0]}: {error.strerror}") from None
         finally:

@@ -208,13 +208,19 @@ def _wait(argv: list[str], *, env: Mapping[str, str], what: str) -> int:
     """Start `argv` and wait for its end: its status (negative: the signal that killed it).
 
     It runs in a session of its own: Ctrl-C on the terminal reaches
-    singpy build only, which (like SIGTERM, SIGHUP) kills the whole group.
+    singpy build only, which (like SIGTERM, SIGHUP) kills the whole group;
+    and it dies with singpy build (SIGKILL, the OOM killer), its container
+    with it, rather than go on with the build's mounts in a namespace of its own.
     """
+    from singpy.image.tools import die_with
+
     console.debug(f"running {argv}")
     sys.stdout.flush()
     sys.stderr.flush()
+    parent, mask = os.getpid(), signal.pthread_sigmask(signal.SIG_BLOCK, ())
     try:
-        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=dict(env), start_new_session=True)
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=dict(env), start_new_session=True,
+                                 preexec_fn=lambda: die_with(parent, mask))
     except OSError as error:
         raise ImageError(f"{what} can't start {argv[0]}: {error.strerror}") from None
     try:

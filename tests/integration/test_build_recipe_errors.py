@@ -351,6 +351,22 @@ def test_signal_during_post_ends_the_build_and_leaves_nothing(singpy: Singpy, wo
     assert settled(before, out) == before
 
 
+def test_a_killed_build_takes_post_with_it(singpy: Singpy, workdir: Path, post_base: Path) -> None:
+    """SIGKILL (the OOM killer, a job's end) leaves the build no time to clean up: %post, its container and the
+    build's mounts (a SIF base's loop device) must still end with it."""
+    out = out_dir(singpy, workdir, f"sigkill-{post_base.name}")
+    recipe = write_recipe(out, SLEEPY_POST.format(base=post_base))
+    process = singpy.popen(["build", "--sandbox", str(out / "sandbox"), str(recipe)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen = read_until(process, "\npost-is-sleeping")
+    assert wait_for_descendants(process.pid, "sleep 30"), seen
+    started = descendants(process.pid)
+    process.kill()
+    process.communicate(timeout=PROMPT)
+    left = {pid: command for pid, command in started.items() if wait_until_gone([pid], command, timeout=5)}
+    assert left == {}, left
+
+
 @pytest.fixture(scope="module")
 def big_base(workdir: Path) -> Path:
     """A sandbox with 96 MiB that does not compress: squashing it takes seconds, time to be interrupted."""
