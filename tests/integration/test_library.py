@@ -332,7 +332,8 @@ def odd_library() -> Iterator[str]:
     127.0.0.1 answering what the strict one never would)."""
     import http.server
     import json
-    import threading
+
+    from tests.support.registry_http import serving
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -352,13 +353,8 @@ def odd_library() -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serving(Handler) as server:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
 
 
 @pytest.mark.parametrize(("name", "message"), [("e/c/absent", "no tag latest"), ("e/c/deep", "is not JSON")])

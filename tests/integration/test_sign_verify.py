@@ -458,7 +458,7 @@ def _sha256() -> object:
 @pytest.fixture
 def responder(place: Path) -> Iterator[tuple[_Pki, http.server.ThreadingHTTPServer]]:
     """An OCSP responder on 127.0.0.1 (a free port: nothing shared with another run), and the PKI it answers for."""
-    import threading
+    from tests.support.registry_http import serving
 
     pki: list[_Pki] = []
 
@@ -474,14 +474,9 @@ def responder(place: Path) -> Iterator[tuple[_Pki, http.server.ThreadingHTTPServ
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    pki.append(_Pki(place, f"http://127.0.0.1:{server.server_address[1]}/"))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield pki[0], server
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serving(Handler) as server:
+        pki.append(_Pki(place, f"http://127.0.0.1:{server.server_address[1]}/"))
+        yield pki[0], server
 
 
 def _ocsp_verify(singpy: Singpy, place: Path, image: Path) -> subprocess.CompletedProcess[str]:

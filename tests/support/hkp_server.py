@@ -11,13 +11,14 @@ can check what singpy sent.
 
 from __future__ import annotations
 
-import threading
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pysequoia
+
+from tests.support.registry_http import serving
 
 
 class Keyserver:
@@ -109,13 +110,6 @@ def _handler(server: Keyserver) -> type[BaseHTTPRequestHandler]:
 def running(token: str = "", host: str = "127.0.0.1") -> Iterator[Keyserver]:
     """A keyserver listening on `host` (a free port) until the block ends."""
     keyserver = Keyserver(token)
-    httpd = ThreadingHTTPServer((host, 0), _handler(keyserver))
-    keyserver.url = f"http://{host}:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(_handler(keyserver), host) as httpd:
+        keyserver.url = f"http://{host}:{httpd.server_address[1]}"
         yield keyserver
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join()

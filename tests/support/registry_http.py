@@ -1,10 +1,12 @@
-"""The small HTTP servers of the test registries' helpers: a quiet threaded server and handler base."""
+"""The small HTTP servers of the tests' helpers (registries, a library, a keyserver, an OCSP responder):
+a quiet threaded server and handler base, started on a free port and stopped when the test is done."""
 
 from __future__ import annotations
 
 import http.server
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -40,7 +42,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return {key.lower(): value for key, value in self.headers.items()}
 
 
-def serve(address: str, handler: type[Handler], owner: object) -> tuple[Server, threading.Thread]:
+def serve(address: str, handler: type[http.server.BaseHTTPRequestHandler],
+          owner: object) -> tuple[Server, threading.Thread]:
     """A Server on `address` and a port the kernel chose, serving on a daemon thread."""
     server = Server((address, 0), handler)
     server.owner = owner
@@ -54,3 +57,14 @@ def shutdown(server: Server, thread: threading.Thread) -> None:
     server.shutdown()
     server.server_close()
     thread.join(10)
+
+
+@contextmanager
+def serving(handler: type[http.server.BaseHTTPRequestHandler], address: str = "127.0.0.1",
+            owner: object = None) -> Iterator[Server]:
+    """A Server on `address` (a free port: nothing shared with another run) until the block ends."""
+    server, thread = serve(address, handler, owner)
+    try:
+        yield server
+    finally:
+        shutdown(server, thread)
