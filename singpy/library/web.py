@@ -58,7 +58,7 @@ def request(method: str, url: str, env: Mapping[str, str], *, token: str = "", b
     try:
         connection.request(method, target, body=stream if stream is not None else body, headers=sent)
         response = connection.getresponse()
-    except (OSError, http.client.HTTPException) as error:
+    except (OSError, http.client.HTTPException, UnicodeError) as error:  # UnicodeError: a host name IDNA refuses
         connection.close()
         raise RemoteError(f"can't reach {_shown(url)}: {_reason(error)}") from None
     if response.status >= 400:
@@ -191,5 +191,7 @@ def _reason(error: BaseException) -> str:
     if isinstance(error, ssl.SSLCertVerificationError):
         return (f"TLS certificate not trusted ({error.verify_message}): set SSL_CERT_FILE to the CA's "
                 "certificate")
+    if isinstance(error, UnicodeError):  # the IDNA codec refused the host name (a label of over 63 characters)
+        return "not a valid host name"
     strerror = getattr(error, "strerror", None)
     return (strerror or str(error) or type(error).__name__)[:200]

@@ -262,7 +262,7 @@ class Transport:
             try:
                 if connection.sock is None:
                     connection.connect()
-            except (OSError, http.client.HTTPException) as error:
+            except (OSError, http.client.HTTPException, UnicodeError) as error:  # UnicodeError: a name IDNA refuses
                 self._drop(origin)
                 failure = _failure(origin.netloc, error, connecting=True)
                 proxy = self._proxy_for(origin)
@@ -372,8 +372,11 @@ class Transport:
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
 
-def _failure(host: str, error: OSError | http.client.HTTPException, *, connecting: bool) -> TransportError:
+def _failure(host: str, error: OSError | http.client.HTTPException | UnicodeError, *,
+             connecting: bool) -> TransportError:
     """What went wrong, in words, and whether another try may help."""
+    if isinstance(error, UnicodeError):  # the IDNA codec refused the name (a label of over 63 characters)
+        return TransportError(host, "not a valid host name", retriable=False)
     if isinstance(error, TooSlow):
         return TransportError(host, str(error), retriable=False, slow=True)
     if isinstance(error, ssl.SSLCertVerificationError):

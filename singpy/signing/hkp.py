@@ -67,8 +67,8 @@ def _request(url: str, *, data: bytes | None = None, auth: str = "") -> tuple[in
             return response.status, _bounded(response.read(_LIMIT + 1))
     except urllib.error.HTTPError as error:
         return error.code, _bounded(error.read(4096))
-    except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
+    except (urllib.error.URLError, OSError, UnicodeError) as error:  # UnicodeError: a host name IDNA refuses
+        reason = "not a valid host name" if isinstance(error, UnicodeError) else getattr(error, "reason", error)
         raise KeyserverError(f"can't reach the keyserver {_origin(url)}: {reason}") from None
 
 

@@ -68,6 +68,30 @@ def test_unreadable_image(as_user: Singpy, workdir: Path) -> None:
     assert result.stderr.startswith("FATAL:") and "permission denied" in result.stderr
 
 
+_LONG_LABEL = "a" * 64 + ".example"  # a DNS label holds 63 characters: Python's IDNA codec refuses the name
+
+
+@pytest.mark.parametrize("command", [
+    ["pull", "{out}", f"docker://{_LONG_LABEL}/x:1"],
+    ["exec", f"docker://{_LONG_LABEL}/x:1", "true"],
+    ["pull", "{out}", f"oras://{_LONG_LABEL}/x:1"],
+    ["push", "{image}", f"oras://{_LONG_LABEL}/x:1"],
+    ["pull", "--library", f"https://{_LONG_LABEL}", "{out}", "library://e/c/x:1"],
+    ["key", "search", "--url", f"https://{_LONG_LABEL}", "someone"],
+], ids=["pull docker", "exec docker", "pull oras", "push oras", "pull library", "key search"])
+def test_a_host_name_dns_cannot_hold_is_one_fatal_line(singpy: Singpy, workdir: Path, tmp_path: Path,
+                                                      command: list[str]) -> None:
+    """A registry, library or keyserver named with a label over 63 characters was a UnicodeError traceback."""
+    from tests.support import sifs
+
+    tmp_path.chmod(0o777)  # the test user writes its --output here
+    out = tmp_path / "out.sif"
+    image = sifs.singpy_sif(workdir) if command[0] == "push" else ""
+    argv = [part.format(out=out, image=image) for part in command]
+    assert_one_fatal(singpy.run(*argv), "not a valid host name")
+    assert not out.exists()
+
+
 def test_debug_shows_a_traceback(singpy: Singpy, workdir: Path) -> None:
     result = singpy.run("-d", "exec", str(workdir / "nope"), "true")
     assert result.returncode == 255
