@@ -53,7 +53,10 @@ class Registry:
         self.ref = ref
         self.host = ref.endpoint
         self.base = f"{'https' if https else 'http'}://{self.host}"
-        self._origin = Origin(self.base).key
+        try:
+            self._origin = Origin(self.base).key
+        except TransportError:  # a port over 65535: the reference grammar takes any digits, a URL does not
+            raise ImageError(f"{self.host} is not a valid registry address (a port is a number up to 65535)") from None
         self.limits = Limits.from_env(env)
         self.transport = transport or Transport(env, self.limits)  # mirrors.py's skips TLS checks
         self._auth = Authenticator(credentials=credentials, scope=f"repository:{ref.repository}:pull",

@@ -69,26 +69,33 @@ def test_unreadable_image(as_user: Singpy, workdir: Path) -> None:
 
 
 _LONG_LABEL = "a" * 64 + ".example"  # a DNS label holds 63 characters: Python's IDNA codec refuses the name
+_NOT_A_HOST = "not a valid host name"
+_NOT_A_PORT = "is not a valid registry address (a port is a number up to 65535)"
 
 
-@pytest.mark.parametrize("command", [
-    ["pull", "{out}", f"docker://{_LONG_LABEL}/x:1"],
-    ["exec", f"docker://{_LONG_LABEL}/x:1", "true"],
-    ["pull", "{out}", f"oras://{_LONG_LABEL}/x:1"],
-    ["push", "{image}", f"oras://{_LONG_LABEL}/x:1"],
-    ["pull", "--library", f"https://{_LONG_LABEL}", "{out}", "library://e/c/x:1"],
-    ["key", "search", "--url", f"https://{_LONG_LABEL}", "someone"],
-], ids=["pull docker", "exec docker", "pull oras", "push oras", "pull library", "key search"])
-def test_a_host_name_dns_cannot_hold_is_one_fatal_line(singpy: Singpy, workdir: Path, tmp_path: Path,
-                                                      command: list[str]) -> None:
-    """A registry, library or keyserver named with a label over 63 characters was a UnicodeError traceback."""
+@pytest.mark.parametrize(("command", "message"), [
+    (["pull", "{out}", f"docker://{_LONG_LABEL}/x:1"], _NOT_A_HOST),
+    (["exec", f"docker://{_LONG_LABEL}/x:1", "true"], _NOT_A_HOST),
+    (["pull", "{out}", f"oras://{_LONG_LABEL}/x:1"], _NOT_A_HOST),
+    (["push", "{image}", f"oras://{_LONG_LABEL}/x:1"], _NOT_A_HOST),
+    (["pull", "--library", f"https://{_LONG_LABEL}", "{out}", "library://e/c/x:1"], _NOT_A_HOST),
+    (["key", "search", "--url", f"https://{_LONG_LABEL}", "someone"], _NOT_A_HOST),
+    (["pull", "{out}", "docker://127.0.0.1:99999/x:1"], _NOT_A_PORT),
+    (["exec", "docker://[::1]:99999/x:1", "true"], _NOT_A_PORT),
+    (["push", "{image}", "oras://127.0.0.1:99999/x:1"], _NOT_A_PORT),
+], ids=["pull docker", "exec docker", "pull oras", "push oras", "pull library", "key search", "pull docker port",
+        "exec docker port", "push oras port"])
+def test_a_registry_address_no_url_can_hold_is_one_fatal_line(singpy: Singpy, workdir: Path, tmp_path: Path,
+                                                              command: list[str], message: str) -> None:
+    """A registry, library or keyserver named with a label over 63 characters was a UnicodeError traceback; a
+    registry port over 65535 (which the reference grammar accepts) a TransportError traceback."""
     from tests.support import sifs
 
     tmp_path.chmod(0o777)  # the test user writes its --output here
     out = tmp_path / "out.sif"
     image = sifs.singpy_sif(workdir) if command[0] == "push" else ""
     argv = [part.format(out=out, image=image) for part in command]
-    assert_one_fatal(singpy.run(*argv), "not a valid host name")
+    assert_one_fatal(singpy.run(*argv), message)
     assert not out.exists()
 
 
