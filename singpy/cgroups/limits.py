@@ -23,7 +23,9 @@ _I64 = (-(1 << 63), 1 << 63)
 _CPU_LIST = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")  # cpuset lists: 0-3,7
 _PAGE_SIZE = re.compile(r"[0-9]+[KMG]B")  # hugetlb.<size>: 2MB, 1GB
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # an interface or RDMA device name
-_UNIFIED_KEY = re.compile(r"[a-z0-9_]+\.[a-z0-9_.]+")  # a cgroup v2 file: no path, no dot-dot
+# A cgroup v2 controller file: no path, no dot-dot, and none of the core `cgroup.*` files (cgroup.procs would move
+# any process into the container's cgroup, where removing it kills it; cgroup.kill, subtree_control...).
+_UNIFIED_KEY = re.compile(r"[a-z0-9_]+\.[a-z0-9_.]+")
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?) ?([kKmMgGtTpP])?[iI]?[bB]?")  # docker's go-units RAMInBytes
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
@@ -72,6 +74,8 @@ def load_toml(path: str) -> Limits:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise SingpyError(f"cgroups file {path}: {error}") from None
+    except RecursionError:  # arrays or inline tables nested thousands deep
+        raise SingpyError(f"cgroups file {path}: nested too deeply") from None
     check(data, SCHEMA, "")
     return data
 
@@ -95,7 +99,7 @@ def check(value: object, spec: object, where: str) -> None:
         if not isinstance(value, dict):
             raise SingpyError(f"cgroups: {what} must be a table")
         for key, item in value.items():
-            if not (_UNIFIED_KEY if where == "unified" else _NAME).fullmatch(key):
+            if not (_UNIFIED_KEY if where == "unified" else _NAME).fullmatch(key) or key.startswith("cgroup."):
                 raise SingpyError(f"cgroups: bad name {key!r} in {what}")
             check(item, spec[1], _key(where, key))
     else:
@@ -234,7 +238,9 @@ def ram_in_bytes(text: str, flag: str) -> int:
     if match is None:
         raise UsageError(f"invalid {flag} value: invalid size: {text!r}")
     number, unit = match.groups()
-    size = int(float(number) * _UNITS[(unit or "").lower()])
-    if size >= 1 << 63:
-        raise UsageError(f"invalid {flag} value: {text!r} is too large")
-    return size
+    size = float(number) * _UNITS[(unit or "").lower()]
+    if not size < 1 << 63:  # also infinity: a number of 400 digits
+        from singpy.host.hostfiles import shown
+
+        raise UsageError(f"invalid {flag} value: {shown(text)!r} is too large")
+    return int(size)

@@ -56,7 +56,10 @@ def evaluate(text: str, origin: str, *, scope: Mapping[str, str]) -> dict[str, s
     `scope` is what `$NAME` sees before the file assigns it (the host's
     environment); `origin` names the file in errors.
     """
-    return _Reader(text.replace("\r\n", "\n"), origin, scope).run()
+    try:
+        return _Reader(text.replace("\r\n", "\n"), origin, scope).run()
+    except RecursionError:  # `${X:-${X:-...}}` nested thousands deep: the reader descends once per level
+        raise EnvFileError(f"{origin}: expansions nested too deeply") from None
 
 
 class _Reader:

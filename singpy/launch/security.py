@@ -163,7 +163,7 @@ def _architectures(data: dict[str, object], where: str) -> tuple[str, ...]:
     for entry in _list(data.get("archMap"), f"{where}: archMap"):
         if isinstance(entry, dict):
             names += [entry.get("architecture"), *_list(entry.get("subArchitectures"), f"{where}: archMap")]
-    if not all(isinstance(name, str) and name.startswith("SCMP_ARCH_") for name in names):
+    if not all(isinstance(name, str) and name.isascii() and name.startswith("SCMP_ARCH_") for name in names):
         raise SecurityError(f"{where}: architectures are SCMP_ARCH_ names")
     return tuple(dict.fromkeys(name for name in names if isinstance(name, str)))
 
@@ -177,6 +177,8 @@ def _rule(entry: object, where: str, *, uid: int, kept_caps: tuple[str, ...] | N
         names.append(entry["name"])
     if not names or not all(isinstance(name, str) and name for name in names):
         raise SecurityError(f"{where}: no syscall specified for the rule")
+    if not all(isinstance(name, str) and name.isascii() and name.isprintable() for name in names):  # C strings
+        raise SecurityError(f"{where}: a syscall name is not printable ASCII")
     action, errno = _action(entry, "action", "errnoRet", where)
     if not _applies(entry, uid=uid, kept_caps=kept_caps, where=where):
         return None

@@ -42,6 +42,13 @@ def bad(workdir: Path) -> Path:
     (path / "relative.conf").write_text("mount proc = yes\nbind path = etc/hosts\n")
     (path / "onto-root.conf").write_text("bind path = /tmp:/.\n")
     (path / "long.conf").write_text("bind path = /tmp:/" + "x" * 300 + "\n")
+    (path / "deep.env").write_text("A=" + "${X:-" * 3000 + "v" + "}" * 3000 + "\n")
+    (path / "deep.toml").write_text("[memory]\nlimit = " + "[" * 5000 + "]" * 5000 + "\n")
+    (path / "procs.toml").write_text('[unified]\n"cgroup.procs" = "1"\n')
+    rule = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["\ud800"], "action": "SCMP_ACT_ERRNO"}]}
+    (path / "name.json").write_text(json.dumps(rule))
+    (path / "arch.json").write_text(json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [],
+                                               "architectures": ["SCMP_ARCH_\ud800"]}))
     for child in path.iterdir():
         if child.is_file():
             child.chmod(0o644)
@@ -75,6 +82,17 @@ def cases(bad: Path, image: Path) -> dict[str, tuple[list[str], str]]:
                          f"{bad}/nul.env:1: a NUL byte"),
         "huge env-file": (["exec", "--env-file", str(bad / "huge.env"), img, "true"],
                           f"--env-file {bad}/huge.env is too large (more than 1 MiB)"),
+        "deep env-file": (["exec", "--env-file", str(bad / "deep.env"), img, "true"],
+                          f"{bad}/deep.env: expansions nested too deeply"),
+        "deep cgroups file": (["exec", "--apply-cgroups", str(bad / "deep.toml"), img, "true"],
+                              f"cgroups file {bad}/deep.toml: nested too deeply"),
+        "cgroup.procs in a cgroups file": (["exec", "--apply-cgroups", str(bad / "procs.toml"), img, "true"],
+                                           "cgroups: bad name 'cgroup.procs' in unified"),
+        "huge --memory": (["exec", "--memory", "9" * 400, img, "true"], "is too large"),
+        "seccomp name not ASCII": (["exec", "--security", f"seccomp:{bad}/name.json", img, "true"],
+                                   "syscalls[0]: a syscall name is not printable ASCII"),
+        "seccomp arch not ASCII": (["exec", "--security", f"seccomp:{bad}/arch.json", img, "true"],
+                                   "architectures are SCMP_ARCH_ names"),
         "latin1 config": (["--config", str(bad / "latin1.conf"), "exec", img, "true"],
                           f"{bad}/latin1.conf:2: not UTF-8 text"),
         "nul config": (["--config", str(bad / "nul.conf"), "exec", img, "true"], f"{bad}/nul.conf:1: a NUL byte"),
@@ -113,7 +131,7 @@ CASES = list(cases(Path("/b"), Path("/i")))
 # A --bind whose text is refused is a command-line mistake: exit 1, as --env's (issue 26, docs/usage.md).
 USAGE = {"long bind destination", "too long bind destination", "bind onto root", "bind onto root dot",
          "bind onto root slashes", "long home", "long pwd", "home onto root", "hostname newline", "hostname slash",
-         "hostname control", "hostname too long", "hostname label"}
+         "hostname control", "hostname too long", "hostname label", "huge --memory"}
 
 
 @pytest.mark.parametrize("case", CASES)
