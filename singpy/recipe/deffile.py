@@ -65,6 +65,12 @@ class Stage(Record):
         """The body of every section called `name`, joined in order (as Apptainer joins repeated sections)."""
         return "".join(section.body for section in self.sections if section.name == name)
 
+    def args(self, name: str) -> str:
+        """The args of the section line called `name`: with repeated sections, those of the last line
+        that has some (`%post -c /bin/bash`), as Apptainer's parser keeps them."""
+        return next((section.args for section in reversed(self.sections) if section.name == name and section.args),
+                    "")
+
 
 class Definition(Record):
     stages: tuple[Stage, ...]

@@ -260,8 +260,8 @@ def _build_stages(definition: Definition, text: str, request: BuildRequest, work
                                 force=request.force)
         if stage.script("test").strip() and not request.notest:
             sections.run_test(rootfs, runner)
-        if name:
-            roots[name] = rootfs
+        if name:  # `%files from NAME`: the first stage of that name (Apptainer's findStageIndex)
+            roots.setdefault(name, rootfs)
     return rootfs
 
 

@@ -263,10 +263,10 @@ def _component_regex(part: str) -> re.Pattern[str] | None:
         elif char == "?":
             out.append(".")
             magic = True
-        elif char == "[" and (end := _bracket_end(part, index)) > 0:
-            out.append(_bracket_regex(part[index + 1:end]))
+        elif char == "[" and (bracket := _bracket(part, index)) is not None:
+            out.append(bracket[0])
             magic = True
-            index = end
+            index = bracket[1]
         else:
             out.append(re.escape(char))
         index += 1
@@ -274,23 +274,76 @@ def _component_regex(part: str) -> re.Pattern[str] | None:
         return None
     try:
         return re.compile("".join(out) + r"\Z", re.DOTALL)
-    except re.error:  # a bracket bash takes but matches nothing with ([z-a]): no name matches it either
+    except re.error:  # not expected (sets are built checked); were it to happen, no name matches
         return re.compile(r"(?!)")
 
 
-def _bracket_end(part: str, start: int) -> int:
-    """Index of the `]` closing the bracket expression at `start`, or -1 (then `[` is itself)."""
+# bash's POSIX classes ([[:name:]] in a bracket), ASCII as in Apptainer's Go regexps
+_CLASSES = {
+    "alnum": "0-9A-Za-z", "alpha": "A-Za-z", "ascii": "\\x00-\\x7f", "blank": " \\t", "cntrl": "\\x00-\\x1f\\x7f",
+    "digit": "0-9", "graph": "!-~", "lower": "a-z", "print": " -~", "punct": "!-/:-@\\[-`{-~",
+    "space": " \\t\\n\\r\\x0b\\x0c", "upper": "A-Z", "word": "0-9A-Za-z_", "xdigit": "0-9A-Fa-f",
+}
+
+
+def _bracket(part: str, start: int) -> tuple[str, int] | None:
+    """The regex of the bracket expression at `start` and the index of its closing `]`; None when it has
+    none (then `[` is itself).
+
+    bash's rules: `!` or `^` first negates; a `]` first (after them) is one of
+    the set; `[:name:]` a class (an unknown name adds nothing), `[.c.]` and
+    `[=c=]` the character c; `a-z` a range (one backwards adds nothing);
+    `\\` quotes the next character.
+    """
     index = start + 1
-    if index < len(part) and part[index] in "!^":
-        index += 1
-    if index < len(part) and part[index] == "]":  # a first `]` is one of the set
-        index += 1
-    end = part.find("]", index)
-    return end
+    negate = index < len(part) and part[index] in "!^"
+    index += negate
+    items: list[str] = []
+    first = True
+    while index < len(part):
+        char = part[index]
+        if char == "]" and not first:
+            return _set_regex(items, negate), index
+        first = False
+        if char == "[" and part[index + 1:index + 2] in (":", ".", "="):
+            item, index = _bracket_term(part, index)
+            items.append(item)
+            continue
+        low, index = _bracket_char(part, index)
+        if part[index:index + 1] == "-" and part[index + 1:index + 2] not in ("", "]"):
+            high, index = _bracket_char(part, index + 1)
+            items.append(f"{_set_char(low)}-{_set_char(high)}" if low <= high else "")
+        else:
+            items.append(_set_char(low))
+    return None
 
 
-def _bracket_regex(inner: str) -> str:
-    negate = inner[:1] in ("!", "^")
-    body = inner[1:] if negate else inner
-    escaped = "".join("\\" + char if char in "\\[]^" else char for char in body)
-    return f"[{'^' if negate else ''}{escaped}]"
+def _bracket_term(part: str, index: int) -> tuple[str, int]:
+    """`[:name:]`, `[.c.]` or `[=c=]` at `index`: its regex and the index after it. Without its closing
+    `:]` the `[` is dropped and what follows is read as plain characters (as bash does)."""
+    kind = part[index + 1]
+    close = part.find(kind + "]", index + 2)
+    if close < 0:
+        return ("", index + 1) if kind == ":" else (_set_char("["), index + 1)
+    name = part[index + 2:close]
+    if kind == ":":
+        return _CLASSES.get(name, ""), close + 2
+    return (_set_char(name) if len(name) == 1 else ""), close + 2  # no multi-character collating element
+
+
+def _bracket_char(part: str, index: int) -> tuple[str, int]:
+    """The set's character at `index` (`\\x` is x) and the index after it."""
+    if part[index] == "\\" and index + 1 < len(part):
+        return part[index + 1], index + 2
+    return part[index], index + 1
+
+
+def _set_char(char: str) -> str:
+    return "\\" + char if char in "\\]^-[" else char
+
+
+def _set_regex(items: list[str], negate: bool) -> str:
+    body = "".join(items)
+    if not body:  # only unknown classes or backwards ranges: nothing, or with `!` any character
+        return "." if negate else "(?!)"
+    return f"[{'^' if negate else ''}{body}]"

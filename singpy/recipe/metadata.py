@@ -63,7 +63,7 @@ def write_metadata(rootfs: str, stage: Stage, *, definition: str, build_labels: 
         for section, guest in _SCRIPTS:
             body = stage.script(section)
             if body:
-                write_file(image, guest, shebang_script(body, _section_args(stage, section)).encode(), 0o755)
+                write_file(image, guest, shebang_script(body, stage.args(section)).encode(), 0o755)
 
 
 def shebang_script(body: str, args: str) -> str:
@@ -78,11 +78,6 @@ def shebang_script(body: str, args: str) -> str:
     if extra:
         shebang += " " + extra
     return f"{shebang}\n\n{script}\n"
-
-
-def _section_args(stage: Stage, name: str) -> str:
-    """The args of the section's line; with repeated sections, the last one that has some (as Apptainer)."""
-    return next((section.args for section in reversed(stage.sections) if section.name == name and section.args), "")
 
 
 def _write_help(image: Tree, text: str, force: bool) -> None:

@@ -26,7 +26,7 @@ from singpy.constants import SINGULARITY_D
 from singpy.env.environ import RUNTIME_PREFIXES
 from singpy.errors import ImageError
 from singpy.plan import IdMap
-from singpy.recipe.deffile import Section, Stage
+from singpy.recipe.deffile import Stage
 
 ENV_SCRIPT = f"{SINGULARITY_D}/env/91-environment.sh"  # $APPTAINER_ENVIRONMENT in %post
 LABELS_FILE = "/.build.labels"  # $APPTAINER_LABELS in %post: "NAME value" lines, labels of the image
@@ -91,17 +91,24 @@ def run_setup(stage: Stage, rootfs: str, workdir: str, idmap: IdMap | None) -> N
     As root, as root; for anyone else, as root of the build's user namespace
     (singpy.recipe.mapped), as Apptainer runs its whole fakeroot build: the
     user's own files read as root's, the rest of the host as nobody's.
+
+    Repeated %setup sections are one script, their bodies joined in order
+    (a variable the first sets is still set in the second), run with the args
+    of the last section line that has some: Apptainer's parser keeps one
+    script per section name (Apptainer pkg/build/types/parser/deffile.go).
     """
-    for section in _sections(stage, "setup"):
-        script = f"{workdir}/setup"
-        _write_script(script, section.body)
-        try:
-            console.info("Running setup scriptlet")
-            env = {**os.environ, "APPTAINER_ROOTFS": rootfs, "SINGULARITY_ROOTFS": rootfs,
-                   "APPTAINER_ENVIRONMENT": ENV_SCRIPT, "SINGULARITY_ENVIRONMENT": ENV_SCRIPT}
-            _run([*_prefix(idmap), *shell_argv("setup", script, section.args)], env=env, what="%setup")
-        finally:
-            os.unlink(script)
+    body = stage.script("setup")
+    if not body.strip():
+        return
+    script = f"{workdir}/setup"
+    _write_script(script, body)
+    try:
+        console.info("Running setup scriptlet")
+        env = {**os.environ, "APPTAINER_ROOTFS": rootfs, "SINGULARITY_ROOTFS": rootfs,
+               "APPTAINER_ENVIRONMENT": ENV_SCRIPT, "SINGULARITY_ENVIRONMENT": ENV_SCRIPT}
+        _run([*_prefix(idmap), *shell_argv("setup", script, stage.args("setup"))], env=env, what="%setup")
+    finally:
+        os.unlink(script)
 
 
 def run_host(argv: list[str], *, what: str, idmap: IdMap | None = None) -> None:
@@ -121,7 +128,7 @@ def run_post(stage: Stage, rootfs: str, runner: Runner, *, apps: str = "") -> No
     body = stage.script("post") + apps
     if not body.strip():
         return
-    args = next((section.args for section in _sections(stage, "post")), "")
+    args = stage.args("post")  # the last %post line's that has some, as Apptainer
     script = f"{rootfs}{POST_SCRIPT}"
     _write_script(script, body, in_image=True)
     env = {"APPTAINER_ENVIRONMENT": ENV_SCRIPT, "SINGULARITY_ENVIRONMENT": ENV_SCRIPT,
@@ -163,10 +170,6 @@ def shell_argv(name: str, script: str, args: str) -> list[str]:
             raise ImageError(f"bad %{name} section '-c' parameter: missing arguments")
         return ["/bin/sh", "-ex", *params[:at], "-c", " ".join([*rest, script])]
     return ["/bin/sh", "-ex", *params, script]
-
-
-def _sections(stage: Stage, name: str) -> list[Section]:
-    return [section for section in stage.sections if section.name == name and section.body.strip()]
 
 
 def _write_script(path: str, body: str, *, in_image: bool = False) -> None:

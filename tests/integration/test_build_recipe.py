@@ -472,6 +472,27 @@ def test_header_keys_any_case_own_shebang_and_repeated_sections(singpy: Singpy, 
     assert (out / "sandbox" / "post-two").read_text() == "second\n"
 
 
+BRACKET_CLASS = """
+    Bootstrap: localimage
+    From: {base}
+
+    %files
+        {src}/part[[:digit:]].txt /opt/parts/
+        {src}/part[![:digit:]].txt /opt/others/
+    """
+
+
+def test_files_patterns_with_posix_bracket_classes(singpy: Singpy, workdir: Path, base: Path) -> None:
+    """`[[:digit:]]` and `[![:digit:]]` in a %files source match as bash's glob matches them."""
+    out = out_dir(singpy, workdir, "bracket-class")
+    for name in ("part1.txt", "part2.txt", "partA.txt", "part10.txt"):
+        (out / name).write_text(f"{name}\n")
+    recipe = write_recipe(out, BRACKET_CLASS.format(base=base, src=out))
+    build(singpy, "--sandbox", str(out / "sandbox"), str(recipe))
+    assert sorted(os.listdir(out / "sandbox" / "opt" / "parts")) == ["part1.txt", "part2.txt"]
+    assert os.listdir(out / "sandbox" / "opt" / "others") == ["partA.txt"]
+
+
 # --- SCIF apps -------------------------------------------------------------------------------------------------------
 
 
@@ -580,6 +601,66 @@ def test_post_with_another_shell(singpy: Singpy, workdir: Path, base: Path) -> N
     assert (out / "sandbox" / "script-ran").read_text() == "script ran\n"
 
 
+SETUP_TWICE = """
+    Bootstrap: localimage
+    From: {base}
+
+    %setup
+        greeting="set by the first %setup"
+
+    %post
+        true
+
+    %setup
+        echo "$greeting" > "$APPTAINER_ROOTFS/greeting"
+    """
+
+
+def test_repeated_setup_sections_are_one_script(singpy: Singpy, workdir: Path, base: Path) -> None:
+    """As Apptainer's parser joins them: a variable of the first %setup is still set in the second."""
+    out = out_dir(singpy, workdir, "setup-twice")
+    recipe = write_recipe(out, SETUP_TWICE.format(base=base))
+    build(singpy, "--sandbox", str(out / "sandbox"), str(recipe))
+    assert (out / "sandbox" / "greeting").read_text() == "set by the first %setup\n"
+
+
+SECTION_ARGS = """
+    Bootstrap: localimage
+    From: {base}
+
+    %files
+        {src}/myshell /opt/myshell
+
+    %setup
+        names=(first second)
+
+    %post
+        echo "first post" > /post-one
+
+    %setup -c /bin/bash
+        echo "${{names[1]}}" > "$APPTAINER_ROOTFS/from-setup"
+
+    %post -c /opt/myshell
+        echo "second post" > /post-two
+    """
+
+
+def test_the_last_section_line_with_args_gives_the_shell(singpy: Singpy, workdir: Path, base: Path) -> None:
+    """Repeated %setup and %post: the joined script runs with the args of the last line that has some (as
+    Apptainer): the bash array of the first %setup works, %post's shell is the second's."""
+    if not os.access("/bin/bash", os.X_OK):
+        pytest.skip("no /bin/bash on this host")
+    out = out_dir(singpy, workdir, "section-args")
+    (out / "myshell").write_text(MY_SHELL)
+    (out / "myshell").chmod(0o755)
+    recipe = write_recipe(out, SECTION_ARGS.format(base=base, src=out))
+    build(singpy, "--sandbox", str(out / "sandbox"), str(recipe))
+    assert (out / "sandbox" / "from-setup").read_text() == "second\n"
+    assert (out / "sandbox" / "myshell-ran").read_text() == "myshell ran /.post.script\n"
+    assert (out / "sandbox" / "post-one").read_text() == "first post\n"
+    assert (out / "sandbox" / "post-two").read_text() == "second post\n"
+
+
 # --- build arguments -------------------------------------------------------------------------------------------------
 
 
@@ -666,6 +747,38 @@ def test_multi_stage_copies_only_what_files_from_names(singpy: Singpy, workdir: 
     assert (out / "sandbox" / "opt" / "artifact").read_text() == "artifact of stage one\n"
     assert not (out / "sandbox" / "stage-one-only").exists()
     assert build_dirs(out) == []
+
+
+SAME_NAME = """
+    Bootstrap: localimage
+    From: {base}
+    Stage: build
+
+    %post
+        echo "first stage named build" > /which
+
+    Bootstrap: localimage
+    From: {base}
+    Stage: build
+
+    %post
+        echo "second stage named build" > /which
+
+    Bootstrap: localimage
+    From: {base}
+
+    %files from build
+        /which /opt/which
+    """
+
+
+def test_files_from_a_repeated_stage_name_reads_the_first(singpy: Singpy, workdir: Path, base: Path) -> None:
+    """Two stages of one name: `%files from` it copies from the first (Apptainer's findStageIndex)."""
+    out = out_dir(singpy, workdir, "same-stage-name")
+    recipe = write_recipe(out, SAME_NAME.format(base=base))
+    build(singpy, "--sandbox", str(out / "sandbox"), str(recipe))
+    assert (out / "sandbox" / "opt" / "which").read_text() == "first stage named build\n"
+    assert not (out / "sandbox" / "which").exists()
 
 
 # --- owners: the fakeroot id range -----------------------------------------------------------------------------------

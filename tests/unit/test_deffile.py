@@ -82,6 +82,14 @@ def test_repeated_sections_add_up_and_header_continues() -> None:
     assert stage.script("post") == "echo one\necho two\n"
 
 
+def test_repeated_sections_take_the_args_of_the_last_line_that_has_some() -> None:
+    text = ("Bootstrap: docker\nFrom: alpine\n%post -c /bin/ash\necho one\n%post -c /bin/bash\necho two\n"
+            "%post\necho three\n%setup\ntrue\n")
+    stage = parse(text, "x.def").stages[0]
+    assert stage.args("post") == "-c /bin/bash"
+    assert stage.args("setup") == "" and stage.args("test") == ""
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("", "x.def: empty definition file"),
     ("# only a comment\n\n", "x.def: empty definition file"),

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from singpy.errors import ImageError
-from singpy.recipe.files import copy_from_host, copy_from_stage, run_cp
+from singpy.recipe.files import _component_regex, copy_from_host, copy_from_stage, run_cp
 
 
 @pytest.fixture
@@ -119,6 +120,8 @@ def test_a_quoted_name_with_a_space(rootfs: Path, src: Path) -> None:
     ("data/*", ["a.txt", "b.txt", "sub", "sub/deep.txt", "sub/other.md"]),  # no .hidden, as bash
     ("data/**/*.txt", ["a.txt", "b.txt", "deep.txt"]),
     ("data/{a,b}.txt", ["a.txt", "b.txt"]),
+    ("data/[[:alpha:]].txt", ["a.txt", "b.txt"]),
+    ("data/[[:alpha:]][![:alnum:]]txt", ["a.txt", "b.txt"]),
     ("d*/sub/*.md", ["other.md"]),
     ("data/\\*.txt", None),  # a quoted star is a star: nothing matches
 ])
@@ -129,6 +132,53 @@ def test_patterns(rootfs: Path, src: Path, pattern: str, expected: list[str] | N
         return
     from_host([(pattern, "/out/")], rootfs, src)
     assert files_below(rootfs / "out") == expected
+
+
+# bash's bracket expressions, one name each: (pattern, the names of NAMES it matches), as bash matches them
+NAMES = ("a", "b", "z", "A", "F", "G", "5", "_", "-", "]", "[", "!", ":", " ", "\t", "~", "x5", "[a")
+BRACKETS = [
+    ("[[:digit:]]", ["5"]),
+    ("[[:alpha:]]", ["a", "b", "z", "A", "F", "G"]),
+    ("[[:alnum:]_]", ["a", "b", "z", "A", "F", "G", "5", "_"]),
+    ("[[:upper:][:digit:]]", ["A", "F", "G", "5"]),
+    ("[[:lower:]]", ["a", "b", "z"]),
+    ("[[:xdigit:]]", ["a", "b", "A", "F", "5"]),
+    ("[[:space:]]", [" ", "\t"]),
+    ("[[:blank:]]", [" ", "\t"]),
+    ("[[:punct:]]", ["_", "-", "]", "[", "!", ":", "~"]),
+    ("[[:word:]]", ["a", "b", "z", "A", "F", "G", "5", "_"]),
+    ("[![:space:]]", ["a", "b", "z", "A", "F", "G", "5", "_", "-", "]", "[", "!", ":", "~"]),
+    ("[^[:alnum:]]", ["_", "-", "]", "[", "!", ":", " ", "\t", "~"]),
+    ("[]a]", ["a", "]"]),
+    ("[!]a[:space:]]", ["b", "z", "A", "F", "G", "5", "_", "-", "[", "!", ":", "~"]),
+    ("[a-c-]", ["a", "b", "-"]),
+    ("[z-a]", []),  # a backwards range: nothing
+    ("[[:nosuch:]]", []),  # an unknown class: nothing, as bash
+    ("[[:nosuch:]z]", ["z"]),
+    ("[![:nosuch:]]", ["a", "b", "z", "A", "F", "G", "5", "_", "-", "]", "[", "!", ":", " ", "\t", "~"]),
+    ("[\\]]", ["]"]),
+    ("[[.-.][=a=]]", ["a", "-"]),
+    ("[[:alpha:]", ["[a"]),  # no closing `]` for the first `[`: it is itself, then `[:alpha:]` is a set
+    ("[[:digit:]]*", ["5"]),
+    ("x[[:digit:]]", ["x5"]),
+]
+
+
+@pytest.mark.parametrize(("pattern", "expected"), BRACKETS)
+def test_bracket_expressions_match_as_in_bash(pattern: str, expected: list[str]) -> None:
+    regex = _component_regex(pattern)
+    assert regex is not None
+    assert [name for name in NAMES if regex.match(name)] == expected
+
+
+@pytest.mark.skipif(not os.access("/bin/bash", os.X_OK), reason="no /bin/bash")
+def test_bracket_expressions_agree_with_the_real_bash() -> None:
+    """The same table, asked of bash itself (C locale: ASCII classes, as Apptainer's Go regexps)."""
+    for pattern, expected in BRACKETS:
+        script = f'for name in "$@"; do [[ "$name" == {pattern} ]] && printf "%s\\0" "$name"; done; true'
+        done = subprocess.run(["/bin/bash", "-c", script, "bash", *NAMES], capture_output=True, check=True,
+                              env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"})
+        assert done.stdout.decode().split("\0")[:-1] == expected, pattern
 
 
 def test_a_pattern_without_a_destination_keeps_each_path(rootfs: Path, src: Path) -> None:
