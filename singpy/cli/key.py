@@ -238,7 +238,7 @@ def _choose(keys: list[object], kind: str) -> int:
         cert = key.extract_certificate() if hasattr(key, "extract_certificate") else key
         sys.stderr.write(keystore.describe(index, cert) + "\n")  # type: ignore[arg-type]
     answer = _ask(f"Enter # of {kind} key to use : ").strip()
-    if not answer.isdigit() or int(answer) >= len(keys):
+    if not (answer.isascii() and answer.isdigit()) or int(answer) >= len(keys):
         raise UsageError(f"invalid key number {answer!r}: choose 0 to {len(keys) - 1}")
     return int(answer)
 
@@ -303,7 +303,9 @@ def search_command(search_string: str = typer.Argument(..., metavar="<search_str
 def _date(seconds: str) -> str:
     import time
 
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(seconds))) if seconds.isdigit() else ""
+    if not (seconds.isascii() and seconds.isdigit()):
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(int(seconds)))
 
 
 @key_app.command("pull")

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     import gc
 
     gc.disable()
+    _open_standard_descriptors()
     if sys.flags.no_site and not _site_state:  # the tuned script (singpy.cli.launcher): site when needed
         _site_on_demand()
     args = sys.argv[1:] if argv is None else argv
@@ -53,6 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # stdout closed by the reader (`... | head`): not an error worth a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def _open_standard_descriptors() -> None:
+    """Descriptors 0, 1 and 2 open, on /dev/null where the caller closed them (as Go's runtime does, so
+    Apptainer): else the next file singpy opens takes that number (/dev/fuse as 0, a key pipe as 2), and a
+    helper's stdin/stdout/stderr set-up covers it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+            if getattr(sys, _STREAMS[fd]) is None:  # Python left the stream None for a closed descriptor
+                setattr(sys, _STREAMS[fd], open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
+
+
+_STREAMS = ("stdin", "stdout", "stderr")
 
 
 def _dispatch(args: list[str]) -> int:

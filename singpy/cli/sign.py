@@ -114,6 +114,6 @@ def _choose(certs: list[Cert]) -> Cert:
         print("   --------")
     print("Enter # of private key to use : ", end="", flush=True)
     answer = sys.stdin.readline().strip() if sys.stdin is not None else ""
-    if not answer.isdigit() or int(answer) >= len(certs):
+    if not (answer.isascii() and answer.isdigit()) or int(answer) >= len(certs):
         raise SingpyError(f"invalid key number {answer[:20]!r}: enter a number from 0 to {len(certs) - 1}")
     return certs[int(answer)]

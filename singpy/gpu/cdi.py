@@ -144,7 +144,7 @@ def resolve(kind: str, name: str, specs: list[_Spec], dirs: tuple[str, ...]) -> 
 
 
 def _natural(name: str) -> tuple[int, int | str]:
-    return (0, int(name)) if name.isdigit() and len(name) <= 18 else (1, name)
+    return (0, int(name)) if name.isascii() and name.isdigit() and len(name) <= 18 else (1, name)
 
 
 def load_specs(dirs: Iterable[str]) -> list[_Spec]:

@@ -31,6 +31,9 @@ MESSAGE_RSA_OAEP = 0x200
 _HASH_SIZE = 32  # SHA-256: each OAEP chunk holds key size - 2 * 32 - 2 bytes
 _PREFIXES = ("APPTAINER_", "SINGULARITY_", "SINGPY_")
 _held: dict[str, bytes] = {}
+# gocryptfs's own limit; the key is written to a helper's pipe before the helper reads it, which a pipe's
+# 64 KiB would block, and a line of stdin is read no further than this
+MAX_PASSPHRASE = 2048
 
 
 class KeyInfo(Record):
@@ -63,7 +66,7 @@ def material(env: Mapping[str, str], *, prompt: bool, pem_path: str, public: boo
     if (found := _variable(env, "ENCRYPTION_PASSPHRASE")) is not None:
         if not found[1]:
             raise ImageError(f"{found[0]} is empty: an encrypted image needs a passphrase")
-        return _hold(KeyInfo(format=PASSPHRASE, source=found[0]), found[1].encode())
+        return _hold(KeyInfo(format=PASSPHRASE, source=found[0]), _bounded(found[1].encode(), found[0]))
     return None
 
 
@@ -82,6 +85,8 @@ def _ask() -> bytes:
     import sys
 
     prompt = "Enter encryption passphrase: "
+    if sys.stdin is None:  # descriptor 0 closed (singpy.cli.main reopens it on /dev/null: an empty answer)
+        raise ImageError("cannot use an empty passphrase for an encrypted container")
     try:
         if sys.stdin.isatty():
             import getpass
@@ -89,13 +94,19 @@ def _ask() -> bytes:
             answer = getpass.getpass(prompt)
         else:
             sys.stderr.write(prompt)
-            answer = sys.stdin.readline().rstrip("\n")
+            answer = sys.stdin.readline(MAX_PASSPHRASE + 2).rstrip("\n")
             sys.stderr.write("\n")
     except (EOFError, OSError, UnicodeDecodeError):
         answer = ""
     if not answer:
         raise ImageError("cannot use an empty passphrase for an encrypted container")
-    return answer.encode()
+    return _bounded(answer.encode(), "the passphrase")
+
+
+def _bounded(secret: bytes, source: str) -> bytes:
+    if len(secret) > MAX_PASSPHRASE:
+        raise ImageError(f"{source} is longer than {MAX_PASSPHRASE} bytes, the most gocryptfs takes")
+    return secret
 
 
 def _pem_bytes(key: KeyInfo | str) -> tuple[bytes, str]:

@@ -39,6 +39,9 @@ _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0
 TIMER_VARIABLE = "__SINGPY_TIMER"  # set in the shell's environment: ACTION_SCRIPT traps SIGUSR1 then
 
 
+_LONGEST = (2 ** 63 - 1) / 1e9  # seconds in Go's largest time.Duration
+
+
 def parse_duration(text: str) -> float:
     """Seconds in Go's duration syntax (time.ParseDuration, which Apptainer uses): 1s, 500ms, 1m30s, 1.5h.
 
@@ -50,10 +53,10 @@ def parse_duration(text: str) -> float:
         raise UsageError(f"{bad}: a duration such as 30s, 1m or 1m30s")
     while rest:
         number_end = 0
-        while number_end < len(rest) and (rest[number_end].isdigit() or rest[number_end] == "."):
+        while number_end < len(rest) and (rest[number_end] in "0123456789."):
             number_end += 1
         unit_end = number_end
-        while unit_end < len(rest) and not (rest[unit_end].isdigit() or rest[unit_end] == "."):
+        while unit_end < len(rest) and rest[unit_end] not in "0123456789.":
             unit_end += 1
         number, unit = rest[:number_end], rest[number_end:unit_end]
         if number in ("", ".") or number.count(".") > 1 or unit not in _UNITS:
@@ -62,6 +65,8 @@ def parse_duration(text: str) -> float:
         rest = rest[unit_end:]
     if total <= 0:
         raise UsageError(f"{bad}: the duration must be more than zero")
+    if total > _LONGEST:  # Go's time.Duration ends at ~292 years; infinity would never fire
+        raise UsageError(f"{bad}: longer than Go's longest duration (about 292 years)")
     return total
 
 

@@ -42,7 +42,7 @@ def read_ranges(text: str, user: str, uid: int) -> tuple[tuple[int, int], ...]:
         fields = line.strip().split(":")
         if len(fields) != 3 or fields[0] not in (user, str(uid)):
             continue
-        if fields[1].isdigit() and fields[2].isdigit() and int(fields[2]) > 0:
+        if all(field.isascii() and field.isdigit() for field in fields[1:]) and int(fields[2]) > 0:
             ranges.append((int(fields[1]), int(fields[2])))
     return tuple(ranges)
 

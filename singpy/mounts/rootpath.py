@@ -293,8 +293,12 @@ class Tree:
                     raise PathError(f"can't look up {guest}: {_join(stack, name)}: {error.strerror}") from None
                 mode = os.fstat(fd).st_mode
                 if stat.S_ISLNK(mode) and (follow or pending):
-                    target = os.readlink("", dir_fd=fd)
-                    os.close(fd)
+                    try:
+                        target = os.readlink("", dir_fd=fd)
+                    except OSError as error:  # a /proc magic link of another process (/proc/1/root): EACCES
+                        raise PathError(f"can't look up {guest}: {_join(stack, name)}: {error.strerror}") from None
+                    finally:
+                        os.close(fd)
                     links += 1
                     if links > _MAX_LINKS:
                         raise PathError(f"can't look up {guest}: too many levels of symbolic links")

@@ -393,4 +393,4 @@ def _range_start(content_range: str) -> int | None:
     """N of "bytes N-M/TOTAL" (None when it is not that)."""
     unit, _, spec = content_range.strip().partition(" ")
     start = spec.partition("-")[0]
-    return int(start) if unit.lower() == "bytes" and start.isdigit() and len(start) < 20 else None
+    return int(start) if unit.lower() == "bytes" and start.isascii() and start.isdigit() and len(start) < 20 else None

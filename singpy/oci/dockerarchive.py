@@ -26,7 +26,7 @@ def docker_manifest(files: Files, where: str, tag: str | None) -> tuple[dict[str
     """The image manifest a registry would serve for the image `tag` (REPO:TAG, @INDEX or None: the only one)
     names in manifest.json, and the archive member of each of its blobs, by digest."""
     images = _docker_images(files, where)
-    if tag is not None and tag.startswith("@") and tag[1:].isdigit():
+    if tag is not None and tag.startswith("@") and tag[1:].isascii() and tag[1:].isdigit():
         position = int(tag[1:])
         if position >= len(images):
             raise ImageError(f"no image {tag} in {where}: it holds {len(images)}")

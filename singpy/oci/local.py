@@ -168,7 +168,7 @@ class LocalSource:
                          hint=f"add its tag to the reference: {self.where}:TAG")
 
     def _tagged(self, entries: list[dict[str, Any]], tag: str) -> list[dict[str, Any]]:
-        if self.docker and tag.startswith("@") and tag[1:].isdigit():
+        if self.docker and tag.startswith("@") and tag[1:].isascii() and tag[1:].isdigit():
             position = int(tag[1:])
             return [entries[position]] if position < len(entries) else []
         wanted = image_name(tag) if self.docker else tag

@@ -264,7 +264,7 @@ class Registry:
     def _read_small(self, response: http.client.HTTPResponse, url: str, limit: int, what: str) -> bytes:
         """The whole body, at most `limit` bytes (a larger one is an ImageError and the connection is closed)."""
         length = response.getheader("Content-Length", "")
-        if length.isdigit() and int(length) > limit:
+        if length.isascii() and length.isdigit() and int(length) > limit:
             self.transport.close_connection(url)
             raise ImageError(f"{what} from {Origin(url).netloc} is larger than {limit >> 20} MiB ({length} bytes)")
         chunks: list[bytes] = []

@@ -38,7 +38,7 @@ def retry_after(response: http.client.HTTPResponse) -> float | None:
     value = (response.getheader("Retry-After") or "").strip()
     if not value:
         return None
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # str.isdigit also takes "²", which float() does not
         return min(float(value[:6]), RETRY_AFTER_CAP)
     from email.utils import parsedate_to_datetime
 

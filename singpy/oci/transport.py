@@ -451,11 +451,11 @@ def bypasses_proxy(host: str, port: int, no_proxy: str) -> bool:
         if entry.startswith("["):  # [v6]:port
             inside, _, rest = entry[1:].partition("]")
             entry = inside
-            if rest.startswith(":") and rest[1:].isdigit():
+            if rest.startswith(":") and rest[1:].isascii() and rest[1:].isdigit():
                 entry_port = int(rest[1:])
         elif entry.count(":") == 1:
             name, _, digits = entry.partition(":")
-            if digits.isdigit():
+            if digits.isascii() and digits.isdigit():
                 entry, entry_port = name, int(digits)
         if entry_port is not None and entry_port != port:
             continue

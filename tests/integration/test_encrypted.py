@@ -163,6 +163,18 @@ def test_wrong_passphrase_is_one_fatal_line(singpy: Singpy, workdir: Path, by_pa
     sifs.assert_restored(before, workdir)
 
 
+def test_an_overlong_passphrase_is_one_fatal_line(singpy: Singpy, workdir: Path, by_passphrase: Path,
+                                                 fuse_open: str) -> None:
+    """A key over a pipe's 64 KiB, written before its helper read it, hung the run for ever."""
+    before = sifs.snapshot(workdir)
+    env = singpy.env(APPTAINER_ENCRYPTION_PASSPHRASE="x" * 70000)
+    assert_one_fatal(singpy.run("exec", str(by_passphrase), "true", env=env, timeout=30),
+                     "APPTAINER_ENCRYPTION_PASSPHRASE is longer than 2048 bytes")
+    asked = singpy.run("exec", "--passphrase", str(by_passphrase), "true", input="y" * 100000 + "\n", timeout=30)
+    assert asked.returncode == 255 and "FATAL:   the passphrase is longer than 2048 bytes" in asked.stderr
+    sifs.assert_restored(before, workdir)
+
+
 def test_wrong_key_is_one_fatal_line(singpy: Singpy, by_pem: Path, keys: dict[str, Path], fuse_open: str) -> None:
     result = singpy.run("exec", "--pem-path", str(keys["other"]), str(by_pem), "true")
     assert_one_fatal(result, "is not the one it was encrypted for")

@@ -111,3 +111,30 @@ def test_bad_configuration_names_file_and_line(singpy: Singpy, image: Path, work
     result = singpy.run("--config", str(conf), "exec", str(image), "true")
     assert result.returncode == 255
     assert f"{conf}:2: mount tmp must be yes or no" in result.stderr
+
+
+@pytest.mark.parametrize("closed", [0, 1, 2], ids=["stdin", "stdout", "stderr"])
+def test_a_run_with_a_standard_descriptor_closed(singpy: Singpy, workdir: Path, closed: int) -> None:
+    """With 0, 1 or 2 closed by the caller, the next file singpy opened took that number (/dev/fuse as 0), and
+    the FUSE helper's standard descriptors covered it: the SIF failed to mount (or the run was silent)."""
+    import os
+    import subprocess
+
+    from tests.conftest import default_signals
+    from tests.support import sifs
+
+    def close_one() -> None:
+        default_signals()
+        os.close(closed)
+
+    place = workdir / f"closed-{closed}-{singpy.profile}"  # the test user reaches it (not tmp_path's parents)
+    place.mkdir(mode=0o777, exist_ok=True)
+    place.chmod(0o777)
+    marker = place / "ran"
+    process = singpy.popen(["exec", "--userns", "-B", str(place), str(sifs.singpy_sif(workdir)), "sh", "-c",
+                            f"echo ran > {marker}"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, preexec_fn=close_one)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert marker.read_text() == "ran\n"
+    assert "Traceback" not in err

@@ -43,6 +43,7 @@ KINDS: dict[str, str] = {
     "witness-file": "{witness}/canary",
     "home": "{home}",
     "magic": "/proc/self/cwd",
+    "other-root": "/proc/1/root{witness}",  # another process's root: reading the link is EACCES for a user
     "zero": "/dev/zero",
     "climb": "../../../../../../../../..{witness}",
     "loop": "<loop>",
@@ -159,6 +160,15 @@ def test_hostile_sandbox(singpy: Singpy, base: Path, witness: Path, workdir: Pat
 
 
 SIF_CASES = [(path, kind) for path in TOUCHED for kind in SIF_KINDS]
+
+
+@pytest.mark.parametrize("path", ["/tmp", "/home", "/dev"])  # the file paths: CASES
+def test_a_link_through_another_process_root_is_no_traceback(singpy: Singpy, base: Path, witness: Path,
+                                                            workdir: Path, path: str) -> None:
+    """/proc/1/root is a magic link a user may not read: the walk's readlink failed with a traceback."""
+    name = f"hostile-{path.strip('/').replace('/', '_')}-other-root-{singpy.profile}"
+    image = hostile(base, workdir / name, path, "other-root", _filler(singpy, witness))
+    check_run(singpy, image, path, witness, workdir)
 
 
 @pytest.mark.parametrize(("path", "kind"), SIF_CASES, ids=[f"{path.strip('/')}-{kind}" for path, kind in SIF_CASES])
