@@ -89,6 +89,7 @@ def cases(bad: Path, image: Path) -> dict[str, tuple[list[str], str]]:
         "cgroup.procs in a cgroups file": (["exec", "--apply-cgroups", str(bad / "procs.toml"), img, "true"],
                                            "cgroups: bad name 'cgroup.procs' in unified"),
         "huge --memory": (["exec", "--memory", "9" * 400, img, "true"], "is too large"),
+        "timeout in other digits": (["run", "--runscript-timeout", "\u00b2s", img], "bad --runscript-timeout"),
         "seccomp name not ASCII": (["exec", "--security", f"seccomp:{bad}/name.json", img, "true"],
                                    "syscalls[0]: a syscall name is not printable ASCII"),
         "seccomp arch not ASCII": (["exec", "--security", f"seccomp:{bad}/arch.json", img, "true"],
@@ -131,7 +132,8 @@ CASES = list(cases(Path("/b"), Path("/i")))
 # A --bind whose text is refused is a command-line mistake: exit 1, as --env's (issue 26, docs/usage.md).
 USAGE = {"long bind destination", "too long bind destination", "bind onto root", "bind onto root dot",
          "bind onto root slashes", "long home", "long pwd", "home onto root", "hostname newline", "hostname slash",
-         "hostname control", "hostname too long", "hostname label", "huge --memory"}
+         "hostname control", "hostname too long", "hostname label", "huge --memory",
+         "timeout in other digits"}
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -253,3 +253,14 @@ def test_the_hostile_registry_stops_with_answers_under_way(tmp_path: Path) -> No
         assert not thread.is_alive()
     for connection in connections:
         connection.close()
+
+
+def test_header_numbers_in_other_digits_are_no_traceback(singpy: Singpy, hostile_registry: HostileRegistry,
+                                                        workdir: Path) -> None:
+    """`Retry-After: ²` and `Content-Length: ²`: str.isdigit takes '²', int() and float() do not (a ValueError
+    traceback); both are now read as absent, and the pull goes on."""
+    pull = Pull(singpy, hostile_registry, workdir, "odd-digits")
+    result = pull.pull(env=pull.env(SINGPY_PULL_RETRIES="2"))
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert pull.out.exists()

@@ -20,6 +20,8 @@ with an image (tests.support.oci.Image) and a SCENARIO saying how to misbehave:
     redirect-http-token  401 with an https Bearer realm, which answers 302 to the http realm
     redirect-other-host  layer blobs answered 307 to https://localhost:PORT/elsewhere/... (another host name,
                       same server; /elsewhere/ answers without asking for credentials, as blob storage does)
+    odd-digits        manifests: the first GET answered 503 with `Retry-After: ²` (a digit to str.isdigit, not to
+                      int()), the next ones 200 with `Content-Length: ²` and the body up to the connection's end
 
 Every scenario except `honest` and the nested ones asks for credentials first: a request without
 `Authorization` gets 401 (Basic, or the scenario's Bearer challenge); the credentials are USERNAME and
@@ -59,8 +61,8 @@ USERNAME, PASSWORD = "mallory-victim", "s3cret-never-in-clear"
 SCENARIOS = frozenset((
     "honest", "cut-no-range", "trickle-headers", "trickle-manifest", "trickle-blob", "silent-blob",
     "nested-manifest", "nested-error", "nested-token", "realm-http", "redirect-http", "redirect-http-blob",
-    "redirect-http-token", "redirect-other-host"))
-_OPEN = frozenset(("honest", "nested-manifest", "nested-error"))  # no credentials asked for
+    "redirect-http-token", "redirect-other-host", "odd-digits"))
+_OPEN = frozenset(("honest", "nested-manifest", "nested-error", "odd-digits"))  # no credentials asked for
 _BEARER = frozenset(("nested-token", "realm-http", "redirect-http-token"))
 
 
@@ -81,6 +83,7 @@ class Seen:
 class _Repository:
     def __init__(self, image: Image, scenario: str, params: dict[str, Any]) -> None:
         self.image, self.scenario, self.params = image, scenario, params
+        self.lock = threading.Lock()
         self.blobs = {digest: data for digest, data in image.blobs()}
 
 
@@ -330,6 +333,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return False
         # 5000 levels: 35 KB, within what singpy reads of an error body (64 KiB), deep enough for a RecursionError
         self._send(repository.params.get("status", 404), _nested(repository.params.get("depth", 5000), "object"))
+        return True
+
+    def _odd_digits(self, repository: _Repository, kind: str, reference: str, path: str) -> bool:
+        if kind != "manifests" or self.command != "GET":
+            return False
+        with repository.lock:
+            first = not repository.params.get("answered")
+            repository.params["answered"] = True
+        if first:
+            self._send(503, b"{}", {"Retry-After": "\u00b2"})
+            return True
+        image = repository.image
+        self.send_response(200)
+        for key, value in (("Content-Type", image.media_type), ("Content-Length", "\u00b2"),
+                           ("Docker-Content-Digest", image.digest), ("Connection", "close")):
+            self.send_header(key, value)
+        self.end_headers()
+        self._write(image.data)
+        self.close_connection = True
         return True
 
     def _redirect_http(self, repository: _Repository, kind: str, reference: str, path: str) -> bool:
