@@ -227,6 +227,7 @@ def parse(text: str, origin: str) -> SysConfig:
     values: dict[str, object] = {d.name: d.default for d in DIRECTIVES}
     lists: dict[str, list[str]] = {}
     noted: set[str] = set()
+    given: dict[str, str] = {}  # a single-value directive: where it was set
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -245,8 +246,11 @@ def parse(text: str, origin: str) -> SysConfig:
             raise ConfigError(f"{where}: {directive.name} {shown(value)!r}: {path_problem(value)}")
         if directive.kind == LIST:
             lists.setdefault(directive.name, []).extend(_list_items(directive, value, where))
+        elif directive.name in given:  # Apptainer's parser keeps every line and reads the first
+            console.verbose(f"{where}: {directive.name} given again: the value of {given[directive.name]} counts")
         else:
             values[directive.name] = _convert(directive, value, where)
+            given[directive.name] = where
     values.update({name: tuple(items) for name, items in lists.items()})
     return SysConfig(origin, values)
 

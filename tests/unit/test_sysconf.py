@@ -136,13 +136,14 @@ def test_shipped_file_lists_every_directive_except_the_network_lists() -> None:
         ("ldconfig path = /a b = c", "ldconfig path", "/a b = c"),
         ("   mount    home   =   no   ", "mount home", False),
         ("\tmount\thome\t=\tno", "mount home", False),
-        ("mount home = yes\nmount home = no", "mount home", False),
+        ("mount home = yes\nmount home = no", "mount home", True),
+        ("mount dev = minimal\nmount dev = maybe", "mount dev", "minimal"),
         ("bind path = /a\nbind path = /b:/c\n# x\nbind path = /a", "bind path", ("/a", "/b:/c", "/a")),
         ("allow net users = alice\nallow net users = bob", "allow net users", ("alice", "bob")),
     ],
     ids=["bool-no", "bool-case", "bool-false", "bool-0", "bool-yes", "bool-True", "bool-1", "choice-minimal",
          "choice-no", "choice-caps", "string", "string-empty", "string-keeps-equals", "spaces", "tabs",
-         "last-wins", "bind-path-in-order", "list"],
+         "first-wins", "first-wins-later-unread", "bind-path-in-order", "list"],
 )
 def test_parse_values(text: str, name: str, value: object) -> None:
     config = sysconf.parse(text, "test.conf")
