@@ -21,7 +21,11 @@ if TYPE_CHECKING:  # collections.abc (with collections, operator, keyword...) co
     from collections.abc import Iterable, Mapping
     from typing import Any
 
-_TRUE = ("1", "true", "yes", "on")
+# A switch's variable, as Go's strconv.ParseBool reads it for Apptainer (1 t true, 0 f false, any case), and
+# y/yes/on, n/no/off as the other commands' (click's words); anything else is an error, as Apptainer's
+# "unable to set flag": never a silent "off"
+_TRUE = ("1", "t", "true", "y", "yes", "on")
+_FALSE = ("0", "f", "false", "n", "no", "off")
 
 
 def _index(options: tuple[Option, ...]) -> dict[str, Option]:
@@ -150,12 +154,15 @@ def _apply_env(values: dict[str, Any], env: Mapping[str, str], options: tuple[Op
 def _apply_variable(values: dict[str, Any], option: Option, env: Mapping[str, str], suffix: str) -> None:
     for prefix in reversed(ENV_PREFIXES):  # SINGPY_ beats APPTAINER_ beats SINGULARITY_
         raw = env.get(prefix + suffix)
-        if raw is None or raw == "":
+        if raw is None or raw.strip() == "":
             continue
         if option.value:
             _store(values, option, raw)
-        elif raw.lower() in _TRUE:
+        elif raw.strip().lower() in _TRUE:
             values[option.dest] = True
+        elif raw.strip().lower() not in _FALSE:
+            raise UsageError(f"{prefix}{suffix}={raw[:40]!r}: not a boolean (1, t, true, y, yes, on; 0, f, false, n, "
+                             "no, off)")
         return
 
 

@@ -115,6 +115,8 @@ def test_short_option_with_equals() -> None:
         ([], {"APPTAINER_CONTAIN": "true"}, {"contain": True}),
         ([], {"SINGULARITY_CONTAIN": "YES"}, {"contain": True}),
         ([], {"SINGPY_CONTAIN": "on"}, {"contain": True}),
+        ([], {"APPTAINER_CONTAIN": " T "}, {"contain": True}),
+        ([], {"APPTAINER_CONTAIN": "F"}, {}),
         ([], {"APPTAINER_CONTAIN": "0"}, {}),
         ([], {"APPTAINER_CONTAIN": "false"}, {}),
         ([], {"APPTAINER_CONTAIN": ""}, {}),
@@ -141,7 +143,7 @@ def test_short_option_with_equals() -> None:
     ],
     ids=["singularity-bind", "apptainer-bind", "singpy-bind", "apptainer-beats-singularity", "singpy-beats-all",
          "empty-falls-through", "env-bind-adds-to-command-line", "env-bind-after-all-cli-binds",
-         "command-line-beats-env", "apptainer-contain", "true", "yes-any-case", "on",
+         "command-line-beats-env", "apptainer-contain", "true", "yes-any-case", "on", "go-t-spaced", "go-f",
          "zero-is-false", "false", "empty-is-unset", "singpy-false-decides", "empty-singpy-falls-through",
          "flag-beats-env-false", "boolean-flags", "value-options", "cli-value-beats-env", "no-env-for-these",
          "unprefixed-ignored", "bindpath", "bind-then-bindpath", "cwd-variable", "pwd-beats-target-pwd",
@@ -149,6 +151,13 @@ def test_short_option_with_equals() -> None:
 )
 def test_options_from_environment(argv: list[str], env: dict[str, str], values: dict[str, Any]) -> None:
     assert parse_action("exec", [*argv, "img"], env) == (values, ["img"])
+
+
+@pytest.mark.parametrize("value", ["bogus", "2", "yes please", "\u00b9"])
+def test_a_switch_variable_that_is_no_boolean_is_an_error(value: str) -> None:
+    """Apptainer: "unable to set flag" (strconv.ParseBool); it was read as false, an isolation flag silently off."""
+    with pytest.raises(UsageError, match="APPTAINER_CLEANENV=.*: not a boolean"):
+        parse_action("exec", ["img"], {"APPTAINER_CLEANENV": value})
 
 
 def test_help_skips_the_environment() -> None:
