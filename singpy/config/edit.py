@@ -111,6 +111,9 @@ def edit(config: ConfigFile, operation: str, name: str, value: str) -> str | Non
     directive = known_directive(name)
     name = " ".join(name.split())
     is_list = directive is None or directive.kind == sysconf.LIST  # an ignored one: kept as Apptainer keeps it
+    if not value.isprintable():  # a newline would write a directive of its own; a lone surrogate is no UTF-8
+        raise UsageError(f"the value {value[:60]!r} of directive \"{name}\" holds a line break or a character that "
+                         "is not printable UTF-8 text")
     values, current = split_values(value), config.values(name)
     if operation == "get":
         return ",".join(current) if current else None

@@ -117,6 +117,8 @@ def test_writing_needs_root(as_user: Singpy, workdir: Path) -> None:
     (["--unset", "bind path", "/not/there"], "value '/not/there' not found for directive \"bind path\"", 1),
     (["mount home", "no"], "you must specify an option", 1),
     (["--set", "--unset", "mount home", "no"], "choose one of --set and --unset", 1),
+    (["--set", "bind path", "/scratch\nmount home = no"], "holds a line break", 1),  # was a second directive
+    (["--set", "network bridge name", "\udcff"], "not printable UTF-8 text", 1),  # was a traceback
 ])
 def test_mistakes_are_one_fatal_line_and_change_nothing(as_root: Singpy, workdir: Path, args: list[str],
                                                       message: str, code: int) -> None:
