@@ -43,6 +43,9 @@ def login_command(
     from singpy.oci.pull import nohttps
 
     registry = files.registry_of(uri)
+    if "/" in registry:  # Apptainer's go-containerregistry name.NewRegistry refuses it; no pull would ever use it
+        raise UsageError(f"registries must be valid RFC 3986 URI authorities: {registry} (log in to "
+                         f"docker://{registry.split('/', 1)[0]}: a login is the registry's, for all its paths)")
     if password and context.get_parameter_source("password") == ParameterSource.COMMANDLINE:
         console.warning("a password given with --password is visible to other users of this host "
                         "(ps, /proc): use --password-stdin")

@@ -106,6 +106,9 @@ def test_login_usage_errors(singpy: Singpy, workdir: Path) -> None:
                        input="", env=env)
     assert empty.returncode == 1 and "FATAL:" in empty.stderr and "a password is required" in empty.stderr
     assert "Traceback" not in empty.stderr
+    with_path = singpy.run("registry", "login", "-u", "a", "--password-stdin", "--authfile", str(authfile),
+                           "docker://example.org/org", input="x", env=env)  # stored, no pull would ever read it
+    assert_one_fatal(with_path, "registries must be valid RFC 3986 URI authorities: example.org/org", code=1)
     assert not authfile.exists()
 
 
