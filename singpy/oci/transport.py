@@ -99,6 +99,9 @@ class _Proxy:
         self.host, self.port, self.authorization = host, port, authorization
 
 
+_SEND_SLICE = 256 << 10  # bytes of a request body sent under one timeout
+
+
 class _Watched:
     """A connected socket whose reads are watched by the meter of the request under way.
 
@@ -135,8 +138,12 @@ class _Watched:
             self.sock.close()
 
     def sendall(self, data: bytes) -> None:
+        # A plain socket's sendall bounds the *whole* send by its timeout (a 32 MiB upload chunk over a link
+        # slower than ~1 MB/s failed as "no data"): in slices, the timeout bounds a stall, as ssl's send loop does.
         self.sock.settimeout(READ_TIMEOUT)
-        self.sock.sendall(data)
+        view = memoryview(data)
+        for start in range(0, len(view), _SEND_SLICE):
+            self.sock.sendall(view[start:start + _SEND_SLICE])
         self.sock.settimeout(self.tick)  # for the answer
 
     def __getattr__(self, name: str) -> object:

@@ -87,3 +87,25 @@ def test_trickled_headers_of_a_blob_end_on_the_low_speed_rule(trickler: int) -> 
     with pytest.raises(TransportError, match="fewer than 50 bytes arrived in 0.5 s"):
         Transport({}, limits).request("GET", f"http://127.0.0.1:{trickler}/v2/", {}, document=False)
     assert time.monotonic() - started < 5
+
+
+def test_a_large_body_to_a_slow_reader_is_bounded_per_stall_not_in_total(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain socket's sendall bounds the whole send by its timeout: a push chunk to a registry reading at
+    ~1 MB/s failed after READ_TIMEOUT however steadily it read. Here: 1 s, a reader at ~3 MB/s, 8 MiB."""
+    monkeypatch.setattr(transport, "READ_TIMEOUT", 1.0)
+    sender, reader = socket.socketpair()
+    received = []
+
+    def read_slowly() -> None:
+        with reader:
+            while chunk := reader.recv(64 << 10):
+                received.append(len(chunk))
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=read_slowly, daemon=True)
+    thread.start()
+    watched = transport._Watched(sender)
+    watched.sendall(b"x" * (8 << 20))
+    sender.close()
+    thread.join(30)
+    assert sum(received) == 8 << 20
