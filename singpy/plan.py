@@ -75,7 +75,7 @@ class MountSpec(Record):
     missing: MissingPolicy = Missing.REQUIRED  # when the mount can't be made as planned; see Missing
     stage: StageOrder = Stage.USER  # ordering key; see Stage
     dev: bool = False  # keep device nodes usable (nodev is set otherwise on binds from /dev)
-    merge: bool = True  # FILE: keep the image's lines not keyed like ours (passwd); False: replace (--dns)
+    merge: bool = True  # FILE: merged with the image's file as Apptainer (passwd, group: mounts.system); False: replace
     asked: bool = False  # BIND: named by the user (--bind, --mount, --home SRC:DST); another asked bind below
     #                      it may get its mount point made in this one's host directory (singpy.mounts.apply)
 

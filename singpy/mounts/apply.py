@@ -338,14 +338,13 @@ class _Applier:
     def _file(self, spec: MountSpec, number: int) -> None:
         """A file the launcher writes (passwd, group, resolv.conf), bound read-only over the image's."""
         assert spec.content is not None
-        lines: list[bytes] = []
-        if spec.merge:  # the image's own lines, but those keyed like ours (the user's passwd entry)
-            key = spec.content.split(":", 1)[0].encode() + b":"
-            lines = [line for line in self._image_file(spec.dest).splitlines() if not line.startswith(key)]
+        data = self._merged(spec, spec.content) if spec.merge else spec.content.encode() + b"\n"
+        if data is None:
+            return
         staged = f"{SCRATCH}/file{number}"
         handle = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
-            os.write(handle, b"\n".join([*lines, spec.content.encode()]) + b"\n")
+            os.write(handle, data)
         finally:
             os.close(handle)
         found, target = self._target(spec.dest, directory=False)
@@ -357,6 +356,19 @@ class _Applier:
         finally:
             os.close(target)
         self.container.forget(found.path)
+
+    def _merged(self, spec: MountSpec, entries: str) -> bytes | None:
+        """The image's /etc/passwd or /etc/group with the user's `entries` merged in, as Apptainer merges them
+        (singpy.mounts.system); None where Apptainer leaves the image's as it is (a line it can't parse)."""
+        from singpy.mounts import system  # loaded already by the planner
+
+        if spec.dest != "/etc/passwd":
+            return system.merge_group(self._image_file(spec.dest), entries)
+        try:
+            return system.merge_passwd(self._image_file(spec.dest), entries)
+        except ValueError as error:
+            console.warning(f"the image's /etc/passwd is left as it is, without your entry: {error}")
+            return None
 
     def _image_file(self, dest: str) -> bytes:
         """The image's own `dest` (empty if it has none), from the image alone.

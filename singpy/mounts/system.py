@@ -1,7 +1,9 @@
 """The default mounts every container gets, as Apptainer makes them.
 
 Each function returns `MountSpec`s for one concern; the planner chains them in
-`Stage` order. Nothing here touches the kernel or the image.
+`Stage` order. Nothing here touches the kernel or the image: the user's passwd
+and group entries are merged with the image's files (`merge_passwd`,
+`merge_group`) on the bytes singpy.mounts.apply read from it.
 
 Where Apptainer skips a default mount that can't be made (its kernel, files,
 tmp, cwd, hostfs and bind-path mounts: a warning, and the container starts),
@@ -227,11 +229,105 @@ def _covers(spec: MountSpec, path: str) -> bool:
 
 
 def passwd_line(*, user: str, uid: int, gid: int, gecos: str, home: str, shell: str) -> str:
+    """The user's passwd entry, as the plan carries it (merged with the image's by `merge_passwd`)."""
+    _check_fields("/etc/passwd", user=user, gecos=gecos, home=home, shell=shell)
     return f"{user}:x:{uid}:{gid}:{gecos}:{home}:{shell}"
 
 
 def group_line(*, group: str, gid: int, user: str) -> str:
+    _check_fields("/etc/group", group=group, user=user)
     return f"{group}:x:{gid}:{user}"
+
+
+def _check_fields(path: str, **fields: str) -> None:
+    """Refuse a field that would not stay one field of one line: a ':' or a line break in it.
+
+    The home can come from $HOME (a uid the host's passwd lacks) or --home's
+    DEST; `HOME=$'/x\\nevil::0:0::/:/bin/sh'` would otherwise write a second entry.
+    """
+    for name, value in fields.items():
+        if ":" in value or any(char in value for char in "\n\r"):
+            from singpy.errors import SingpyError
+
+            raise SingpyError(f"can't write the container's {path}: the {name} {value!r} holds a ':' or a line "
+                              "break, which would split its entry",
+                              hint="choose a home directory without them (--home, or $HOME for a user the "
+                              "host's passwd lacks)" if name == "home" else None)
+
+
+# The user's entries merged with the image's /etc/passwd and /etc/group, as Apptainer 1.5 does (its
+# internal/pkg/util/fs/files/passwd.go and group.go). Pure functions on bytes: singpy.mounts.apply reads the image.
+
+_INT64 = 1 << 63
+
+
+def merge_passwd(image: bytes, entry: str) -> bytes:
+    """The image's passwd with the user's `entry` (`passwd_line`) put in, as Apptainer writes it.
+
+    The image's first line with the user's uid is rewritten in place: the host's
+    name and gecos (for uid 0 the image's: root keeps its name), the home of
+    `entry`, the image's gid and shell (a shell the image has); without one,
+    `entry` is appended. Lines are Go's bufio.ScanLines (a CR before the newline
+    dropped), joined with newlines. Raises ValueError for a line before the
+    user's that is not a passwd entry, where Apptainer leaves the file alone.
+    """
+    name, _, uid_text, _, gecos, home, _ = entry.split(":")
+    uid = int(uid_text)
+    lines = image.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    for number, line in enumerate(lines):
+        if line == b"":
+            continue
+        fields = _passwd_fields(line)
+        if fields[2] != uid:
+            continue
+        image_name, _, _, image_gid, image_gecos, _, image_shell = fields
+        if not 0 <= image_gid < 1 << 32:
+            raise ValueError(f"{_quoted(line)} has a gid out of range")
+        kept = (image_name, image_gecos) if uid == 0 else (os.fsencode(name), os.fsencode(gecos))
+        lines[number] = b":".join((kept[0], b"x", str(uid).encode(), str(image_gid).encode(), kept[1],
+                                   os.fsencode(home), image_shell))
+        break
+    else:
+        lines.append(os.fsencode(entry))
+    return b"\n".join(lines) + b"\n"
+
+
+def _passwd_fields(line: bytes) -> tuple[bytes, bytes, int, int, bytes, bytes, bytes]:
+    """A passwd line's fields as Apptainer's parser (etcpwdparse) reads them: 7, trimmed, decimal ids."""
+    parts = line.strip().split(b":")
+    if len(parts) != 7:
+        raise ValueError(f"{_quoted(line)} is not a passwd entry (7 fields, separated by ':')")
+    name, password, uid, gid, gecos, home, shell = parts
+    return (name.strip(), password.strip(), _atoi(uid, line), _atoi(gid, line), gecos.strip(), home.strip(),
+            shell.strip())
+
+
+def _atoi(text: bytes, line: bytes) -> int:
+    """Go's strconv.Atoi: an optional sign, decimal digits, within int64 (no spaces, no '_' as int() takes)."""
+    digits = text[1:] if text[:1] in (b"+", b"-") else text
+    if not digits.isdigit() or len(digits) > 19 or not -_INT64 <= int(text) < _INT64:
+        raise ValueError(f"{_quoted(line)} has a badly formatted id")
+    return int(text)
+
+
+def _quoted(line: bytes) -> str:
+    """An image's passwd line as a message quotes it: its first 100 bytes."""
+    return f"line {line[:100]!r}" + ("..." if len(line) > 100 else "")
+
+
+def merge_group(image: bytes, entries: str) -> bytes:
+    """The image's group file as it is (a newline added after its last line) and the user's `entries` after it.
+
+    As Apptainer: the image's groups are not looked at, not even one of the same
+    name (glibc then finds the image's first); the new lines are not repeated.
+    """
+    if image and not image.endswith(b"\n"):
+        image += b"\n"
+    added = dict.fromkeys(line for line in entries.split("\n") if line)
+    return image + b"".join(os.fsencode(line) + b"\n" for line in added)
 
 
 def job_mounts(env: Mapping[str, str], *, contain: bool) -> list[MountSpec]:

@@ -1,8 +1,11 @@
-"""Default mount contributors that read host facts: `mount hostfs`."""
+"""Default mount contributors that read host facts (`mount hostfs`), and the identity files' merge."""
 
 from __future__ import annotations
 
-from singpy.mounts.system import hostfs_mounts
+import pytest
+
+from singpy.errors import SingpyError
+from singpy.mounts.system import group_line, hostfs_mounts, merge_group, merge_passwd, passwd_line
 from singpy.plan import Missing, MountOp
 
 MOUNTINFO = """\
@@ -42,3 +45,50 @@ def test_staged_home_skips_a_planned_mount() -> None:
     assert [(spec.op, spec.dest) for spec in specs] == [(MountOp.TMPFS, "/home"), (MountOp.BIND, "/home/a")]
     asked = home_mounts(source="/home/a", dest="/home/a", enabled=True, asked=True, no_layer=True, covered=tmp)
     assert [(spec.op, spec.missing) for spec in asked] == [(MountOp.BIND, Missing.REQUIRED)]
+
+
+# --- /etc/passwd and /etc/group, merged as Apptainer's passwd.go and group.go -----------------------------------
+
+ALICE = "alice:x:1000:1000:Alice Liddell:/home/alice:/bin/bash"
+
+
+def test_passwd_entry_of_the_uid_takes_the_host_name_gecos_and_home() -> None:
+    image = b"root:x:0:0:root:/root:/bin/ash\r\n\nubuntu:x:1000:4242:Ubuntu:/home/ubuntu:/bin/zsh\nnot an entry\n"
+    assert merge_passwd(image, ALICE) == (b"root:x:0:0:root:/root:/bin/ash\n\n"
+                                          b"alice:x:1000:4242:Alice Liddell:/home/alice:/bin/zsh\nnot an entry\n")
+
+
+def test_passwd_root_keeps_the_images_name_gecos_and_shell() -> None:
+    image = b"toor:x:0:0:Image Root:/toor:/bin/ash\nroot:x:0:0:second:/:/bin/sh"
+    assert merge_passwd(image, "root:x:0:0:root:/root:/bin/bash") == \
+        b"toor:x:0:0:Image Root:/root:/bin/ash\nroot:x:0:0:second:/:/bin/sh\n"
+
+
+def test_passwd_without_the_uid_gets_the_entry_appended() -> None:
+    assert merge_passwd(b"root:x:0:0:root:/root:/bin/sh", ALICE) == f"root:x:0:0:root:/root:/bin/sh\n{ALICE}\n".encode()
+    assert merge_passwd(b"", ALICE) == f"{ALICE}\n".encode()
+    assert merge_passwd(b"bob:x:+1000:7:: /home/bob :/bin/sh\n", ALICE) == \
+        b"alice:x:1000:7:Alice Liddell:/home/alice:/bin/sh\n"  # Go's Atoi takes a sign; fields are trimmed
+
+
+@pytest.mark.parametrize("line", [b"# comment", b"a:x:1 000:1::/:/bin/sh", b"a:x:1_000:1::/:/bin/sh",
+                                  b"a:x:0x10:1::/:/bin/sh", b"a:x:1000:-1::/:/bin/sh", b"a:x::1::/:/bin/sh",
+                                  b"a:x:99999999999999999999:1::/:/bin/sh"])
+def test_passwd_line_apptainer_cant_parse_leaves_the_file(line: bytes) -> None:
+    with pytest.raises(ValueError, match="line b'a:|line b'#"):
+        merge_passwd(line + b"\n" + ALICE.encode(), ALICE)
+
+
+def test_group_keeps_every_image_line_and_adds_the_users_once() -> None:
+    image = b"users:x:1000:bob,carol"
+    assert merge_group(image, "users:x:1000:alice\nwheel:x:10:alice\nusers:x:1000:alice") == \
+        b"users:x:1000:bob,carol\nusers:x:1000:alice\nwheel:x:10:alice\n"
+    assert merge_group(b"", "users:x:1000:alice") == b"users:x:1000:alice\n"
+
+
+@pytest.mark.parametrize("home", ["/home/a\nevil::0:0::/:/bin/sh", "/home/a:b", "/home/a\rb"])
+def test_a_field_that_would_split_the_entry_is_refused(home: str) -> None:
+    with pytest.raises(SingpyError, match="the home .* holds a ':' or a line break"):
+        passwd_line(user="alice", uid=1000, gid=1000, gecos="", home=home, shell="/bin/sh")
+    with pytest.raises(SingpyError, match="/etc/group: the group"):
+        group_line(group="users\nevil", gid=1000, user="alice")
