@@ -389,6 +389,8 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
         from singpy.launch import network as net
 
         mounts.append(net.resolv_conf(net.parse_dns(request.dns)))
+    if request.hostname and namespaces.uts:  # the name in /etc/hostname too, as Apptainer's addHostnameMount
+        mounts.append(system.hostname_file(request.hostname))
     if config.flag("mount hostfs") and "hostfs" not in skipped:
         mounts += system.hostfs_mounts(_read("/proc/self/mountinfo"))
     mounts += system.tmp_mounts(contain=request.contain, enabled=config.flag("mount tmp") and "tmp" not in skipped)

@@ -228,6 +228,12 @@ def _covers(spec: MountSpec, path: str) -> bool:
     return path == spec.dest or path.startswith(spec.dest.rstrip("/") + "/")
 
 
+def hostname_file(hostname: str) -> MountSpec:
+    """--hostname: the container's /etc/hostname, holding that name (Apptainer's addHostnameMount)."""
+    return MountSpec(op=MountOp.FILE, dest="/etc/hostname", content=hostname, readonly=True, merge=False,
+                     stage=Stage.SYSTEM_FILES)
+
+
 def passwd_line(*, user: str, uid: int, gid: int, gecos: str, home: str, shell: str) -> str:
     """The user's passwd entry, as the plan carries it (merged with the image's by `merge_passwd`)."""
     _check_fields("/etc/passwd", user=user, gecos=gecos, home=home, shell=shell)

@@ -150,6 +150,9 @@ def test_ipc_and_uts_namespaces(singpy: Singpy, image: Path) -> None:
 
 def test_hostname(singpy: Singpy, image: Path) -> None:
     assert singpy.ok("exec", "--hostname", "box42", str(image), "hostname").strip() == "box42"
+    # and in /etc/hostname, as Apptainer binds it (addHostnameMount): the busybox image has none of its own
+    assert singpy.ok("exec", "--hostname", "box42", str(image), "cat", "/etc/hostname") == "box42\n"
+    assert not (image / "etc" / "hostname").exists()
     assert os.uname().nodename != "box42"
 
 
