@@ -6,8 +6,10 @@ root filesystem, and, in SIFs it builds, as objects beside the partition
 `{"data": {"attributes": {...}}, "type": "container"}`, a Deffile object,
 and in Singularity 3.4-3.5 images a Labels object). The objects are read
 without touching the partition; only what they lack is read from the root
-filesystem, by unpacking /.singularity.d alone into a temporary directory
-(no mount, so this works unprivileged and for any architecture).
+filesystem, by unpacking the files of /.singularity.d that are read, and
+nothing else, into a temporary directory (no mount, so this works
+unprivileged and for any architecture; singpy.image.squashpick lists the
+image first: a huge file or a link to a directory is never unpacked).
 
 The image is untrusted input: its files are read through the one door
 (singpy.mounts.rootpath), so a link is resolved inside the image and a
@@ -120,11 +122,13 @@ def _environment(value: Any, where: str) -> dict[str, str]:
 META, _ENV = SINGULARITY_D, ENV_DIR
 
 
-def read_tree(root: str) -> dict[str, Any]:
-    """Metadata from the /.singularity.d of image root `root` (missing files are left out)."""
+def read_tree(root: str, left_out: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Metadata from the /.singularity.d of image root `root` (missing files are left out; `left_out`: why
+    the files of a partial copy were not unpacked, guest path -> reason, as singpy.image.squashpick notes)."""
+    notes = left_out or {}
     with Tree(root) as image:
         attributes: dict[str, Any] = {}
-        labels = _read(image, f"{META}/labels.json")
+        labels = _read(image, f"{META}/labels.json", notes)
         if labels is not None:
             try:
                 attributes["labels"] = _labels(json.loads(labels), f"the image's {META}/labels.json")
@@ -133,12 +137,12 @@ def read_tree(root: str) -> dict[str, Any]:
             except ImageError as error:
                 console.warning(f"{error.message}: labels left out")
         for field, name in _FILES.items():
-            text = _read(image, f"{META}/{name}")
+            text = _read(image, f"{META}/{name}", notes)
             if text is not None:
                 attributes[field] = text.decode(errors="replace")
         environment = {}
-        for guest in _env_scripts(image):
-            text = _read(image, guest)
+        for guest in _env_scripts(image, notes):
+            text = _read(image, guest, notes)
             if text is not None:
                 environment[guest] = text.decode(errors="replace")
         if environment:
@@ -148,27 +152,53 @@ def read_tree(root: str) -> dict[str, Any]:
 
 def _wanted(image: Tree) -> list[str]:
     """Every file of /.singularity.d that metadata is read from."""
-    return [f"{META}/labels.json", *(f"{META}/{name}" for name in _FILES.values()), *_env_scripts(image)]
+    return [f"{META}/labels.json", *(f"{META}/{name}" for name in _FILES.values()), *_env_scripts(image, {})]
 
 
-def _env_scripts(image: Tree) -> list[str]:
+def _is_read(path: str) -> bool:
+    """Whether inspect reads guest `path` of /.singularity.d (or needs it to reach those it reads)."""
+    directory, name = path.rsplit("/", 1)
+    if path in (META, _ENV) or directory == _ENV and name.endswith(".sh"):
+        return True
+    return directory == META and (name == "labels.json" or name in _FILES.values())
+
+
+def _env_scripts(image: Tree, notes: Mapping[str, str]) -> list[str]:
     try:
-        return [f"{_ENV}/{name}" for name in sorted(image.listdir(_ENV)) if name.endswith(".sh")]
+        names = {*image.listdir(_ENV), *_noted_names(notes, _ENV)}  # those left out too, to say so
     except PathError as error:
         console.warning(f"can't read the image's {_ENV}: {error.message}")
         return []
+    return [f"{_ENV}/{name}" for name in sorted(names) if name.endswith(".sh")]
 
 
-def _read(image: Tree, guest: str) -> bytes | None:
-    """A metadata file of the image, or None (with a warning when a link or a special file is in the way)."""
+def _noted_names(notes: Mapping[str, str], directory: str) -> list[str]:
+    if not notes:  # a tree that is the image itself (a sandbox, a build's): nothing was left out
+        return []
+    from singpy.image.squashpick import noted_names
+
+    return noted_names(notes, directory)
+
+
+def _read(image: Tree, guest: str, notes: Mapping[str, str]) -> bytes | None:
+    """A metadata file of the image, or None (with a warning when a link or a special file is in the way, or
+    `notes` say why it was not unpacked)."""
     try:
         data = image.read(guest, limit=_MAX_OBJECT)
     except PathError as error:
         console.warning(f"left out the image's {guest}: {error.message}")
         return None
-    if data is None and (target := _dangling(image, guest)) is not None:
+    if data is not None:
+        return data
+    if notes:
+        from singpy.image.squashpick import left_out
+
+        if (why := left_out(image, guest, notes)) is not None:
+            console.warning(f"left out the image's {guest}: {why}")
+            return None
+    if (target := _dangling(image, guest)) is not None:
         console.warning(f"left out the image's {guest}: it is a link to {target}, which is not in the image")
-    return data
+    return None
 
 
 def _dangling(image: Tree, guest: str) -> str | None:
@@ -180,31 +210,29 @@ def _dangling(image: Tree, guest: str) -> str | None:
 
 
 def _from_partition(image: ImageSpec, env: Mapping[str, str]) -> dict[str, Any]:
-    """Metadata read from the squashfs: /.singularity.d unpacked alone, then what its links lead to."""
+    """Metadata read from the squashfs: the files of /.singularity.d that are read, then what their links lead to."""
     import tempfile
 
     from singpy.image import cache, tools
     from singpy.image.detect import sif_partition
+    from singpy.image.squashpick import Picker
 
     part = sif_partition(image.path, check_arch=False) if image.kind == "sif" else image
     unsquashfs = tools.require_tool("unsquashfs", env, "read the metadata of a squashfs image")
     scratch = tempfile.mkdtemp(prefix="singpy-inspect-")
     try:
-        tree = f"{scratch}/root"
-        # Like the cache's extraction, minus /dev: only /.singularity.d is wanted here.
-        options = ["-o", str(part.offset), "-d", tree, "-no-xattrs", "-no-wildcards", "-q"]
-        tools.run_tool([unsquashfs, *options, part.path, META.lstrip("/")], label="Reading metadata",
-                       failure=f"can't read the metadata of {image.path}")
+        picker = Picker(unsquashfs, part, f"{scratch}/root", limit=_MAX_OBJECT, label="Reading metadata",
+                        failure=f"can't read the metadata of {image.path}")
+        picker.fetch(picker.survey(META, _is_read))
         tried: set[str] = set()
         for _ in range(_LINK_ROUNDS):  # a link to a link: one more file each round
-            with Tree(tree) as unpacked:
+            with Tree(picker.tree) as unpacked:
                 targets = {target for guest in _wanted(unpacked) if (target := _dangling(unpacked, guest))}
             if not targets - tried:
                 break
+            # Each listed alone first: a target that is a directory (`runscript -> /usr`) is never unpacked.
+            picker.fetch(picker.find(sorted(targets - tried)))
             tried |= targets
-            # Missing names are skipped by unsquashfs: what is not in the image stays missing.
-            tools.run_tool([unsquashfs, *options, "-f", part.path, *(path.lstrip("/") for path in sorted(targets))],
-                           label="Reading metadata", failure=f"can't read the metadata of {image.path}")
-        return read_tree(tree)
+        return read_tree(picker.tree, picker.notes)
     finally:
         cache.remove_tree(scratch)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import Singpy
+from tests.conftest import Singpy, readable_by_all
 from tests.integration import test_test_runhelp as runhelp
 from tests.support.leftovers import settled, traces
 
@@ -55,3 +55,21 @@ def test_list_apps_json_of_a_built_image(singpy: Singpy, built_sif: Path) -> Non
     assert "echo tool tested" in tool["test"] and "test" not in other
     assert tool["labels"]["SCIF_APP_NAME"] == "tool"  # %applabels-less apps still carry their name label
     assert all(path.startswith("/scif/apps/tool/scif/env/") for path in tool.get("environment", {}))
+
+
+def test_an_app_labels_json_nested_too_deeply_is_left_out_with_a_warning(singpy: Singpy, workdir: Path) -> None:
+    """`[` 100000 deep makes json's scanner raise RecursionError: a warning, as for any labels.json not JSON."""
+    root = workdir / "deep-app-labels"
+    if not root.exists():
+        scif = root / "scif" / "apps" / "a" / "scif"
+        scif.mkdir(parents=True)
+        (root / "usr").mkdir()  # a container image: a directory with usr/
+        (scif / "labels.json").write_text("[" * 100_000)
+        (scif / "runscript.help").write_text("Help of a.\n")
+        readable_by_all(root)
+    for args in (("--all",), ("--list-apps", "--json")):
+        result = singpy.run("inspect", *args, str(root))
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert result.stderr == "WARNING: Unable to parse labels of /scif/apps/a/scif/labels.json: nested too " \
+                                "deeply\n"
+        assert json.loads(result.stdout)["data"]["attributes"]["apps"] == {"a": {"helpfile": "Help of a."}}
