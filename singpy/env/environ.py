@@ -11,11 +11,18 @@ Precedence, lowest first (Apptainer's action script and its docs,
 4. PATH rules: `..ENV_PREPEND_PATH`, `..ENV_APPEND_PATH`, then `..ENV_PATH`,
    each evaluated like an injected value, so `$PATH` in them is the image's;
 5. LD_LIBRARY_PATH always ends with /.singularity.d/libs (where --nv/--rocm
-   put the host's GPU libraries), then with /.singularity.d/libs32 when that
-   directory has entries in the container (--compat32's 32-bit builds; the
-   loader skips a library of the wrong class). As Apptainer's action script,
-   this looks at the container, not at the launch's own flags: a command
-   joining an instance started with --compat32 gets it too;
+   put the host's GPU libraries). When that is all it holds, and the directory
+   has entries (or is missing: Apptainer tests `[ "$(cd DIR && echo *)" = "*" ]`)
+   or PREPEND_LD_LIBRARY_PATH / APPEND_LD_LIBRARY_PATH is set, the container's
+   default library directories go first (`/sbin/ldconfig -Nv | /bin/sed ...`,
+   Apptainer 1.5), so that its own libraries win over the host's. Then
+   /.singularity.d/libs32 when that directory has entries in the container
+   (--compat32's 32-bit builds; the loader skips a library of the wrong
+   class); last, PREPEND_LD_LIBRARY_PATH and APPEND_LD_LIBRARY_PATH, ordinary
+   variables set by the image or injected, are put at either end. As
+   Apptainer's action script, this looks at the container, not at the
+   launch's own flags: a command joining an instance started with --compat32
+   gets it too;
 6. host variables, only where nothing above set the same name (skipped with
    --cleanenv, except TERM and the proxy variables). PATH, LD_LIBRARY_PATH and
    the launcher's own SINGULARITY_/APPTAINER_/SINGPY_ variables never pass;
@@ -116,9 +123,10 @@ def split_path_rules(injected: dict[str, str]) -> tuple[dict[str, str], dict[str
 
 
 def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None, *,
-              libs32: str = LIBS32_DIR) -> dict[str, str]:
+              libs: str = LIBS_DIR, libs32: str = LIBS32_DIR, run_ldconfig: bool = True) -> dict[str, str]:
     """Steps 1-6 in Python, for an image whose env scripts set `image_env` (often nothing); run in the container,
-    where `libs32` is looked at (step 5)."""
+    where `libs` and `libs32` are looked at (step 5). Without `run_ldconfig` (a --security filter, applied at
+    the exec: the image's ldconfig would run before it) the container's default directories are not asked."""
     env = dict(plan.base)
     env.update(image_env or {})
     env.update(plan.injected)
@@ -128,12 +136,79 @@ def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None, *,
     if plan.append_path:
         path = f"{path}:{plan.append_path}"
     env["PATH"] = plan.path or path
-    env["LD_LIBRARY_PATH"] = with_libs_dir(env.get("LD_LIBRARY_PATH", ""), libs32 if has_entries(libs32) else "")
+    env["LD_LIBRARY_PATH"] = library_path(env, libs, libs32, run_ldconfig=run_ldconfig)
     for key, value in plan.host:
         env.setdefault(key, value)
     if plan.shell:
         env["SHELL"] = plan.shell
     return env
+
+
+def library_path(env: Mapping[str, str], libs: str, libs32: str, *, run_ldconfig: bool = True) -> str:
+    """Step 5: the LD_LIBRARY_PATH of `env` (image and injected), as ACTION_SCRIPT makes it."""
+    prepend, append = env.get("PREPEND_LD_LIBRARY_PATH", ""), env.get("APPEND_LD_LIBRARY_PATH", "")
+    value = with_libs_dir(env.get("LD_LIBRARY_PATH", ""))
+    if value == LIBS_DIR and (prepend or append or not _looks_empty(libs)):
+        dirs = ldconfig_dirs() if run_ldconfig else ""
+        value = f"{dirs}:{value}" if dirs else value
+    value = with_libs_dir(value, libs32 if has_entries(libs32) else "")
+    value = f"{prepend}:{value}" if prepend else value
+    return f"{value}:{append}" if append else value
+
+
+def _looks_empty(directory: str) -> bool:
+    """Apptainer's `[ "$(cd DIR 2>/dev/null && echo *)" = "*" ]`: a directory without visible entries (a missing
+    one is not: `cd` fails and prints nothing)."""
+    import os  # loaded by the interpreter already: no cost
+
+    return os.path.isdir(directory) and not has_entries(directory)
+
+
+def ldconfig_dirs() -> str:
+    """The container's library directories, colon-separated, as Apptainer's action script finds them:
+    `$( (/sbin/ldconfig -Nv | /bin/sed '/^\\t/d;s/:.*//') 2>/dev/null )`, joined by `echo` (blanks split).
+
+    Run in the container, in the payload's process (no shell: an image without
+    /bin/sh). Apptainer's pipeline prints nothing without /bin/sed, or with a
+    musl ldconfig (none, or silent): nor does this. sed's part is done here.
+    """
+    import os
+
+    if not os.access("/bin/sed", os.X_OK):
+        return ""
+    output = _run_for_output("/sbin/ldconfig", "-Nv")
+    words = []
+    for line in output.splitlines():
+        if not line.startswith("\t"):  # sed: /^\t/d (a library's line), then s/:.*// (the " (from ...)" part)
+            words += [word for word in line.partition(":")[0].replace("\t", " ").split(" ") if word]
+    return ":".join(words)
+
+
+def _run_for_output(*argv: str) -> str:
+    """The standard output of `argv` (its errors go nowhere, as ACTION_SCRIPT's `2>&-`); "" when it can't run."""
+    import os
+
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:  # no process to spare: nothing found, as a failed pipeline finds nothing
+        os.close(read_end)
+        os.close(write_end)
+        return ""
+    if pid == 0:  # the child: only os calls, then exec or _exit (nothing of the parent's may run twice)
+        try:
+            os.dup2(write_end, 1)
+            os.close(2)
+            os.execv(argv[0], list(argv))
+        finally:
+            os._exit(127)
+    os.close(write_end)
+    chunks = []
+    with open(read_end, "rb") as pipe:
+        while chunk := pipe.read(65536):
+            chunks.append(chunk)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode(errors="surrogateescape")
 
 
 def with_libs_dir(value: str, libs32: str = "") -> str:
@@ -237,11 +312,14 @@ def shell_env(plan: EnvPlan, env_scripts: tuple[str, ...] = ()) -> dict[str, str
 # list checked in the image, read with globbing off (`set -f`) so a name stays one word.
 # After an OCI image's env script (10-docker2singularity.sh), the parts of the default PATH
 # its PATH lacks are appended, as Apptainer's action script does (`fixpath`).
+# The script's own lists are split on spaces whatever IFS an env script or an injected IFS
+# left: that IFS is kept aside (x and its value; empty: unset) and given back before the
+# exec; the host's IFS passes like any host variable, where neither set one.
 ACTION_SCRIPT = r"""
 [ -z "$__SINGPY_TIMER" ] || trap 'exit 255' USR1
 unset __SINGPY_TIMER
 for __n in $__SINGPY_HOST; do
-    unset $__n 2>&-
+    unset "$__n" 2>&-
 done
 set -f
 for __f in $__SINGPY_ENV_SCRIPTS; do
@@ -255,6 +333,9 @@ for __f in $__SINGPY_ENV_SCRIPTS; do
     esac
 done
 set +f
+__SINGPY_IFS=
+[ -z "${IFS+x}" ] || __SINGPY_IFS=x$IFS
+IFS=' '
 __singpy_value() {  # __v := the value held by variable $2, evaluated unless --no-eval; $1 names it
     eval "__v=\${$2}"
     [ -n "$__SINGPY_EVAL" ] || return 0
@@ -265,10 +346,11 @@ __singpy_value() {  # __v := the value held by variable $2, evaluated unless --n
     __v=${__v%.}
 }
 for __n in $__SINGPY_INJECT; do
-    __singpy_value $__n __SINGPY_I_$__n
+    __singpy_value "$__n" "__SINGPY_I_$__n"
     eval "export $__n=\"\$__v\""
-    unset __SINGPY_I_$__n
+    unset "__SINGPY_I_$__n"
 done
+case " $__SINGPY_INJECT " in *" IFS "*) __SINGPY_IFS=x$IFS; IFS=' ' ;; esac
 # The PATH rules: all three evaluated against the image's PATH before any applies, as Apptainer does.
 __v=
 [ -z "$__SINGPY_PREPEND" ] || __singpy_value PREPEND_PATH __SINGPY_PREPEND
@@ -288,19 +370,38 @@ case ":$LD_LIBRARY_PATH:" in
     ::) LD_LIBRARY_PATH=@LIBS_DIR@ ;;
     *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:@LIBS_DIR@" ;;
 esac
+if [ "$LD_LIBRARY_PATH" = @LIBS_DIR@ ]; then  # Apptainer 1.5's set_default_ld_library_path (module docstring)
+    __v=$PREPEND_LD_LIBRARY_PATH$APPEND_LD_LIBRARY_PATH
+    [ -d @LIBS_DIR@/ ] || __v=1  # (the directory looked at is always written "@LIBS_DIR@/": tests replace it)
+    for __f in @LIBS_DIR@/*; do [ -e "$__f" ] || [ -L "$__f" ] && __v=1; break; done
+    if [ -n "$__v" ]; then
+        __v=$( (/sbin/ldconfig -Nv | /bin/sed '/^\t/d;s/:.*//') 2>&-)
+        __n=
+        unset IFS  # split at blanks, as Apptainer's `echo $__dirs__`
+        set -f
+        for __f in $__v; do __n=$__n$__f:; done
+        set +f
+        IFS=' '
+        LD_LIBRARY_PATH=$__n$LD_LIBRARY_PATH
+    fi
+fi
 for __f in @LIBS32_DIR@/*; do  # an entry (not the unmatched pattern): --compat32's directory ends it too
     [ -e "$__f" ] || [ -L "$__f" ] || break
     case ":$LD_LIBRARY_PATH:" in *:@LIBS32_DIR@:*) ;; *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:@LIBS32_DIR@" ;; esac
     break
 done
+[ -z "$PREPEND_LD_LIBRARY_PATH" ] || LD_LIBRARY_PATH=$PREPEND_LD_LIBRARY_PATH:$LD_LIBRARY_PATH
+[ -z "$APPEND_LD_LIBRARY_PATH" ] || LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$APPEND_LD_LIBRARY_PATH
 export LD_LIBRARY_PATH
+case $__SINGPY_IFS in x*) ;; *) unset IFS ;; esac  # set by neither: the host's may pass below
 for __n in $__SINGPY_HOST; do
     eval "[ -n \"\${$__n+x}\" ] || export $__n=\"\${__SINGPY_H_$__n}\"; unset __SINGPY_H_$__n"
 done
+case $__SINGPY_IFS in x*) IFS=${__SINGPY_IFS#x} ;; esac
 [ -z "$__SINGPY_SHELL" ] || export SHELL="$__SINGPY_SHELL"
 unset -f __singpy_value
 unset __f __n __v __SINGPY_ENV_SCRIPTS __SINGPY_INJECT __SINGPY_EVAL __SINGPY_HOST __SINGPY_PREPEND \
-    __SINGPY_APPEND __SINGPY_PATH __SINGPY_SHELL
+    __SINGPY_APPEND __SINGPY_PATH __SINGPY_SHELL __SINGPY_IFS
 if ! __f=$(command -v "$1" 2>&-); then
     echo "FATAL:   \"$1\": executable file not found in \$PATH" >&2
     exit 255

@@ -112,7 +112,7 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
         console.debug("environment through /bin/sh: the image's env scripts, or values to evaluate")
         _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(env_plan, scripts.env),
                 process.security, go_pipe=process.go_pipe)
-    env = final_env(env_plan)
+    env = final_env(env_plan, run_ldconfig=process.security is None)  # no image program before the filter
     _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env, process.security, go_pipe=process.go_pipe)
 
 

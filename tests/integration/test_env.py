@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,95 @@ def test_home_is_the_container_home_on_both_paths(singpy: Singpy, any_image: Pat
     custom.chmod(0o777)
     env = env_inside(singpy, any_image, "-H", f"{custom}:/home/elsewhere")
     assert env["HOME"] == "/home/elsewhere"
+
+
+# --- IFS: the image's or the user's, never the action script's undoing ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ifs_images(workdir: Path) -> dict[str, Path]:
+    """Images whose env script leaves IFS=: behind, unexported (the shell's alone) or exported."""
+    from tests.support.images import build_busybox_rootfs
+
+    return {export: build_busybox_rootfs(workdir / f"busybox-ifs-{export or 'kept'}", env_scripts={
+        "90-environment.sh": f"export FROMIMG=1\n{export}IFS=:\n"}) for export in ("", "export ")}
+
+
+def test_ifs_left_by_an_env_script(singpy: Singpy, ifs_images: dict[str, Path]) -> None:
+    """Splitting the script's own lists at ':' made them one word, and the shell died (exit 2, no FATAL)."""
+    env = env_inside(singpy, ifs_images[""], "--env", "A=1,B=2", HOSTVAR="from host")
+    assert (env["FROMIMG"], env["A"], env["B"], env["HOSTVAR"]) == ("1", "1", "2", "from host")
+    assert "IFS" not in env  # the image's shell variable, not exported by it: as the image says
+    env = env_inside(singpy, ifs_images["export "], "--env", "A=1,B=2", HOSTVAR="from host")
+    assert (env["IFS"], env["FROMIMG"], env["A"], env["B"], env["HOSTVAR"]) == (":", "1", "1", "2", "from host")
+
+
+def test_ifs_injected(singpy: Singpy, any_image: Path) -> None:
+    """`--env IFS=:` with host variables passing: the script's lists split at ':' (and at '_': names) no more."""
+    for ifs in (":", "_"):
+        env = env_inside(singpy, any_image, "--env", f"IFS={ifs},MY_VAR=v", HOST_VAR="from host")
+        assert (env["IFS"], env["MY_VAR"], env["HOST_VAR"]) == (ifs, "v", "from host")
+
+
+# --- Apptainer 1.5's PREPEND_LD_LIBRARY_PATH / APPEND_LD_LIBRARY_PATH and ldconfig's directories ---------------
+
+LIBS = "/.singularity.d/libs"
+
+
+def test_prepend_and_append_ld_library_path(singpy: Singpy, any_image: Path) -> None:
+    """busybox has no ldconfig: nothing goes before /.singularity.d/libs (Apptainer: "only glibc's ldconfig")."""
+    env = env_inside(singpy, any_image, "--env", "PREPEND_LD_LIBRARY_PATH=/foo",
+                     "--env", "APPEND_LD_LIBRARY_PATH=/bar")
+    assert env["LD_LIBRARY_PATH"] == f"/foo:{LIBS}:/bar"
+    assert (env["PREPEND_LD_LIBRARY_PATH"], env["APPEND_LD_LIBRARY_PATH"]) == ("/foo", "/bar")  # still set, as there
+    env = env_inside(singpy, any_image, APPTAINERENV_PREPEND_LD_LIBRARY_PATH="/foo",
+                     SINGULARITYENV_LD_LIBRARY_PATH="/x")
+    assert env["LD_LIBRARY_PATH"] == f"/foo:/x:{LIBS}"
+
+
+@pytest.fixture(scope="module", params=["plain", "with-env-scripts"])
+def glibc_image(request: pytest.FixtureRequest, workdir: Path) -> Path:
+    """busybox plus the host's glibc ldconfig (static) and an ld.so.conf naming /opt/lib and /opt/lib64."""
+    from tests.support.images import build_busybox_rootfs
+
+    if not os.access("/sbin/ldconfig", os.X_OK):
+        pytest.skip("no glibc ldconfig on this host")
+    scripts = {"90-environment.sh": "export FROMIMG=1\n"} if request.param != "plain" else None
+    root = build_busybox_rootfs(workdir / f"busybox-ldconfig-{request.param}", env_scripts=scripts)
+    shutil.copy2("/sbin/ldconfig", root / "sbin" / "ldconfig")
+    (root / "etc" / "ld.so.conf").write_text("/opt/lib\n/opt/lib64\n")
+    for name in ("lib", "lib64"):
+        (root / "opt" / name).mkdir(exist_ok=True)
+    return root
+
+
+def test_ldconfig_directories_go_before_the_gpu_libraries(singpy: Singpy, glibc_image: Path, workdir: Path) -> None:
+    """Apptainer 1.5: LD_LIBRARY_PATH only /.singularity.d/libs, and that directory has entries (--nv's libraries;
+    here a bind) or a PREPEND/APPEND rule is set: the container's own library directories are searched first."""
+    library = workdir / "libfake.so.1"
+    library.write_text("not really a library\n")
+    library.chmod(0o644)
+    assert env_inside(singpy, glibc_image)["LD_LIBRARY_PATH"] == LIBS
+    env = env_inside(singpy, glibc_image, "-B", f"{library}:{LIBS}/libfake.so.1")
+    assert env["LD_LIBRARY_PATH"] == f"/opt/lib:/opt/lib64:{LIBS}"
+    env = env_inside(singpy, glibc_image, "--env", "PREPEND_LD_LIBRARY_PATH=/foo",
+                     "--env", "APPEND_LD_LIBRARY_PATH=/bar")
+    assert env["LD_LIBRARY_PATH"] == f"/foo:/opt/lib:/opt/lib64:{LIBS}:/bar"
+    env = env_inside(singpy, glibc_image, "-B", f"{library}:{LIBS}/libfake.so.1", "--env", "LD_LIBRARY_PATH=/x")
+    assert env["LD_LIBRARY_PATH"] == f"/x:{LIBS}"  # a path of the user's own: left as it is
+
+
+# --- --env / --env-file: the names injection may not set ----------------------------------------------------------
+
+
+def test_env_flags_cannot_set_protected_names(singpy: Singpy, any_image: Path, workdir: Path) -> None:
+    env_file = workdir / f"envfile-protected-{singpy.profile}"
+    env_file.write_text("SINGULARITY_SHELL=/bin/evil\nKEPT=yes\n")
+    result = singpy.run("exec", "--env", "APPTAINER_APPNAME=evil", "--env-file", str(env_file), str(any_image), "env")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        "WARNING: overriding SINGULARITY_SHELL environment variable with --env-file is not permitted",
+        "WARNING: overriding APPTAINER_APPNAME environment variable with --env is not permitted"]
+    env = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    assert "APPTAINER_APPNAME" not in env and "SINGULARITY_SHELL" not in env
+    assert env["KEPT"] == "yes"

@@ -17,6 +17,7 @@ from singpy.env.environ import (
     final_env,
     host_passthrough,
     injected_from_host,
+    ldconfig_dirs,
     looks_secret,
     needs_shell,
     parse_env_option,
@@ -191,14 +192,71 @@ BASE = (("HOME", "/home/u"), ("PATH", DEFAULT_PATH), ("PS1", "Singpy> "))
          "path-replaces", "prepend-default-path", "ld-library-path-appended", "libs-dir-once",
          "libs-dir-prefix-is-not-it", "host-only-where-unset"],
 )
-def test_final_env(plan: EnvPlan, image_env: dict[str, str] | None, expected: dict[str, str]) -> None:
-    assert final_env(plan, image_env) == expected
+def test_final_env(plan: EnvPlan, image_env: dict[str, str] | None, expected: dict[str, str],
+                   tmp_path: Path) -> None:
+    """In a container whose /.singularity.d/libs is empty, as an image's is (the host has none: ldconfig's rule)."""
+    assert final_env(plan, image_env, libs=str(tmp_path)) == expected
 
 
-def test_final_env_libs_dir_exactly_once_when_image_has_it() -> None:
-    env = final_env(EnvPlan(base=BASE, injected=()), {"LD_LIBRARY_PATH": f"{LIBS_DIR}:/img/lib"})
+def test_final_env_libs_dir_exactly_once_when_image_has_it(tmp_path: Path) -> None:
+    env = final_env(EnvPlan(base=BASE, injected=()), {"LD_LIBRARY_PATH": f"{LIBS_DIR}:/img/lib"}, libs=str(tmp_path))
     assert env["LD_LIBRARY_PATH"] == f"{LIBS_DIR}:/img/lib"
     assert env["LD_LIBRARY_PATH"].split(":").count(LIBS_DIR) == 1
+
+
+def apptainers_ldconfig_dirs() -> str:
+    """What Apptainer's action script prepends, by its own shell code (action_script.sh, set_default_ld_library_path),
+    run here: the host's directories."""
+    code = """__dirs__="$( (/sbin/ldconfig -Nv | /bin/sed '/^\\t/d;s/:.*//') 2>/dev/null )"
+__dirs__="$(echo $__dirs__)"
+printf %s "${__dirs__// /:}" """
+    return subprocess.run(["bash", "-c", code], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.skipif(not os.access("/sbin/ldconfig", os.X_OK), reason="no glibc ldconfig on this host")
+def test_ldconfig_dirs_as_apptainers_pipeline() -> None:
+    assert ldconfig_dirs() == apptainers_ldconfig_dirs() != ""
+
+
+@pytest.mark.skipif(not os.access("/sbin/ldconfig", os.X_OK), reason="no glibc ldconfig on this host")
+@pytest.mark.parametrize(
+    ("injected", "image_env", "libs_entry", "expected"),
+    [
+        ((), {}, False, LIBS_DIR),
+        ((), {}, True, "{dirs}:" + LIBS_DIR),
+        ((("PREPEND_LD_LIBRARY_PATH", "/foo"), ("APPEND_LD_LIBRARY_PATH", "/bar")), {}, False,
+         "/foo:{dirs}:" + LIBS_DIR + ":/bar"),
+        ((("APPEND_LD_LIBRARY_PATH", "/bar"),), {"PREPEND_LD_LIBRARY_PATH": "/img"}, False,
+         "/img:{dirs}:" + LIBS_DIR + ":/bar"),
+        ((("LD_LIBRARY_PATH", "/x"), ("PREPEND_LD_LIBRARY_PATH", "/foo")), {}, True, "/foo:/x:" + LIBS_DIR),
+        ((), {"LD_LIBRARY_PATH": "/img/lib"}, True, "/img/lib:" + LIBS_DIR),
+    ],
+    ids=["empty-libs", "libs-with-entries", "prepend-append", "prepend-from-image", "ld-path-set", "image-ld-path"],
+)
+def test_final_env_ld_library_path_rules(injected: tuple[tuple[str, str], ...], image_env: dict[str, str],
+                                         libs_entry: bool, expected: str, tmp_path: Path) -> None:
+    """Apptainer 1.5: ldconfig's directories before a bare /.singularity.d/libs that has entries (or with either
+    rule), then PREPEND_LD_LIBRARY_PATH / APPEND_LD_LIBRARY_PATH at the ends; the variables stay set."""
+    if libs_entry:
+        (tmp_path / "libcuda.so.1").touch()
+    env = final_env(EnvPlan(base=BASE, injected=injected), image_env, libs=str(tmp_path))
+    assert env["LD_LIBRARY_PATH"] == expected.format(dirs=apptainers_ldconfig_dirs())
+    assert {name: env[name] for name in ("PREPEND_LD_LIBRARY_PATH", "APPEND_LD_LIBRARY_PATH") if name in env} == {
+        name: value for name, value in [*image_env.items(), *injected] if name.endswith("END_LD_LIBRARY_PATH")}
+
+
+def test_final_env_missing_libs_dir_counts_as_not_empty(tmp_path: Path) -> None:
+    """Apptainer's test is `[ "$(cd DIR 2>/dev/null && echo *)" = "*" ]`: a missing directory prints nothing."""
+    env = final_env(EnvPlan(base=BASE, injected=()), libs=str(tmp_path / "missing"))
+    assert env["LD_LIBRARY_PATH"] == (f"{ldconfig_dirs()}:{LIBS_DIR}" if ldconfig_dirs() else LIBS_DIR)
+
+
+def test_final_env_runs_no_ldconfig_under_a_security_filter(tmp_path: Path) -> None:
+    """With --security the filter is applied at the exec: the image's ldconfig would run before it, unconfined."""
+    (tmp_path / "libcuda.so.1").touch()
+    plan = EnvPlan(base=BASE, injected=(("PREPEND_LD_LIBRARY_PATH", "/p"),))
+    env = final_env(plan, libs=str(tmp_path), run_ldconfig=False)
+    assert env["LD_LIBRARY_PATH"] == f"/p:{LIBS_DIR}"
 
 
 # --- parse_env_option ---------------------------------------------------------------------------------------------
@@ -320,6 +378,30 @@ EQUIVALENCE_CASES = [
                     ("INJ_3", "host loses"), ("HOSTALL", NASTY_VALUE))),
         {"50-nasty.sh": "export FROM_SCRIPT='it'\"'\"'s $HOME'\n"}, {"FROM_SCRIPT": "it's $HOME"},
         id="values-never-evaluated"),
+    # IFS left by an env script or injected: the script's own lists still split on spaces, and the IFS set is kept.
+    pytest.param(EnvPlan(base=PLANNER_BASE, injected=(("A", "1"), ("B", "2")),
+                         host=(("TERM", "xterm"), ("HOSTVAR", "h"))),
+                 {"90-environment.sh": "export FROMIMG=1\nIFS=:\n"}, {"FROMIMG": "1"}, id="ifs-left-by-image"),
+    pytest.param(EnvPlan(base=PLANNER_BASE, injected=(("A", "1"), ("B", "2")),
+                         host=(("TERM", "xterm"), ("HOSTVAR", "h"))),
+                 {"90-environment.sh": "export IFS=:\n"}, {"IFS": ":"}, id="ifs-exported-by-image"),
+    pytest.param(EnvPlan(base=PLANNER_BASE, injected=(("A", "1"), ("IFS", ":"), ("B", "2")),
+                         host=(("TERM", "xterm"), ("HOSTVAR", "h"), ("IFS", "host"))),
+                 {}, {}, id="ifs-injected"),
+    pytest.param(EnvPlan(base=PLANNER_BASE, injected=(("IFS", "_"), ("MY_VAR", "v")), host=(("HOST_VAR", "h"),),
+                         prepend_path="/pre_x"),
+                 {"90-environment.sh": "export IMG_VAR=i\n"}, {"IMG_VAR": "i"}, id="ifs-injected-splits-names"),
+    pytest.param(EnvPlan(base=PLANNER_BASE, injected=(("A", "1"),), host=(("IFS", ":"), ("HOSTVAR", "h"))),
+                 {}, {}, id="ifs-from-host"),
+    pytest.param(EnvPlan(base=PLANNER_BASE, injected=(("A", "1"),), host=(("HOSTVAR", "h"),)),
+                 {"90-environment.sh": "unset IFS\n"}, {}, id="ifs-unset-by-image"),
+    # Apptainer 1.5's LD_LIBRARY_PATH rules (this host has no /.singularity.d/libs: ldconfig's directories go first)
+    pytest.param(EnvPlan(base=PLANNER_BASE, injected=(("PREPEND_LD_LIBRARY_PATH", "/foo"),
+                                                       ("APPEND_LD_LIBRARY_PATH", "/bar"))),
+                 {}, {}, id="ld-prepend-append"),
+    pytest.param(EnvPlan(base=PLANNER_BASE, injected=(("LD_LIBRARY_PATH", "/x"), ("APPEND_LD_LIBRARY_PATH", "/b"))),
+                 {"90-environment.sh": "export PREPEND_LD_LIBRARY_PATH=/img\n"}, {"PREPEND_LD_LIBRARY_PATH": "/img"},
+                 id="ld-prepend-from-image"),
 ]
 
 
@@ -517,3 +599,25 @@ def test_shell_variable_is_set_last_on_both_paths(shell: tuple[str, ...], tmp_pa
     assert run_action_script(shell, plan, tmp_path / "env", tmp_path)["SHELL"] == "/bin/ash"
     assert final_env(plan, {"SHELL": "/image"})["SHELL"] == "/bin/ash"
     assert final_env(plan.replace(shell=""))["SHELL"] == "/injected"
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(("entries", "injected"), [
+    ([], ()), (["libcuda.so.1"], ()), ([".hidden"], ()), ([], (("APPEND_LD_LIBRARY_PATH", "/bar"),)),
+    (["libcuda.so.1"], (("LD_LIBRARY_PATH", "/mine"),)),
+], ids=["empty", "entry", "dot-only", "append-rule", "own-path"])
+def test_ldconfig_rule_same_in_the_action_script(shell: tuple[str, ...], entries: list[str],
+                                                 injected: tuple[tuple[str, str], ...], tmp_path: Path) -> None:
+    """The container's /.singularity.d/libs (a directory of the test's in its place) looked at alike on both paths."""
+    if not os.path.exists(shell[0]):
+        pytest.skip(f"{shell[0]} is not installed")
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    for name in entries:
+        (libs / name).touch()
+    plan = EnvPlan(base=BASE, injected=injected)
+    script = ACTION_SCRIPT.replace(f"{LIBS_DIR}/", f"{libs}/")
+    shown = subprocess.run([*shell, "-c", script, "singpy", "/usr/bin/env", "-0"], env=shell_env(plan),
+                           capture_output=True, text=True, check=True).stdout
+    got = dict(entry.partition("=")[::2] for entry in shown.split("\0")[:-1])
+    assert got["LD_LIBRARY_PATH"] == final_env(plan, libs=str(libs))["LD_LIBRARY_PATH"]

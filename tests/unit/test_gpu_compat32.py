@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from singpy.config.liblist import load_liblist
-from singpy.constants import LIBS32_DIR
+from singpy.constants import LIBS32_DIR, LIBS_DIR
 from singpy.env.environ import ACTION_SCRIPT, EnvPlan, final_env, shell_env
 from singpy.errors import GpuError
 from singpy.gpu import GpuHost
@@ -110,11 +110,14 @@ def test_ld_library_path_in_python_and_in_the_action_script(tmp_path: Path, imag
             (libs32 / name).touch()
     image_value, expected = image_value.format(libs32=libs32), expected.format(libs32=libs32)
     plan = EnvPlan(base=BASE, injected=())
-    env = final_env(plan, {"LD_LIBRARY_PATH": image_value} if image_value else None, libs32=str(libs32))
+    libs = tmp_path / "libs"  # an image's empty /.singularity.d/libs (not the host's missing one: ldconfig's rule)
+    libs.mkdir()
+    env = final_env(plan, {"LD_LIBRARY_PATH": image_value} if image_value else None, libs=str(libs),
+                    libs32=str(libs32))
     assert env["LD_LIBRARY_PATH"] == expected
     # injected, the value is set before the script's LD_LIBRARY_PATH step, as an image's env script sets it
     shell = shell_env(plan.replace(injected=(("LD_LIBRARY_PATH", image_value),) if image_value else ()))
-    script = ACTION_SCRIPT.replace(LIBS32_DIR, str(libs32))
+    script = ACTION_SCRIPT.replace(LIBS32_DIR, str(libs32)).replace(f"{LIBS_DIR}/", f"{libs}/")
     shown = subprocess.run(["/bin/sh", "-c", script, "singpy", "sh", "-c", 'echo "$LD_LIBRARY_PATH"'],
                            env=shell, capture_output=True, text=True, check=True).stdout
     assert shown == f"{expected}\n"
