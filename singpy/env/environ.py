@@ -415,7 +415,7 @@ exec "$@"
 
 # Names whose values --dry-run does not print (without --verbose): a plan shown in a bug
 # report or a CI log must not leak an API token the host environment happened to carry.
-SECRET_MARKS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL")
+SECRET_MARKS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "CREDENTIAL")
 REDACTED = "<redacted>"
 
 
