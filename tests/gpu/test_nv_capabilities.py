@@ -252,6 +252,29 @@ def test_sif_env_read_without_mounting(cuda_sif: Path) -> None:
                          "NVIDIA_REQUIRE_CUDA": "cuda>=12.6 brand=nvidia,driver>=550,driver<551"}
 
 
+def test_sif_env_hints_never_unpack_what_they_do_not_read(workdir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1 MB image whose env/00-junk is 300 MB of one byte: all of env/ was unpacked into TMPDIR (here, with
+    files bounded to 32 MiB, the unpacking died before the scripts and the image's CUDA_VERSION was lost)."""
+    import resource
+    import subprocess
+
+    root = env_image(workdir, CUDA_VERSION="12.6.3")
+    squashfs = tmp_path / "bomb.squashfs"
+    junk = "/.singularity.d/env/00-junk f 644 0 0 head -c 300000000 /dev/zero"
+    subprocess.run(["mksquashfs", str(root), str(squashfs), "-noappend", "-all-root", "-quiet", "-no-progress",
+                    "-p", junk], check=True, stdout=subprocess.DEVNULL)
+    assert squashfs.stat().st_size < 4 << 20
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (32 << 20, hard))
+    try:
+        hints = squashfs_hints(detect(str(squashfs)), {"PATH": "/usr/bin:/bin:/usr/sbin"})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert hints.env == {"CUDA_VERSION": "12.6.3"}
+
+
 def test_unmet_requirement_of_a_sif_is_one_fatal(nv: DriverRun, workdir: Path) -> None:
     out = workdir / f"nv-require-{nv.runner.profile}.sif"
     if not out.exists():
