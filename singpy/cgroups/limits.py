@@ -23,9 +23,10 @@ _I64 = (-(1 << 63), 1 << 63)
 _CPU_LIST = re.compile(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*")  # cpuset lists: 0-3,7
 _PAGE_SIZE = re.compile(r"[0-9]+[KMG]B")  # hugetlb.<size>: 2MB, 1GB
 _NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # an interface or RDMA device name
-# A cgroup v2 controller file: no path, no dot-dot, and none of the core `cgroup.*` files (cgroup.procs would move
-# any process into the container's cgroup, where removing it kills it; cgroup.kill, subtree_control...).
-_UNIFIED_KEY = re.compile(r"[a-z0-9_]+\.[a-z0-9_.]+")
+_UNIFIED_KEY = re.compile(r"[a-z0-9_]+\.[a-z0-9_.]+")  # a cgroup v2 file: no path, no dot-dot
+# Of the core `cgroup.*` files, the limits only: cgroup.procs would move any process into the container's cgroup
+# (where removing it kills it); cgroup.kill, cgroup.subtree_control, cgroup.type... are not limits either.
+_CORE_LIMITS = frozenset(("cgroup.max.depth", "cgroup.max.descendants"))
 _SIZE = re.compile(r"([0-9]+(?:\.[0-9]+)?) ?([kKmMgGtTpP])?[iI]?[bB]?")  # docker's go-units RAMInBytes
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
@@ -80,6 +81,10 @@ def load_toml(path: str) -> Limits:
     return data
 
 
+def _core_file(key: str) -> bool:
+    return key.startswith("cgroup.") and key not in _CORE_LIMITS
+
+
 def check(value: object, spec: object, where: str) -> None:
     """`value` as `spec` (SCHEMA's notation) wants it; one SingpyError naming the key otherwise."""
     what = where or "the file"
@@ -99,7 +104,7 @@ def check(value: object, spec: object, where: str) -> None:
         if not isinstance(value, dict):
             raise SingpyError(f"cgroups: {what} must be a table")
         for key, item in value.items():
-            if not (_UNIFIED_KEY if where == "unified" else _NAME).fullmatch(key) or key.startswith("cgroup."):
+            if not (_UNIFIED_KEY if where == "unified" else _NAME).fullmatch(key) or _core_file(key):
                 raise SingpyError(f"cgroups: bad name {key!r} in {what}")
             check(item, spec[1], _key(where, key))
     else:
