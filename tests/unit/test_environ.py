@@ -532,7 +532,8 @@ def test_evaluation_needs_the_shell_for_backslashes() -> None:
 
 @pytest.mark.parametrize(("name", "secret"), [
     ("GITHUB_TOKEN", True), ("token", True), ("AWS_SECRET_ACCESS_KEY", True), ("DB_PASSWORD", True),
-    ("MYSQL_PASSWD", True), ("BORG_PASSPHRASE", True), ("SSH_KEY", True), ("api_key", True), ("GOOGLE_APPLICATION_CREDENTIALS", True),
+    ("MYSQL_PASSWD", True), ("BORG_PASSPHRASE", True), ("SSH_KEY", True), ("api_key", True),
+    ("GOOGLE_APPLICATION_CREDENTIALS", True),
     ("HOME", False), ("PATH", False), ("TERM", False), ("LANG", False), ("PASSAGE", False),
 ])
 def test_looks_secret(name: str, secret: bool) -> None:
