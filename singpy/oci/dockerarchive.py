@@ -20,6 +20,10 @@ DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
 DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 DOCKER_LAYER_TAR = "application/vnd.docker.image.rootfs.diff.tar"
 OCI_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+# Layers one image may list: Docker stacks at most 128 (its overlay2 driver's depth), so many more is a
+# hostile archive, whose every layer would be applied in turn (the same 4 MiB file listed 100000 times in a
+# 500 KB manifest.json: 400 GB to unpack).
+MAX_LAYERS = 1000
 
 
 def docker_manifest(files: Files, where: str, tag: str | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -67,9 +71,12 @@ def _synthesize(files: Files, where: str, image: dict[str, Any]) -> tuple[dict[s
         raise ImageError(f"{where}: the image config {image['Config']} is missing")
     config_digest = f"sha256:{hashlib.sha256(config).hexdigest()}"
     members = {config_digest: image["Config"]}
+    described: dict[str, tuple[str, int, str]] = {}  # a layer listed again is the same file: read once
     layers = []
     for name in image["Layers"]:
-        digest, size, media_type = _describe_layer(files, where, name)
+        if name not in described:
+            described[name] = _describe_layer(files, where, name)
+        digest, size, media_type = described[name]
         members[digest] = name
         layers.append({"mediaType": media_type, "size": size, "digest": digest})
     body = {"schemaVersion": 2, "mediaType": DOCKER_MANIFEST,
@@ -116,6 +123,8 @@ def _docker_image_problem(image: object) -> str | None:
     layers = image.get("Layers")
     if not isinstance(layers, list) or not all(isinstance(layer, str) and layer for layer in layers):
         return "has no list of Layers"
+    if len(layers) > MAX_LAYERS:
+        return f"lists {len(layers)} layers (singpy reads at most {MAX_LAYERS})"
     tags = image.get("RepoTags")
     if tags is not None and not (isinstance(tags, list) and all(isinstance(tag, str) for tag in tags)):
         return "has RepoTags that are not a list of names"

@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from singpy import console
 from singpy.errors import ImageError
 from singpy.oci import netpull, store
+
+if TYPE_CHECKING:  # loaded by cached_url_image
+    from singpy.oci.limits import Limits
 
 PLATFORM = "url"  # the refs/ record's platform word: a URL names one file whatever the machine
 
@@ -25,11 +29,14 @@ def cached_url_image(url: str, env: Mapping[str, str], home: str) -> str:
     """The cached image of `url`, downloaded first if the server's copy is new or unknown."""
     import hashlib
 
+    from singpy.oci.limits import Limits
+
+    limits = Limits.from_env(env)  # a bad SINGPY_PULL_* value is its own error, never taken for a server out of reach
     location = store.location(env, home)
     known = store.recall(location, _record_key(url, "*"), PLATFORM)
     known_sif = store.usable_sif(location, known["digest"]) if known else ""
     try:
-        version = _server_version(url)
+        version = _server_version(url, limits)
     except ImageError:
         if not known_sif:
             raise
@@ -42,7 +49,7 @@ def cached_url_image(url: str, env: Mapping[str, str], home: str) -> str:
     store.ensure(location, store.SIFS)
     lock = f"{location}/{store.SIFS}/.url-{hashlib.sha256(url.encode('utf-8', 'surrogateescape')).hexdigest()}.lock"
     with store.locked(lock, waiting_for=f"another singpy to finish downloading {console.escape(url)}"):
-        digest = _download(url, location)
+        digest = _download(url, location, env)
     for key in (_record_key(url, version), _record_key(url, "*")) if version else (_record_key(url, "*"),):
         store.remember(location, key, PLATFORM, top=digest, digest=digest)
     return store.sif_path(location, digest)
@@ -57,41 +64,46 @@ def _record_key(url: str, version: str) -> str:
     return "url:" + hashlib.sha256(f"{url}\n{version}".encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _server_version(url: str) -> str:
+def _server_version(url: str, limits: Limits) -> str:
     """What the server says identifies its copy: `Last-Modified`, else `ETag`, else "" (nothing)."""
+    import http.client
     import urllib.error
-    import urllib.request
 
-    request = urllib.request.Request(url, method="HEAD", headers={"User-Agent": netpull.USER_AGENT})
     try:
-        with urllib.request.urlopen(request, timeout=netpull.TIMEOUT) as response:
+        with netpull.open_url(url, "HEAD", limits) as response:
             return str(response.headers.get("Last-Modified") or response.headers.get("ETag") or "")[:200]
     except urllib.error.HTTPError as error:
         raise ImageError(f"can't get {console.escape(url)}: the server answered {error.code} "
                          f"{console.escape(str(error.reason))}") from None
     except urllib.error.URLError as error:
         raise ImageError(f"can't reach {console.escape(url)}: {console.escape(str(error.reason))}") from None
+    except http.client.HTTPException as error:  # BadStatusLine, LineTooLong...: the server does not speak HTTP
+        raise ImageError(f"can't reach {console.escape(url)}: the server's answer is not HTTP "
+                         f"({type(error).__name__}: {console.escape(str(error)[:100])})") from None
     except (OSError, ValueError) as error:
-        raise ImageError(f"can't reach {console.escape(url)}: {error}") from None
+        raise ImageError(f"can't reach {console.escape(url)}: {console.escape(str(error))}") from None
 
 
-def _download(url: str, location: str) -> str:
+def _download(url: str, location: str, env: Mapping[str, str]) -> str:
     """Download into the cache, check it is an image, store it under its sha256; returns that digest."""
     import hashlib
     import time
 
+    from singpy.image.tools import Interruptible
+
     hasher = hashlib.sha256()
-    temporary = netpull.download(url, f"{location}/{store.SIFS}/url.part", hasher=hasher)
-    try:
-        netpull.check_image(url, temporary)
-        digest = f"sha256:{hasher.hexdigest()}"
-        if store.usable_sif(location, digest):  # the same file under another URL or date: kept once
-            os.unlink(temporary)
-            return digest
-        sif = store.sif_path(location, digest)
-        os.replace(temporary, sif)
-    except BaseException:
-        netpull.remove(temporary)
-        raise
+    with Interruptible():  # SIGTERM, SIGHUP, SIGINT: the partial file is removed
+        temporary = netpull.download(url, f"{location}/{store.SIFS}/url.part", env=env, hasher=hasher)
+        try:
+            netpull.check_image(url, temporary)
+            digest = f"sha256:{hasher.hexdigest()}"
+            if store.usable_sif(location, digest):  # the same file under another URL or date: kept once
+                os.unlink(temporary)
+                return digest
+            sif = store.sif_path(location, digest)
+            os.replace(temporary, sif)
+        except BaseException:
+            netpull.remove(temporary)
+            raise
     store.seal_sif(sif, digest, {"source": url, "platform": PLATFORM, "created": int(time.time())})
     return digest

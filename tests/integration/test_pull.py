@@ -10,11 +10,13 @@ line that leaves nothing behind.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import signal
 import subprocess
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -401,6 +403,24 @@ def test_local_layouts_and_archives(singpy: Singpy, workdir: Path) -> None:
     for reference in (f"oci:{layout}:v1", f"oci-archive:{archive}", f"docker-archive:{saved}"):
         assert singpy.ok("run", reference, "x", env=env) == "tool ran x\n", reference
     assert singpy.ok("exec", f"oci:{layout}:multi", "cat", "/etc/platform-marker", env=env) == "linux/amd64\n"
+
+
+def test_a_docker_archive_listing_one_layer_100000_times_is_one_fatal_at_once(singpy: Singpy, workdir: Path) -> None:
+    """A 4 MB archive whose manifest.json names its 4 MiB layer 100000 times: 400 GB to hash and unpack."""
+    out = user_dir(singpy, workdir, "repeats")
+    manifest = [{"Config": "config.json", "RepoTags": ["x/repeats:1"], "Layers": ["layer.tar"] * 100000}]
+    archive = workdir / f"repeats-{singpy.profile}.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name, data in (("manifest.json", json.dumps(manifest).encode()), ("config.json", b"{}"),
+                           ("layer.tar", b"\0" * (4 << 20))):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    archive.chmod(0o644)
+    result = singpy.run("pull", str(out / "repeats.sif"), f"docker-archive:{archive}",
+                        env=cache_env(singpy, workdir, "repeats"), timeout=30)
+    assert_one_fatal(result, "lists 100000 layers (singpy reads at most 1000)")
+    assert os.listdir(out) == []
 
 
 def test_build_sif_and_sandbox_from_docker(singpy: Singpy, plain: RegistryServer, workdir: Path) -> None:

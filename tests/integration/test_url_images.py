@@ -11,8 +11,10 @@ import functools
 import http.server
 import os
 import shutil
+import signal
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
 from tests.support.images import build_busybox_rootfs
+from tests.support.registry_http import Handler, serving
 
 
 class _Logged(http.server.SimpleHTTPRequestHandler):
@@ -142,3 +145,164 @@ def test_a_url_that_gives_no_image_is_one_fatal_and_leaves_nothing_in_the_cache(
 def test_inspect_of_a_url_image_reads_the_cached_file(singpy: Singpy, workdir: Path, web: WebServer) -> None:
     url = _serve(web, _sif(workdir, "first"), f"inspect-{singpy.profile}.sif", 1_700_000_000)
     assert "echo first" in singpy.ok("inspect", "--runscript", url)
+
+
+# --- servers that misbehave: a file cut short, a trickle, an answer that is not HTTP, a pull interrupted --------
+
+LAST_MODIFIED = "Mon, 01 Jan 2024 00:00:00 GMT"
+SLOW_LIMITS = {"SINGPY_PULL_LOW_SPEED": "1024", "SINGPY_PULL_STALL_TIMEOUT": "1"}  # a trickle fails in a second
+
+
+class _Site:
+    """What the misbehaving server serves (`data`) and how (`mode`): "whole"; "cut" (the full Content-Length
+    announced, a third sent, the connection closed); "trickle" (a byte every 0.5 s); "slow-headers" (the
+    headers a byte every 0.5 s); "garbage" (no HTTP)."""
+
+    def __init__(self, data: bytes, mode: str) -> None:
+        self.data, self.mode = data, mode
+        self.trickling = threading.Event()  # a GET is being answered a byte at a time
+        self.done = threading.Event()  # the test is over: a trickle stops
+        self.url = ""
+
+
+class _Misbehaving(Handler):
+    def do_HEAD(self) -> None:
+        self._answer()
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        site: _Site = self.server.owner
+        self.close_connection = True
+        try:
+            if site.mode == "garbage":
+                self.wfile.write(b"HELLO garbage\r\n\r\n")
+                return
+            if site.mode == "slow-headers":  # a header line without end, a byte at a time
+                self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                self._trickle(site)
+                return
+            self.send_response(200)
+            for key, value in (("Content-Type", "application/octet-stream"), ("Last-Modified", LAST_MODIFIED),
+                               ("Content-Length", str(len(site.data)))):
+                self.send_header(key, value)
+            self.end_headers()
+            if self.command == "HEAD":
+                return
+            if site.mode == "trickle":
+                self._trickle(site)
+            else:
+                self.wfile.write(site.data if site.mode == "whole" else site.data[:len(site.data) // 3])
+        except OSError:  # the client gave up (as it should): nothing more to send
+            pass
+
+    def _trickle(self, site: _Site) -> None:
+        site.trickling.set()
+        for position in range(len(site.data)):
+            self.wfile.write(site.data[position:position + 1])
+            self.wfile.flush()
+            if site.done.wait(0.5):
+                return
+
+
+@pytest.fixture
+def site(workdir: Path) -> Iterator[_Site]:
+    served = _Site(_sif(workdir, "first").read_bytes(), "whole")
+    with serving(_Misbehaving, owner=served) as server:
+        served.url = f"http://127.0.0.1:{server.server_address[1]}/image.sif"
+        try:
+            yield served
+        finally:
+            served.done.set()
+
+
+def _out_dir(singpy: Singpy, workdir: Path) -> Path:
+    """An empty directory the profile's user owns, for what `pull` writes."""
+    parent = workdir / "url-out"
+    parent.mkdir(exist_ok=True)
+    parent.chmod(0o755)
+    path = parent / f"{singpy.profile}-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    os.chown(path, singpy.uid, singpy.gid)
+    return path
+
+
+def _cache_entries(singpy: Singpy) -> set[str]:
+    """The cache's SIF directory, but for the lock files of URL downloads (kept, empty, as every lock)."""
+    where = singpy.cachedir / "sif"
+    return {name for name in os.listdir(where) if not name.startswith(".url-")} if where.is_dir() else set()
+
+
+def test_a_pull_cut_short_by_the_server_is_one_fatal_and_leaves_no_file(singpy: Singpy, workdir: Path,
+                                                                        site: _Site) -> None:
+    site.mode = "cut"
+    out = _out_dir(singpy, workdir)
+    assert_one_fatal(singpy.run("pull", "--name", str(out / "image.sif"), site.url), "bytes announced")
+    assert os.listdir(out) == []
+    site.mode = "whole"
+    singpy.ok("pull", "--name", str(out / "image.sif"), site.url)
+    assert (out / "image.sif").read_bytes() == site.data
+
+
+def test_a_url_image_cut_short_is_not_cached_and_runs_once_the_server_sends_it_whole(singpy: Singpy, workdir: Path,
+                                                                                     site: _Site) -> None:
+    site.mode = "cut"
+    before = _cache_entries(singpy)
+    assert_one_fatal(singpy.run("exec", site.url, "true"), "bytes announced")
+    assert_one_fatal(singpy.run("inspect", "--runscript", site.url), "bytes announced")
+    assert _cache_entries(singpy) == before
+    site.mode = "whole"  # the same Last-Modified: only a cache that kept nothing of the cut file downloads it
+    assert singpy.ok("run", site.url) == "first\n"
+
+
+@pytest.mark.parametrize("command", ["pull", "exec"])
+def test_a_trickling_server_breaks_the_low_speed_rule(singpy: Singpy, workdir: Path, site: _Site,
+                                                      command: str) -> None:
+    site.mode = "trickle"
+    out = _out_dir(singpy, workdir)
+    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
+    before = _cache_entries(singpy)
+    result = singpy.run(*args, env=singpy.env(**SLOW_LIMITS), timeout=30)
+    assert_one_fatal(result, "SINGPY_PULL_LOW_SPEED")
+    assert os.listdir(out) == [] and _cache_entries(singpy) == before
+
+
+@pytest.mark.parametrize("command", ["pull", "exec"])
+def test_headers_that_trickle_break_the_document_deadline(singpy: Singpy, workdir: Path, site: _Site,
+                                                          command: str) -> None:
+    """A per-read timeout never ends a server that sends a byte every 0.5 s; the deadline on headers does."""
+    site.mode = "slow-headers"
+    out = _out_dir(singpy, workdir)
+    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
+    result = singpy.run(*args, env=singpy.env(SINGPY_PULL_DOCUMENT_TIMEOUT="2"), timeout=30)
+    assert_one_fatal(result, "did not come within 2 s (the limit is SINGPY_PULL_DOCUMENT_TIMEOUT)")
+    assert os.listdir(out) == []
+
+
+@pytest.mark.parametrize("command", ["pull", "exec"])
+def test_a_server_that_answers_no_http_is_one_fatal(singpy: Singpy, workdir: Path, site: _Site, command: str) -> None:
+    site.mode = "garbage"
+    out = _out_dir(singpy, workdir)
+    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
+    assert_one_fatal(singpy.run(*args), "not HTTP")
+    assert os.listdir(out) == []
+
+
+@pytest.mark.parametrize("command", ["pull", "exec"])
+def test_sigterm_during_a_url_download_leaves_no_temporary_file(singpy: Singpy, workdir: Path, site: _Site,
+                                                                command: str) -> None:
+    site.mode = "trickle"
+    out = _out_dir(singpy, workdir)
+    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
+    before = _cache_entries(singpy)
+    process = singpy.popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert site.trickling.wait(30)
+    deadline = time.monotonic() + 30
+    while _cache_entries(singpy) == before and not os.listdir(out) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the temporary file is there: the download is under way
+    assert time.monotonic() < deadline
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=30)
+    assert_one_fatal(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), "SIGTERM")
+    assert os.listdir(out) == [] and _cache_entries(singpy) == before
