@@ -206,13 +206,39 @@ def _opener(watch: _HeaderWatch) -> Any:
             response: http.client.HTTPResponse = self.do_open(Watched, req)
             return response
 
+    Redirects = _redirects()
+
     class Secure(urllib.request.HTTPSHandler):
         def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
             context = self._context  # type: ignore[attr-defined]  # urllib's, as the default handler passes it
             response: http.client.HTTPResponse = self.do_open(WatchedTLS, req, context=context)
             return response
 
-    return urllib.request.build_opener(Plain, Secure)
+    return urllib.request.build_opener(Plain, Secure, Redirects)
+
+
+def redirect_refusal(old: str, new: str) -> str | None:
+    """Why urllib may not follow a redirect from `old` to `new`: never from https to plain http (an answer anyone
+    on the path could forge, as the registry client refuses it), nor out of http(s) (urllib would go to ftp://)."""
+    if not new.lower().startswith(("http://", "https://")):
+        return "a redirect out of http(s) is refused"
+    if old.lower().startswith("https://") and not new.lower().startswith("https://"):
+        return "a redirect from https to plain http is refused"
+    return None
+
+
+def _redirects() -> Any:
+    import urllib.error
+    import urllib.request
+
+    class Redirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+            why = redirect_refusal(req.full_url, newurl)
+            if why is not None:
+                raise urllib.error.HTTPError(newurl, code, f"{why} ({newurl[:100]})", headers, fp)
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    return Redirects
 
 
 def _announced_length(response: Any) -> int | None:

@@ -179,6 +179,12 @@ class _Misbehaving(Handler):
             if site.mode == "garbage":
                 self.wfile.write(b"HELLO garbage\r\n\r\n")
                 return
+            if site.mode == "to-ftp":  # urllib follows a redirect to ftp:// on its own
+                self.send_response(302)
+                self.send_header("Location", "ftp://127.0.0.1/image.sif")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if site.mode == "slow-headers":  # a header line without end, a byte at a time
                 self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
                 self._trickle(site)
@@ -306,3 +312,20 @@ def test_sigterm_during_a_url_download_leaves_no_temporary_file(singpy: Singpy, 
     stdout, stderr = process.communicate(timeout=30)
     assert_one_fatal(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), "SIGTERM")
     assert os.listdir(out) == [] and _cache_entries(singpy) == before
+
+
+@pytest.mark.parametrize("command", ["pull", "exec"])
+def test_a_redirect_out_of_http_is_refused(singpy: Singpy, workdir: Path, site: _Site, command: str) -> None:
+    site.mode = "to-ftp"
+    out = _out_dir(singpy, workdir)
+    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
+    assert_one_fatal(singpy.run(*args), "a redirect out of http(s) is refused")
+    assert os.listdir(out) == []
+
+
+def test_a_redirect_from_https_to_http_is_refused() -> None:
+    from singpy.oci.netpull import redirect_refusal
+
+    assert redirect_refusal("https://a.example/x.sif", "http://a.example/x.sif") is not None
+    assert redirect_refusal("https://a.example/x.sif", "HTTPS://b.example/x.sif") is None
+    assert redirect_refusal("http://a.example/x.sif", "http://b.example/x.sif") is None
