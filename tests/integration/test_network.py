@@ -229,7 +229,7 @@ def _check_failure(result: subprocess.CompletedProcess[str], message: str) -> No
 def test_root_errors(netns: NetNs, image: Path, workdir: Path, case: str) -> None:
     conf_lines, args, message = ROOT_ERRORS[case]
     conf = workdir / "bad-net.conf"
-    conf.write_text(netns.conf.read_text() + "".join(line + "\n" for line in conf_lines))
+    conf.write_text("".join(line + "\n" for line in conf_lines) + netns.conf.read_text())  # first: first wins
     before = traces(image, workdir)  # what names our paths: never the host's whole mount table
     _check_failure(netns.run("exec", *args, str(image), "true", conf=conf), message)
     assert netns.exists() and settled(before, image, workdir) == before
@@ -240,7 +240,7 @@ def test_root_errors(netns: NetNs, image: Path, workdir: Path, case: str) -> Non
 def test_user_errors(netns: NetNs, image: Path, workdir: Path, as_user: Singpy, case: str) -> None:
     conf_lines, args, message = USER_ERRORS[case]
     conf = workdir / "user-net.conf"
-    conf.write_text(netns.conf.read_text() + "".join(line.format(user=as_user.user) + "\n" for line in conf_lines))
+    conf.write_text("".join(line.format(user=as_user.user) + "\n" for line in conf_lines) + netns.conf.read_text())
     conf.chmod(0o644)
     before = traces(image, workdir)  # what names our paths: never the host's whole mount table
     result = netns.run("exec", *args, str(image), "true", conf=conf, user=(as_user.uid, as_user.gid),
