@@ -66,6 +66,9 @@ _MOUNT_FLAGS = k.MS_NOSUID | k.MS_NODEV
 _F_OFD_SETLK = 37  # fcntl.h; Python's fcntl module has the constant from 3.12 only
 
 _locks: list[int] = []  # descriptors holding the image locks, open as long as the launcher (or its exec) lives
+# (path, offset) -> the descriptor `choose` checked and locked, and its file's (st_dev, st_ino): `attach` mounts
+# that very file (a loop device on it, fuse2fs given /dev/fd/N), whatever its owner renamed over the path since.
+_checked: dict[tuple[str, int], tuple[int, int, int]] = {}
 
 
 def choose(spec: OverlaySpec, *, uid: int, user_namespace: bool, env: Mapping[str, str],
@@ -152,6 +155,44 @@ def _lock(fd: int, spec: OverlaySpec, what: str = "") -> None:
                         "at once")
     os.set_inheritable(fd, True)  # the lock lasts as long as this descriptor: into the container, until it ends
     _locks.append(fd)
+    info = os.fstat(fd)
+    _checked[(spec.path, spec.offset)] = (fd, info.st_dev, info.st_ino)
+
+
+def _checked_descriptor(spec: OverlaySpec, what: str) -> int:
+    """The descriptor `choose` (or `choose_root`) checked and locked for this image.
+
+    A shared container's holder closes the descriptors it does not know
+    (singpy.launch.holder): then the path is opened again, and used only if
+    it is still the file checked. Not locked again: the launch that forked
+    the holder holds the lock (a second one, on a new open file, would
+    conflict with it).
+    """
+    entry = _checked.get((spec.path, spec.offset))
+    if entry is None:  # every plan with an ext3 layer went through choose: a bug, never the user's doing
+        raise ImageError(f"can't mount the {what}: it was not checked before the launch")
+    fd, device, inode = entry
+    if _is_file(fd, device, inode):
+        return fd
+    flags = (os.O_RDONLY if spec.readonly else os.O_RDWR) | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    try:
+        fd = os.open(rootfs.host_path(spec.path), flags)
+    except OSError as error:
+        raise ImageError(f"can't open the {what}: {error.strerror}") from None
+    if not _is_file(fd, device, inode):
+        os.close(fd)
+        raise ImageError(f"can't mount the {what}: it was replaced since it was checked")
+    _checked[(spec.path, spec.offset)] = (fd, device, inode)
+    return fd
+
+
+def _is_file(fd: int, device: int, inode: int) -> bool:
+    """Whether `fd` is open on the file (device, inode): not closed since, nor its number reused."""
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) == (device, inode)
 
 
 def attach(spec: OverlaySpec, index: int, uid: int, gid: int) -> tuple[str, int | None]:
@@ -170,15 +211,16 @@ def attach(spec: OverlaySpec, index: int, uid: int, gid: int) -> tuple[str, int 
 
 
 def _mount_loop(spec: OverlaySpec, target: str, what: str = "") -> None:
+    what = what or f"overlay image {spec.path}"
     fd, device = loop.attach(rootfs.host_path(spec.path), spec.offset, spec.size, dev=rootfs.host_path("/dev"),
-                             writable=not spec.readonly)
+                             writable=not spec.readonly, backing_fd=_checked_descriptor(spec, what))
     try:
         console.verbose(f"mounting {device} (offset {spec.offset}) as ext3 on {target}")
         flags = _MOUNT_FLAGS | (k.MS_RDONLY if spec.readonly else 0)
         try:
             k.mount(device, target, "ext3", flags)
         except KernelError as error:
-            raise ImageError(f"can't mount the {what or f'overlay image {spec.path}'}: {error.reason}",
+            raise ImageError(f"can't mount the {what}: {error.reason}",
                              hint="the image may be corrupt: check it with `e2fsck -f`") from None
     finally:
         os.close(fd)  # with autoclear, the mount now holds the device alone
@@ -193,27 +235,22 @@ def _mount_fuse(spec: OverlaySpec, target: str, name: str, uid: int, what: str =
     mount point must then be in that tree: a directory of a small tmpfs put
     over a host directory (/tmp) in our mount namespace only, for the time of
     the mount; the image is handed over as a descriptor (/dev/fd/N), since
-    its path may be under that directory.
+    its path may be under that directory, and it is the descriptor `choose`
+    checked: fuse2fs's open of /dev/fd/N reaches that file, whatever the
+    path names now.
     """
     what = what or f"overlay image {spec.path}"
-    flags = (os.O_RDONLY if spec.readonly else os.O_RDWR) | os.O_CLOEXEC
+    image = _checked_descriptor(spec, what)  # stays open: it holds the lock
+    shadowed = _shadow()
     try:
-        image = os.open(rootfs.host_path(spec.path), flags)
-    except OSError as error:
-        raise ImageError(f"can't open the {what}: {error.strerror}") from None
-    try:
-        shadowed = _shadow()
-        try:
-            inside = f"/{os.path.relpath(shadowed, rootfs.HOST)}/{name}"  # the mount point fuse2fs sees
-            os.mkdir(rootfs.HOST + inside)
-            pid, errors = _start_fuse2fs(spec, image, inside, uid)
-            _wait_mounted(what, rootfs.HOST + inside, pid, errors)
-            k.mount(rootfs.HOST + inside, target, None, k.MS_MOVE)
-            process.hold_mount(pid, target)
-        finally:
-            k.umount(shadowed, k.MNT_DETACH)
+        inside = f"/{os.path.relpath(shadowed, rootfs.HOST)}/{name}"  # the mount point fuse2fs sees
+        os.mkdir(rootfs.HOST + inside)
+        pid, errors = _start_fuse2fs(spec, image, inside, uid)
+        _wait_mounted(what, rootfs.HOST + inside, pid, errors)
+        k.mount(rootfs.HOST + inside, target, None, k.MS_MOVE)
+        process.hold_mount(pid, target)
     finally:
-        os.close(image)
+        k.umount(shadowed, k.MNT_DETACH)
     return pid
 
 

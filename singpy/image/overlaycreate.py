@@ -33,6 +33,7 @@ from singpy.image.detect import host_arch
 from singpy.image.tools import Interruptible, find_tool
 
 MIN_SIZE_MB = 64  # Apptainer's lower bound
+MAX_SIZE_MB = (2**63 - 1) >> 20  # the largest file size (off_t) in whole MiB
 MKFS = "mkfs.ext3"
 SBIN_PATH = "/usr/local/sbin:/usr/sbin:/sbin"
 EXT_MAGIC_AT = 1080  # the superblock (at 1024) has its magic 56 bytes in
@@ -45,6 +46,8 @@ def create(path: str, *, size_mb: int, sparse: bool, dirs: list[str], fakeroot: 
     """Make the overlay; returns what was done, for the user."""
     if size_mb < MIN_SIZE_MB:
         raise ImageError(f"image size must be equal or greater than {MIN_SIZE_MB} MiB")
+    if size_mb > MAX_SIZE_MB:  # past what a file offset (off_t) can address: the kernel would never take it
+        raise ImageError(f"image size of {size_mb} MiB is too large: at most {MAX_SIZE_MB} MiB")
     # An sbin program: a user's PATH often lacks those directories (Apptainer looks there too).
     mkfs = find_tool(MKFS, env) or find_tool(MKFS, {"PATH": SBIN_PATH})
     if mkfs is None:

@@ -47,6 +47,11 @@ if TYPE_CHECKING:
 
 FUSE_TOOLS = ("squashfuse_ll", "squashfuse")  # the low-level one is faster (Apptainer prefers it too)
 _MOUNT_FLAGS = k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV
+_MAGIC = b"hsqs"  # a squashfs superblock's first bytes (little-endian)
+# (path, offset) -> the image opened and checked by `choose` (loop, fuse), and its file's (st_dev, st_ino):
+# `attach` mounts that very file (a loop device on it, squashfuse given /dev/fd/N), whatever its owner renamed
+# over the path since.
+_opened: dict[tuple[str, int], tuple[int, int, int]] = {}
 
 
 def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, env: Mapping[str, str],
@@ -69,10 +74,12 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
         return _extract(image, env, cache, fuse_missing=None)
     if uid == 0 and not user_namespace and allow_kernel and os.path.exists("/dev/loop-control"):
         console.verbose("mounting it with the kernel's squashfs on a loop device (running as root)")
+        _open_checked(image)
         return image.replace(strategy="loop")
     tool = next((path for name in FUSE_TOOLS if (path := find_tool(name, env))), None)
     usable = os.access(FUSE_DEVICE, os.R_OK | os.W_OK)
     if tool is not None and usable:
+        _open_checked(image)
         image = image.replace(strategy="fuse", tool=tool)
         if background is not None and uid != 0:
             from singpy.image import warm
@@ -84,6 +91,59 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
     why = "squashfuse is not installed" if tool is None else f"{FUSE_DEVICE} is not readable and writable by you"
     console.verbose(f"can't use FUSE ({why}): extracting the image into the cache instead")
     return _extract(image, env, cache, fuse_missing="tool" if tool is None else "device")
+
+
+def _open_checked(image: ImageSpec) -> None:
+    """Open the image once, on the host, and check it there: a regular file with a squashfs at its offset.
+
+    `attach` mounts this descriptor's file; whatever the path names by then
+    (a link or another file swapped in by its owner) is never mounted.
+    """
+    try:
+        fd = os.open(image.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as error:
+        raise ImageError(f"can't open the image {image.path}: {error.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        regular = info.st_mode & 0o170000 == 0o100000
+        magic = os.pread(fd, len(_MAGIC), image.offset) if regular else b""
+    except OSError as error:
+        os.close(fd)
+        raise ImageError(f"can't read the image {image.path}: {error.strerror}") from None
+    if magic != _MAGIC:
+        os.close(fd)
+        raise ImageError(f"can't use the image {image.path}: " + (f"no squashfs at offset {image.offset}" if regular
+                                                                  else "not a regular file"))
+    _opened[(image.path, image.offset)] = (fd, info.st_dev, info.st_ino)
+
+
+def _checked_descriptor(image: ImageSpec) -> int:
+    """The descriptor `choose` checked; should it be closed since (a shared container's holder closes the
+    descriptors it does not know: singpy.launch.holder), the path opened again if it is still that file."""
+    entry = _opened.get((image.path, image.offset))
+    if entry is None:  # every loop or fuse plan went through choose: a bug, never the user's doing
+        raise ImageError(f"can't mount the squashfs of {image.path}: it was not checked before the launch")
+    fd, device, inode = entry
+    if _is_file(fd, device, inode):
+        return fd
+    try:
+        fd = os.open(rootfs.host_path(image.path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as error:
+        raise ImageError(f"can't open the image {image.path}: {error.strerror}") from None
+    if not _is_file(fd, device, inode):
+        os.close(fd)
+        raise ImageError(f"can't mount the squashfs of {image.path}: the image was replaced since it was checked")
+    _opened[(image.path, image.offset)] = (fd, device, inode)
+    return fd
+
+
+def _is_file(fd: int, device: int, inode: int) -> bool:
+    """Whether `fd` is open on the file (device, inode): not closed since, nor its number reused."""
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) == (device, inode)
 
 
 def _extract(image: ImageSpec, env: Mapping[str, str], cache: str, *, fuse_missing: str | None) -> ImageSpec:
@@ -144,15 +204,20 @@ def attach(image: ImageSpec, uid: int, gid: int) -> tuple[str, tuple[int, ...]]:
     of reach there).
     """
     os.mkdir(rootfs.IMAGE)
-    if image.strategy == "loop":
-        _mount_loop(image)
-        return rootfs.IMAGE, ()
-    return rootfs.IMAGE, (_mount_fuse(image, uid, gid),)
+    try:
+        if image.strategy == "loop":
+            _mount_loop(image)
+            return rootfs.IMAGE, ()
+        return rootfs.IMAGE, (_mount_fuse(image, uid, gid),)
+    finally:  # the loop device, or squashfuse's copy, holds the file now
+        entry = _opened.pop((image.path, image.offset), None)
+        if entry is not None and _is_file(*entry):
+            os.close(entry[0])
 
 
 def _mount_loop(image: ImageSpec) -> None:
     fd, device = loop.attach(rootfs.host_path(image.path), image.offset, image.size,
-                             dev=rootfs.host_path("/dev"))
+                             dev=rootfs.host_path("/dev"), backing_fd=_checked_descriptor(image))
     try:
         console.verbose(f"mounting {device} (offset {image.offset}) as squashfs")
         try:
@@ -166,11 +231,18 @@ def _mount_loop(image: ImageSpec) -> None:
 
 def _mount_fuse(image: ImageSpec, uid: int, gid: int) -> int:
     """Mount FUSE on IMAGE and start squashfuse serving it; return squashfuse's pid."""
+    checked = _checked_descriptor(image)
     fd = rootfs.mount_fuse(rootfs.IMAGE, "squashfuse", f"fuse.{os.path.basename(image.tool)}", _MOUNT_FLAGS,
                            uid=uid, gid=gid, what=image.path, hint="run with --unsquash to extract the image instead")
     try:
-        argv = [image.tool, "-f", "-o", f"offset={image.offset}", image.path, f"/dev/fd/{fd}"]
-        pid, errors = process.spawn_helper(argv, root=rootfs.HOST, keep_fd=fd, quiet=console.level() < console.DEBUG)
+        # squashfuse opens /dev/fd/N of the checked descriptor: that file, not what the path names now.
+        argv = [image.tool, "-f", "-o", f"offset={image.offset}", f"/dev/fd/{checked}", f"/dev/fd/{fd}"]
+        os.set_inheritable(checked, True)  # only across this fork: the payload must not get it
+        try:
+            pid, errors = process.spawn_helper(argv, root=rootfs.HOST, keep_fd=fd,
+                                               quiet=console.level() < console.DEBUG)
+        finally:
+            os.set_inheritable(checked, False)
     finally:
         # Ours must go before we touch the mount: if squashfuse fails, the kernel then aborts
         # the connection (ENOTCONN) instead of leaving our first access waiting forever.

@@ -69,15 +69,19 @@ def _info(path: str, offset: int, size: int, writable: bool = False) -> tuple[ob
     return (0, 0, 0, offset, size, 0, 0, 0, flags, name, b"", b"", 0, 0)
 
 
-def attach(image: str, offset: int, size: int, *, dev: str = "/dev", writable: bool = False) -> tuple[int, str]:
+def attach(image: str, offset: int, size: int, *, dev: str = "/dev", writable: bool = False,
+           backing_fd: int | None = None) -> tuple[int, str]:
     """Attach `size` bytes of `image` from `offset` (0: to the end) to a free loop device.
 
     Returns an open read-only descriptor of the device and its path. The
     caller mounts the device, then closes the descriptor: with autoclear set
     the device stays attached exactly as long as something uses it.
     `writable`: a read-write device (an ext3 overlay image), else read-only.
+    `backing_fd`: the image already opened (and checked) by the caller: that
+    very file is attached, `image` only names it, never reopened (a path
+    swapped since the check can't slip another file in); left open.
     """
-    backing = _open(image, "image", writable)
+    backing = os.dup(backing_fd) if backing_fd is not None else _open(image, "image", writable)
     try:
         for _ in range(_ATTEMPTS):
             number = _free_device(dev)

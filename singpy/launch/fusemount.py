@@ -31,6 +31,8 @@ it ends, and the kernel ends their mounts with it.
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 from singpy import console
 from singpy.errors import SingpyError, UsageError
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 SIDES = {"host": False, "container": False, "host-daemon": True, "container-daemon": True}
 FUSE_DEVICE = "/dev/fuse"
 _FLAGS = 0x2 | 0x4  # MS_NOSUID | MS_NODEV, as Apptainer mounts them
+SERVE_TIMEOUT = 10.0  # seconds a program gets to answer its mount's first access (as fuse2fs gets to mount)
 _HINT = "ask the administrator to make /dev/fuse usable by users (mode 0666)"
 
 
@@ -221,20 +224,64 @@ def _check_served(item: Pending, tree: Tree | None = None) -> None:
     """A first stat of the mount waits for its program to answer, or finds it gone (ENOTCONN).
 
     `tree`: the container's tree, seen from the staging root; None once the container is the root.
+    The stat is made in a child, waited for SERVE_TIMEOUT seconds: a program that lives on but never
+    answers would otherwise hold us in the kernel for good (a FUSE request waits for its answer, and only
+    SIGKILL ends that wait). Past the deadline the program is killed, which ends its connection.
     """
-    try:
-        if tree is None:
-            os.stat(item.spec.mountpoint)
-        else:
-            found = tree.lookup(item.spec.mountpoint)
-            assert found.fd is not None  # mounted on just before
-            try:
-                os.fstat(found.fd)
-            finally:
-                os.close(found.fd)
-                tree.forget(item.spec.mountpoint)
-    except OSError as error:
-        reason = process.helper_failure(item.pid, item.errors) or error.strerror
-        raise FuseMountError(f"--fusemount on {shown(item.spec.mountpoint)}: "
-                             f"{shown(os.path.basename(item.spec.program[0]))} failed: {reason}") from None
+    error = _first_access(item, tree)
+    if tree is not None:
+        tree.forget(item.spec.mountpoint)
+    if error is None:
+        return
     # `errors` stays open, unread, for our lifetime: closed, a later message would kill the program (SIGPIPE).
+    reason = process.helper_failure(item.pid, item.errors) or error
+    raise FuseMountError(f"--fusemount on {shown(item.spec.mountpoint)}: "
+                         f"{shown(os.path.basename(item.spec.program[0]))} failed: {reason}")
+
+
+def _first_access(item: Pending, tree: Tree | None) -> str | None:
+    """Stat the mount in a child: None once it answered, else why not (an errno's text); FuseMountError
+    past the deadline."""
+    child = process.fork_tied()
+    if child == 0:
+        code = 0
+        try:
+            _stat_mount(item.spec.mountpoint, tree)
+        except OSError as error:
+            code = error.errno or 255
+        except BaseException:
+            code = 255
+        os._exit(code)
+    deadline, pause = time.monotonic() + SERVE_TIMEOUT, 0.0005
+    while (status := os.waitpid(child, os.WNOHANG))[0] == 0:
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)  # its wait for the answer ends with SIGKILL alone
+            os.waitpid(child, 0)
+            _stop_program(item.pid)
+            # Its stderr is not read: a process of it that left its group may hold the pipe open for good.
+            raise FuseMountError(f"--fusemount on {shown(item.spec.mountpoint)}: "
+                                 f"{shown(os.path.basename(item.spec.program[0]))} did not answer in "
+                                 f"{SERVE_TIMEOUT:.0f} s: stopped")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    code = os.waitstatus_to_exitcode(status[1])
+    return None if code == 0 else os.strerror(code) if 0 < code < 255 else "its mount could not be checked"
+
+
+def _stat_mount(mountpoint: str, tree: Tree | None) -> None:
+    if tree is None:
+        os.stat(mountpoint)
+        return
+    found = tree.lookup(mountpoint)
+    assert found.fd is not None  # mounted on just before
+    os.fstat(found.fd)
+
+
+def _stop_program(pid: int) -> None:
+    """SIGKILL to the program's process group (a helper leads its own), then reaped: its /dev/fuse closed,
+    the kernel aborts the connection; whatever of it is left ends with the container's PID namespace."""
+    try:  # noqa: SIM105 - contextlib is not imported for one call (start-up time)
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)

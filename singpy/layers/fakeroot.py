@@ -3,14 +3,17 @@
 Two mappings, chosen at plan time ([1] user_namespaces(7), "User and group ID
 mappings: uid_map and gid_map"; [2] newuidmap(1)):
 
-* The user has subordinate ranges in /etc/subuid and /etc/subgid: uid 0
-  inside is the user, 1..N are their subordinate ids, so tools that chown
+* The user has a subordinate range in /etc/subuid and /etc/subgid: uid 0
+  inside is the user, 1..N are the ids of that range, so tools that chown
   (apt-get, dpkg, tar) work. Only the setuid helpers newuidmap/newgidmap may
   write such a map, and a process cannot run them on itself once inside
   (a setuid file owned by an unmapped root gives no privilege there). So the
   launcher forks a helper *before* unsharing, unshares, tells the helper to
   go; the helper runs newuidmap/newgidmap on the launcher's pid from outside,
   reports, exits. The launcher stays the process that becomes the payload.
+  Of the user's lines one is mapped, as Apptainer's GetIDRange picks it
+  (the rule of singpy.config.subid's `find`): the first of 65536 ids, else
+  the largest above 65536; lines of fewer ids map nothing.
 * Otherwise a single mapping (uid 0 inside = the user), which a process may
   write for itself once `setgroups` is denied; other ids do not exist inside.
 """
@@ -21,7 +24,7 @@ import os
 
 from singpy.constants import SYSTEM_PATH
 from singpy.errors import KernelError
-from singpy.host.hostfiles import which
+from singpy.host.hostfiles import read_bounded, which
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_proc_file
 from singpy.launch.process import fork_tied
@@ -32,6 +35,9 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 SUBUID, SUBGID = "/etc/subuid", "/etc/subgid"
+RANGE = 65536  # the count of a fakeroot range (Apptainer's validRangeCount)
+_ID_END = 1 << 32  # ids are 32-bit: a range past this can't be mapped
+_LIMIT = 4 << 20  # bytes of a subid file read at most
 TOOL_PATH = SYSTEM_PATH  # where newuidmap/newgidmap live (never the user's $PATH: they are setuid helpers)
 
 
@@ -42,9 +48,20 @@ def read_ranges(text: str, user: str, uid: int) -> tuple[tuple[int, int], ...]:
         fields = line.strip().split(":")
         if len(fields) != 3 or fields[0] not in (user, str(uid)):
             continue
-        if all(field.isascii() and field.isdigit() for field in fields[1:]) and int(fields[2]) > 0:
+        if all(field.isascii() and field.isdigit() for field in fields[1:]) and int(fields[2]) > 0 \
+                and int(fields[1]) + int(fields[2]) <= _ID_END:
             ranges.append((int(fields[1]), int(fields[2])))
     return tuple(ranges)
+
+
+def pick_range(ranges: tuple[tuple[int, int], ...]) -> tuple[int, int] | None:
+    """The one range --fakeroot maps, as Apptainer picks it: the first of 65536 ids, else the first of the
+    largest above 65536; None when every range is smaller."""
+    for first, count in ranges:
+        if count == RANGE:
+            return first, count
+    large = [item for item in ranges if item[1] > RANGE]
+    return max(large, key=lambda item: item[1]) if large else None
 
 
 def own_id_map() -> IdMap:
@@ -62,39 +79,42 @@ def own_id_map() -> IdMap:
 def plan_id_map(*, uid: int, gid: int, user: str, subuid: str = SUBUID, subgid: str = SUBGID) -> IdMap:
     """The mapping --fakeroot will use for `user`; the note says which and why."""
     single = ((0, uid, 1),), ((0, gid, 1),)
-    uid_ranges, gid_ranges = read_ranges(_read(subuid), user, uid), read_ranges(_read(subgid), user, uid)
-    missing = subuid if not uid_ranges else subgid if not gid_ranges else ""
-    if missing:
+    uid_range = pick_range(read_ranges(_read(subuid), user, uid))
+    gid_range = pick_range(read_ranges(_read(subgid), user, uid))
+    if uid_range is None or gid_range is None:
+        missing = subuid if uid_range is None else subgid
         return IdMap(uids=single[0], gids=single[1], helper=False,
-                     note=f"fakeroot: no range for {user} in {missing}: single mapping, uid 0 inside is uid "
-                          f"{uid} outside and no other id exists inside")
+                     note=f"fakeroot: no range for {user} in {missing}: single mapping, uid 0 inside is uid {uid} "
+                          f"outside and no other id exists inside (a range has {RANGE} ids or more)")
     if not (find_tool("newuidmap") and find_tool("newgidmap")):
         return IdMap(uids=single[0], gids=single[1], helper=False,
                      note=f"fakeroot: newuidmap/newgidmap not found in {TOOL_PATH}: single mapping, uid 0 inside "
                           f"is uid {uid} outside, although {user} has subordinate ranges")
-    uids, gids = single[0] + _stack(uid_ranges), single[1] + _stack(gid_ranges)
-    shown = ", ".join(f"{inside}-{inside + count - 1} to {outside}-{outside + count - 1}"
-                      for inside, outside, count in uids[1:])
+    uids, gids = single[0] + ((1, *uid_range),), single[1] + ((1, *gid_range),)
+    first, count = uid_range
     return IdMap(uids=uids, gids=gids, helper=True,
                  note=f"fakeroot: subordinate ranges ({subuid}, {subgid}) through newuidmap/newgidmap: uid 0 "
-                      f"inside is uid {uid} outside; ids {shown}")
-
-
-def _stack(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int, int], ...]:
-    """Ranges placed one after the other inside, from id 1."""
-    lines, inside = [], 1
-    for outside, count in ranges:
-        lines.append((inside, outside, count))
-        inside += count
-    return tuple(lines)
+                      f"inside is uid {uid} outside; ids 1-{count} to {first}-{first + count - 1}")
 
 
 def _read(path: str) -> str:
+    """The file's text; bytes that are not UTF-8 (another user's line in Latin-1) read as U+FFFD, which no
+    user name or number matches: those lines are skipped, as any line singpy can't read."""
     try:
-        with open(path) as handle:
-            return handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
         return ""  # no file: no ranges, as for a user without an entry
+    try:
+        if os.fstat(fd).st_mode & 0o170000 != 0o100000:  # a FIFO or a device must not block or feed us
+            return ""
+        data = read_bounded(fd, _LIMIT)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    if len(data) > _LIMIT:
+        data = data[:data.rfind(b"\n", 0, _LIMIT) + 1]  # whole lines only: a cut one would read as another range
+    return data.decode(errors="replace")
 
 
 def find_tool(name: str) -> str | None:

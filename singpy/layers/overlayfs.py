@@ -33,6 +33,7 @@ the package is out of reach afterwards.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -56,6 +57,7 @@ class Layers:
         self.lower: list[str] = []  # top first
         self.upper = ""  # "" when nothing is written
         self.work = ""
+        self.held: list[int] = []  # descriptors upper and work name (/proc/self/fd/N), open until the mount is made
 
 
 def mount_root(plan: LaunchPlan, image: Tree, mount_points: list[tuple[str, bool]], uid: int,
@@ -68,6 +70,15 @@ def mount_root(plan: LaunchPlan, image: Tree, mount_points: list[tuple[str, bool
         return ()
     # Should anything fail from here on, the helpers started die with the launcher (process.fork_tied).
     layers, helpers = _attach(plan.overlays, uid, gid)
+    try:
+        return _mount_layers(plan, image, mount_points, layers, helpers, uid, gid)
+    finally:
+        for fd in layers.held:
+            os.close(fd)
+
+
+def _mount_layers(plan: LaunchPlan, image: Tree, mount_points: list[tuple[str, bool]], layers: Layers,
+                  helpers: tuple[int, ...], uid: int, gid: int) -> tuple[int, ...]:
     if mount_points:
         rootfs.make_mount_point_layer(image, mount_points)
         layers.lower.append(rootfs.SCRATCH + "/layer")
@@ -92,7 +103,8 @@ def _attach(overlays: tuple[OverlaySpec, ...], uid: int, gid: int) -> tuple[Laye
             upper = f"{top}/upper"
             layers.lower.insert(0, upper if _is_dir(upper) else top)
         else:
-            layers.upper, layers.work = _upper_work(spec, top)
+            layers.held = list(_upper_work(spec, top))
+            layers.upper, layers.work = (k.fd_path(fd, rootfs.PROC) for fd in layers.held)
     return layers, tuple(helpers)
 
 
@@ -117,21 +129,61 @@ def _is_dir(path: str) -> bool:
         return False
 
 
-def _upper_work(spec: OverlaySpec, top: str) -> tuple[str, str]:
-    """The writable overlay's upper/ and work/, made (0755) when missing; a link or a file there is refused."""
-    paths = []
-    for name in ("upper", "work"):
-        path = f"{top}/{name}"
-        try:
-            os.mkdir(path, 0o755)
-            console.verbose(f"made {spec.path}/{name}")
-        except FileExistsError:
-            if not _is_dir(path):
-                raise ImageError(f"overlay {spec.path}: {name} is not a directory") from None
-        except OSError as error:
-            raise ImageError(f"overlay {spec.path}: can't make {name}/: {error.strerror}") from None
-        paths.append(path)
-    return paths[0], paths[1]
+def _upper_work(spec: OverlaySpec, top: str) -> tuple[int, int]:
+    """The writable overlay's upper/ and work/, made (0755) when missing, as O_PATH descriptors.
+
+    A link or a file at either is refused before either is made, and what
+    this run made is removed if it fails. The kernel and fuse-overlayfs get
+    /proc/self/fd/N of these descriptors, never the names: the directory may
+    be writable by another user, who could swap a link in after the check.
+    """
+    directory = os.open(top, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    made: list[str] = []
+    held: list[int] = []
+    try:
+        for name in ("upper", "work"):
+            _refuse_non_directory(spec, directory, name)
+        for name in ("upper", "work"):
+            try:
+                os.mkdir(name, 0o755, dir_fd=directory)
+                made.append(name)
+                console.verbose(f"made {spec.path}/{name}")
+            except FileExistsError:
+                pass
+            except OSError as error:
+                raise ImageError(f"overlay {spec.path}: can't make {name}/: {error.strerror}") from None
+            held.append(_open_directory(spec, directory, name))
+    except BaseException:
+        for fd in held:
+            os.close(fd)
+        for name in reversed(made):
+            try:  # noqa: SIM105 - contextlib is not imported for one call (start-up time)
+                os.rmdir(name, dir_fd=directory)
+            except OSError:
+                pass  # not empty: no longer only what this run made
+        raise
+    finally:
+        os.close(directory)
+    return held[0], held[1]
+
+
+def _refuse_non_directory(spec: OverlaySpec, directory: int, name: str) -> None:
+    try:
+        mode = os.stat(name, dir_fd=directory, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as error:
+        raise ImageError(f"overlay {spec.path}: can't use {name}/: {error.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        raise ImageError(f"overlay {spec.path}: {name} is not a directory")
+
+
+def _open_directory(spec: OverlaySpec, directory: int, name: str) -> int:
+    try:
+        return os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    except OSError as error:  # ENOTDIR: a link or a file put there since the check
+        reason = "is not a directory" if error.errno == errno.ENOTDIR else f"can't be used: {error.strerror}"
+        raise ImageError(f"overlay {spec.path}: {name} {reason}") from None
 
 
 def _mount(plan: LaunchPlan, layers: Layers, uid: int, gid: int) -> int | None:
@@ -181,7 +233,13 @@ def _mount_fuse(plan: LaunchPlan, layers: Layers, uid: int, gid: int) -> int:
         argv = [rootfs.host_path(plan.overlay_tool), "-f", "-o", options, f"/dev/fd/{fd}"]
         console.verbose("root overlay: fuse-overlayfs")
         console.debug(f"running {' '.join(argv)}")
-        pid, errors = process.spawn_helper(argv, root="/", keep_fd=fd, quiet=console.level() < console.DEBUG)
+        for held in layers.held:  # upper and work, named by /proc/self/fd/N: the same numbers in fuse-overlayfs
+            os.set_inheritable(held, True)
+        try:
+            pid, errors = process.spawn_helper(argv, root="/", keep_fd=fd, quiet=console.level() < console.DEBUG)
+        finally:
+            for held in layers.held:
+                os.set_inheritable(held, False)
     finally:
         os.close(fd)  # ours goes first: should fuse-overlayfs fail, the kernel aborts the connection
     try:

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,23 @@ def test_a_failing_program_is_one_fatal_line(singpy: Singpy, image: Path, workdi
     result = singpy.run("exec", "--fusemount", f"host:squashfuse {missing} /mnt/data", str(image), "true")
     assert_one_fatal(result, "--fusemount on /mnt/data: squashfuse failed")
     assert settled(before, image) == before
+
+
+def test_a_program_that_never_answers_is_one_fatal_line(singpy: Singpy, image: Path, workdir: Path,
+                                                        fuse_open: str) -> None:
+    """A program that lives on but never answers FUSE: stopped after 10 s, one FATAL line, nothing left."""
+    marker = workdir / f"silent-fuse-{singpy.profile}.log"
+    marker.write_text("")
+    program = workdir / f"silent-fuse-{singpy.profile}.sh"
+    program.write_text(f"#!/bin/sh\nexec tail -f {marker}\n")  # alive, silent, named by `traces`
+    program.chmod(0o755)
+    readable_by_all(marker)
+    before = traces(image, marker)
+    started = time.monotonic()
+    result = singpy.run("exec", "--fusemount", f"host:{program} /mnt/f", str(image), "echo", "hi", timeout=30)
+    assert time.monotonic() - started < 20
+    assert_one_fatal(result, "--fusemount on /mnt/f: " + program.name + " did not answer in 10 s")
+    assert settled(before, image, marker) == before
 
 
 @pytest.mark.parametrize(("spec", "message"), [

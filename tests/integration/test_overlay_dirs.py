@@ -215,3 +215,56 @@ def test_enable_overlay_no_adds_no_mount_point(singpy: Singpy, image: Path, work
     result = singpy.run("--config", str(neither), "exec", "--no-home", "-B", f"{source}:/brand/new", str(image),
                         "true")
     assert_one_fatal(result, "/brand/new does not exist in the image (`enable overlay = no`")
+
+
+def test_a_link_at_work_leaves_no_upper_behind(singpy: Singpy, image: Path, overlay: Path, workdir: Path) -> None:
+    """upper/ and work/ are both checked before either is made: a refusal leaves the directory as it was."""
+    target = Path(tempfile.mkdtemp(dir=workdir / "ov", prefix="target"))
+    (overlay / "work").symlink_to(target)
+    os.chown(overlay / "work", singpy.uid, singpy.gid, follow_symlinks=False)
+    result = singpy.run("exec", "-o", str(overlay), str(image), "true", timeout=20)
+    assert_one_fatal(result, f"overlay {overlay}: work is not a directory")
+    assert sorted(os.listdir(overlay)) == ["work"]
+    assert os.listdir(target) == []
+
+
+# upper/ swapped for a link after singpy checked it, before the overlay is mounted (a race another user who can
+# write the overlay directory could run against root), made deterministic: a wrapper runs singpy's own main
+# with overlayfs._mount wrapped to do the swap first. It shows that the kernel (or fuse-overlayfs) gets the
+# directory checked; it can't show the windows of other paths (the overlay directory itself is bound by path).
+_SWAPPING = """
+import os, sys
+from singpy.layers import overlayfs, rootfs
+original = overlayfs._mount
+def swapped(*args, **kwargs):
+    upper = rootfs.HOST + {upper!r}
+    os.rename(upper, upper + ".checked")
+    os.symlink({target!r}, upper)
+    return original(*args, **kwargs)
+overlayfs._mount = swapped
+from singpy.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("driver", ["kernel", "fuse-overlayfs"])
+def test_upper_swapped_for_a_link_after_the_check(singpy: Singpy, image: Path, overlay: Path, workdir: Path,
+                                                  fuse_open: str, driver: str) -> None:
+    import sys
+
+    from tests.conftest import SINGPY
+
+    target = Path(tempfile.mkdtemp(dir=workdir / "ov", prefix="target"))
+    os.chown(target, singpy.uid, singpy.gid)
+    (overlay / "upper").mkdir()
+    (overlay / "work").mkdir()
+    subprocess.run(["chown", "-R", f"{singpy.uid}:{singpy.gid}", str(overlay)], check=True)
+    script = workdir / "ov" / f"swap-{singpy.profile}-{driver}.py"
+    script.write_text(_SWAPPING.format(upper=str(overlay / "upper"), target=str(target)))
+    config = ["--config", str(driver_conf(workdir))] if driver != "kernel" else []
+    argv, ids = singpy.command([*config, "exec", "-o", str(overlay), str(image), "sh", "-c", "echo x > /opt/w"])
+    argv[argv.index(SINGPY):argv.index(SINGPY) + 1] = [sys.executable, str(script)]
+    result = subprocess.run(argv, env=singpy.env(), capture_output=True, text=True, timeout=30, **ids)  # type: ignore[call-overload]
+    assert result.returncode == 0, result.stderr
+    assert os.listdir(target) == []
+    assert (overlay / "upper.checked" / "opt" / "w").read_text() == "x\n"

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Singpy, assert_one_fatal
+from tests.conftest import SINGPY, Singpy, assert_one_fatal
 from tests.support import sifs
 
 
@@ -88,6 +89,17 @@ def test_refusals_leave_nothing(singpy: Singpy, place: Path) -> None:
     assert_one_fatal(singpy.run("overlay", "create", "--create-dir", "../escape", str(place / "x.img")),
                      "outside of overlay layout")
     assert sorted(p.name for p in place.iterdir()) == ["notes.txt", "overlay.img"]  # no temporary file left
+
+
+@pytest.mark.parametrize("sparse", [(), ("--sparse",)])
+def test_size_past_a_file_offset_is_one_fatal(singpy: Singpy, place: Path, sparse: tuple[str, ...]) -> None:
+    """2**63 bytes and more: no file can be that large (no traceback from the size's arithmetic)."""
+    image = place / "huge.img"
+    assert_one_fatal(singpy.run("overlay", "create", *sparse, "--size", "10000000000000", str(image)),
+                     "image size of 10000000000000 MiB is too large")
+    assert_one_fatal(singpy.run("overlay", "create", *sparse, "--size", str(1 << 43), str(image)),
+                     "is too large")
+    assert list(place.iterdir()) == []
 
 
 def test_sif_gets_one_overlay_partition(singpy: Singpy, workdir: Path, place: Path) -> None:
@@ -174,3 +186,64 @@ def test_image_in_use_for_writing_is_refused(singpy: Singpy, workdir: Path, plac
     out, _ = first.communicate("\n", timeout=30)
     assert first.returncode == 0
     singpy.ok("exec", "--overlay", str(image), sif, "true")  # free again once the first has ended
+
+
+# A file swapped in at the image's path after singpy checked it, before it is mounted (a race its owner could
+# run against root's launch), made deterministic: a wrapper runs singpy's own main with the module's `attach`
+# wrapped to do the rename first. What this shows: the mounted file is the one checked (and locked); what it
+# can't show: the window between the path's detection (image.detect, the ECL) and `choose`'s open.
+_SWAPPING = """
+import os, sys
+from singpy.image import {module}
+from singpy.layers import rootfs
+original = {module}.attach
+def attach(*args, **kwargs):
+    os.rename(rootfs.HOST + {source!r}, rootfs.HOST + {target!r})
+    return original(*args, **kwargs)
+{module}.attach = attach
+from singpy.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _run_swapping(singpy: Singpy, place: Path, module: str, source: Path, target: Path,
+                  *args: str) -> subprocess.CompletedProcess[str]:
+    script = place / "swapping.py"
+    script.write_text(_SWAPPING.format(module=module, source=str(source), target=str(target)))
+    argv, ids = singpy.command(list(args))
+    index = argv.index(SINGPY)
+    argv[index:index + 1] = [sys.executable, str(script)]
+    result: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
+        argv, env=singpy.env(), cwd=str(place), capture_output=True, text=True, timeout=60, **ids)
+    return result
+
+
+def _cat(image: Path, path: str) -> str:
+    return subprocess.run(["debugfs", "-R", f"cat {path}", str(image)], capture_output=True, text=True).stdout
+
+
+def test_overlay_image_swapped_after_the_check_is_not_mounted(singpy: Singpy, workdir: Path, place: Path,
+                                                               fuse_open: str) -> None:
+    """Root (loop device) and the user (fuse2fs): the container writes into the image checked, not the one
+    renamed over its path before the mount."""
+    image, other, kept = place / "ov.img", place / "other.img", place / "ov.keep"
+    singpy.ok("overlay", "create", str(image))
+    singpy.ok("overlay", "create", str(other))
+    os.link(image, kept)  # the checked file, under a second name
+    sif = str(_sif_copy(singpy, workdir, place))
+    result = _run_swapping(singpy, place, "extfs", other, image,
+                           "exec", "--overlay", str(image), sif, "/bin/sh", "-c", "echo mine > /written")
+    assert result.returncode == 0, result.stderr
+    assert _cat(kept, "/upper/written") == "mine\n"
+    assert _cat(image, "/upper/written") == ""  # the file swapped in is untouched
+
+
+def test_sif_swapped_after_the_check_is_not_mounted(singpy: Singpy, workdir: Path, place: Path,
+                                                     fuse_open: str) -> None:
+    """Root (loop device) and the user (squashfuse): the SIF checked is mounted, not junk renamed over it."""
+    sif = _sif_copy(singpy, workdir, place)
+    junk = place / "junk"
+    junk.write_bytes(b"\0" * sif.stat().st_size)
+    os.chown(junk, singpy.uid, singpy.gid)
+    result = _run_swapping(singpy, place, "squashfs", junk, sif, "exec", str(sif), "echo", "ran")
+    assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr

@@ -249,3 +249,24 @@ def test_fakeroot_runs_a_sif(singpy: Singpy, workdir: Path) -> None:
     image = sifs.singpy_sif(workdir)
     assert singpy.ok("exec", "--fakeroot", str(image), "id", "-u") == "0\n"
     assert singpy.ok("exec", "--fakeroot", "--unsquash", str(image), "cat", "/etc/marker") == sifs.MARKER + "\n"
+
+
+def test_fakeroot_maps_one_range_of_a_messy_subid_file(singpy: Singpy, own_image: Path, workdir: Path) -> None:
+    """Apptainer's rule (GetIDRange): one range, the first of 65536 ids; a line written twice is not mapped
+    twice (newuidmap refuses overlapping ranges), and another user's Latin-1 line is no error."""
+    if not is_root():
+        pytest.skip("subordinate ranges are simulated with files bound over /etc/subuid: needs root")
+    missing = [path for path in hostsim.SUBID_FILES if not os.path.exists(path)]
+    if missing:
+        pytest.skip(f"{missing[0]} does not exist on this host: nothing to bind a private copy over")
+    line = f"{singpy.user}:300000:65536"
+    copies = hostsim.subid_copies(singpy.user, singpy.uid, f"{singpy.user}:500000:10",
+                                  str(workdir / f"messy-{singpy.profile}"))
+    for copy in copies:
+        with open(copy, "ab") as handle:
+            handle.write(b"r\xe9my:400000:65536\n" + f"{line}\n{line}\n{singpy.user}:600000:131072\n".encode())
+    with hostsim.subid_files(*copies):
+        result = singpy.run("exec", "--fakeroot", str(own_image), "cat", "/proc/self/uid_map", "/proc/self/gid_map")
+    assert result.returncode == 0, result.stderr
+    assert [line.split() for line in result.stdout.splitlines()] == [
+        ["0", str(singpy.uid), "1"], ["1", "300000", "65536"], ["0", str(singpy.gid), "1"], ["1", "300000", "65536"]]

@@ -21,6 +21,7 @@ from tests.conftest import Singpy
 from tests.integration.test_sif_warm import UNPACKED_NOTE, wait_unpacked
 from tests.support import sifs
 from tests.support.configs import readable_config
+from tests.support.leftovers import traces
 
 WAITED_NOTE = "waiting for another singpy to finish unpacking"
 BUILDS_NOTE = "this rank builds the shared container"
@@ -85,15 +86,8 @@ def ranks(singpy: Singpy, conf: Path, cache: Path, sif: Path, how: str, count: i
 
 
 def fuse_helpers(sif: Path) -> int:
-    """The squashfuse processes that serve `sif` now."""
-    found = 0
-    for name in os.listdir("/proc"):
-        try:
-            command = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0") if name.isdigit() else []
-        except OSError:
-            continue  # gone meanwhile
-        found += bool(command) and b"squashfuse" in os.path.basename(command[0]) and str(sif).encode() in command
-    return found
+    """The squashfuse processes that serve `sif` now (given /dev/fd/N of it, they hold it open)."""
+    return sum(os.path.basename(line.split()[1]).startswith("squashfuse") for line in traces(sif).processes)
 
 
 @pytest.mark.parametrize("how", ["sharens", "slurm"])

@@ -7,7 +7,8 @@ only what names one of those paths:
 
 * mounts (from /proc/self/mountinfo) whose mount point, root or source names one;
 * loop devices whose backing file lies under one;
-* processes whose command line names one (never this process or its ancestors);
+* processes whose command line names one, or that hold one open (a helper given /dev/fd/N of the image,
+  as squashfuse and fuse2fs are), never this process or its ancestors;
 * the entries of the TMPDIR the fixtures give singpy (`watch_tmpdir`).
 
     before = traces(image, workdir)
@@ -217,9 +218,25 @@ def _processes(names: tuple[str, ...]) -> list[str]:
         if pid in ours:
             continue
         arguments = _arguments(pid)
-        if arguments and any(_names(argument, names, _IN_ARGUMENT) for argument in arguments):
+        if arguments and (any(_names(argument, names, _IN_ARGUMENT) for argument in arguments)
+                          or any(_names(target, names, _IN_PATH) for target in _open_files(pid))):
             found.append(f"{pid} {' '.join(arguments)}")
     return found
+
+
+def _open_files(pid: int) -> list[str]:
+    """What the descriptors of `pid` name (readable as root, or for our own user's processes); [] if gone."""
+    try:
+        numbers = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    targets = []
+    for number in numbers:
+        try:
+            targets.append(os.readlink(f"/proc/{pid}/fd/{number}").removesuffix(" (deleted)"))
+        except OSError:
+            continue  # closed meanwhile
+    return targets
 
 
 def _tmp_entries() -> list[str]:
