@@ -135,6 +135,40 @@ def sweep(parent: str) -> None:
                 os.rmdir(os.path.join(parent, name))
 
 
+def made_for(dirs: tuple[str, ...], version: int, uid: int) -> bool:
+    """Whether `dirs` can be a cgroup singpy made for a launch of user `uid`, as singpy.cgroups.hierarchy plans it.
+
+    An instance's record names its cgroup, and whoever wrote the record could
+    name any (root's `instance stop --user` would kill all in it): one name of
+    singpy's (`_OURS`), in each hierarchy of this host's cgroup version, right
+    where a launch of `uid` makes it. On v1 a mount point's child, for root only
+    (a user gets no cgroup on v1); on v2 the root cgroup's child (root), or the
+    user's own child of a directory delegated to them (theirs, its cgroup.procs
+    too).
+    """
+    from singpy.cgroups.hierarchy import CGROUP_ROOT, cgroup_mounts
+    from singpy.cgroups.hierarchy import version as host_version
+
+    mounts = cgroup_mounts()
+    names = {os.path.basename(directory) for directory in dirs}
+    if (not dirs or version != host_version(mounts) or len(names) != 1 or _OURS.fullmatch(names.pop()) is None
+            or len(set(dirs)) != len(dirs) or any(os.path.normpath(path) != path for path in dirs)):
+        return False
+    parents = [os.path.dirname(directory) for directory in dirs]
+    if version == 1:
+        points = {point for point, kind, _ in mounts if kind == "cgroup"}
+        return uid == 0 and all(parent in points for parent in parents)
+    if len(dirs) != 1:
+        return False
+    if uid == 0:
+        return parents[0] == CGROUP_ROOT
+    try:
+        return all(os.stat(path).st_uid == uid for path in (dirs[0], parents[0],
+                                                            os.path.join(parents[0], "cgroup.procs")))
+    except OSError:
+        return False
+
+
 def _kill_members(directory: str) -> bool:
     """SIGKILL to every process in the cgroup; whether there was any."""
     try:

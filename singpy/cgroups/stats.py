@@ -17,16 +17,27 @@ _NO_LIMIT = 0  # runc's "no limit" in pids_stats.limit
 
 
 def member_of(pid: int, dirs: tuple[str, ...]) -> bool:
-    """Whether process `pid` is in every one of these cgroup directories (as /proc/PID/cgroup says)."""
+    """Whether process `pid` is in every one of these cgroup directories (as /proc/PID/cgroup says).
+
+    Each line's path is placed in its own hierarchy only (v1: the mount holding
+    its controllers; v2, the `0::` line: the cgroup2 mount): a process in
+    memory:/x is not in pids/x.
+    """
     try:
         with open(f"/proc/{pid}/cgroup", encoding="ascii", errors="replace") as table:
-            paths = {line.split(":", 2)[2] for line in table.read().splitlines() if line.count(":") >= 2}
+            lines = [line.split(":", 2) for line in table.read().splitlines() if line.count(":") >= 2]
     except OSError:
         return False
     from singpy.cgroups.hierarchy import cgroup_mounts
 
-    places = {os.path.normpath(point + "/" + path.lstrip("/")) for point, _, _ in cgroup_mounts() for path in paths
-              if path != "/"}
+    mounts = cgroup_mounts()
+    places = set()
+    for _, controllers, path in lines:
+        wanted = frozenset(controllers.split(",")) if controllers else frozenset()
+        for point, kind, options in mounts:
+            if path != "/" and ((kind == "cgroup2" and not wanted) or (kind == "cgroup" and wanted and
+                                                                       wanted <= options)):
+                places.add(os.path.normpath(point + "/" + path.lstrip("/")))
     return bool(dirs) and all(directory in places for directory in dirs)
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
 import time
 
 import typer
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from singpy.launch.holder import Instance
+    from singpy.launch.holder import Instance, Started
     from singpy.launch.instance import InstanceRecord
     from singpy.launch.request import LaunchRequest
     from singpy.plan import LaunchPlan
@@ -113,22 +113,40 @@ def _started(plan: LaunchPlan, request: LaunchRequest, name: str, dirs: tuple[st
     parent = os.open(os.path.dirname(temporary), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if temporary else -1
     try:
         instance.refuse_running(records, name, uid)  # a start of the same name that ended meanwhile
-        pid = _start_holder(plan, holder.Instance(log_out=out, log_err=err, records=directory, record=f"{name}.json",
-                                                  temporary=parent, temporary_name=os.path.basename(temporary)))
+        started = _start_holder(plan, holder.Instance(
+            log_out=out, log_err=err, records=directory, record=f"{name}.json", temporary=parent,
+            temporary_name=os.path.basename(temporary)))
+        pid, written = started.pid, False
         try:
             instance.write_record(records, instance.InstanceRecord(
                 name=name, pid=pid, image=plan.image.path, socket=plan.share.socket,
                 log_out=os.path.join(logs, f"{name}.out"), log_err=os.path.join(logs, f"{name}.err"),
                 started=time.time(), cgroup=plan.cgroup.dirs if plan.cgroup else (),
                 cgroup_version=plan.cgroup.version if plan.cgroup else 0, security=_recorded_security(request)))
-        except SingpyError:  # an instance nobody could find: not left running
-            os.kill(pid, signal.SIGKILL)
+            written = True
+            started.release()  # from now on the holder outlives us
+        except BaseException:  # an instance nobody could find, or an interrupted start: not left running
+            _abort(started, plan, os.path.join(records, f"{name}.json") if written else "")
             raise
     finally:
         for fd in (out, err, lock, directory, parent):
             if fd >= 0:
                 os.close(fd)
     return pid
+
+
+def _abort(started: Started, plan: LaunchPlan, record: str) -> None:
+    """The holder killed and reaped (by its middle process, which alone may reap it: its pid is its own),
+    its cgroup removed, the record written for it (if any) removed."""
+    if not started.abort():
+        return
+    if plan.cgroup is not None:
+        from singpy.cgroups import manager
+
+        manager.remove(plan.cgroup)
+    if record:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(record)
 
 
 def _temporary_cache(values: Mapping[str, Any], image: str) -> str:
@@ -156,7 +174,7 @@ def _recorded_security(request: LaunchRequest) -> tuple[str, ...]:
     return recorded(request.security)
 
 
-def _start_holder(plan: LaunchPlan, settings: Instance) -> int:
+def _start_holder(plan: LaunchPlan, settings: Instance) -> Started:
     """The instance's holder started, in the plan's cgroup when it has one: the holder is born there (we join it
     while forking, then go back), and so is all it starts; the cgroup goes with `instance stop`."""
     from singpy.launch import holder
@@ -221,7 +239,7 @@ def list_command(
     import fnmatch
     import json
 
-    from singpy.console import escape  # a path may hold anything; a name is checked (check_name)
+    from singpy.console import escape  # a record is its writer's: a name is checked (check_name), a path is not
 
     records, uid, owner = _records_of(user, "Only root user can list user's instances")
     found = [record for record in _running(records, uid, owner) if not name or fnmatch.fnmatchcase(record.name, name)]
@@ -233,11 +251,12 @@ def list_command(
     if logs:
         print(f"{'INSTANCE NAME':<16} {'PID':<8} LOGS")
         for record in found:
-            print(f"{record.name:<16} {record.pid:<8} {escape(record.log_err)}\n{'':<25} {escape(record.log_out)}")
+            print(f"{escape(record.name):<16} {record.pid:<8} {escape(record.log_err)}\n{'':<25} "
+                  f"{escape(record.log_out)}")
         return
     print(f"{'INSTANCE NAME':<16} {'PID':<8} {'IP':<15} IMAGE")
     for record in found:
-        print(f"{record.name:<16} {record.pid:<8} {'':<15} {escape(record.image)}")
+        print(f"{escape(record.name):<16} {record.pid:<8} {'':<15} {escape(record.image)}")
 
 
 @instance_app.command(name="stop", help="Stop running instances.")
@@ -316,8 +335,7 @@ def stats_command(
         no_stream = True
     if not as_json:
         console.info(f"Stats for {record.name} instance of {console.escape(record.image)} (PID={record.pid})")
-    # a record names what its writer wants: its cgroup is read only if the holder is in it
-    cgroup = record.cgroup if record.cgroup and stats.member_of(record.pid, record.cgroup) else ()
+    cgroup = instance.cgroup_of(record, uid)  # a record names what its writer wants: only singpy's, the holder's
     before, then = stats.sample(record.pid, cgroup, record.cgroup_version), time.monotonic()
     while True:
         time.sleep(1.0)
@@ -330,7 +348,7 @@ def stats_command(
         if not no_stream:
             print("\033[2J\033[H", end="")  # a fresh screen for each sample, as Apptainer's goterm.Clear
         print(stats.HEADER)
-        print(stats.row(record.name, before, after, now - then), flush=True)
+        print(stats.row(console.escape(record.name), before, after, now - then), flush=True)
         if no_stream:
             return
         before, then = after, now

@@ -21,10 +21,13 @@ from singpy import console
 from singpy.constants import STARTSCRIPT
 from singpy.errors import SingpyError
 from singpy.image.scripts import ImageScripts
+from singpy.launch import holdernet
+from singpy.launch.peers import Peer, become_subreaper, children, open_peer, open_proc
 from singpy.launch.rendezvous import (
     ERROR,
     JOIN_TIMEOUT,
     NAMESPACES,
+    Retry,
     bind,
     connect,
     peer_pid,
@@ -55,48 +58,113 @@ class Instance(Record):
     temporary_name: str = ""
 
 
-def start_instance(plan: LaunchPlan, instance: Instance) -> int:
-    """Start an instance's holder (detached: it outlives us) and wait until it is ready; return its pid."""
+def start_instance(plan: LaunchPlan, instance: Instance) -> Started:
+    """Start an instance's holder and wait until it is ready. The caller `release`s it once its record is
+    written (from then on it outlives us), or `abort`s it; it is killed if we end first."""
     assert plan.share is not None
     listener = bind(plan.share.socket)
     if listener is None:  # its name is random (singpy.launch.instance.new_socket_name): not another instance's
         raise SingpyError(f"{plan.share.origin}: can't bind its socket @{plan.share.socket}")
-    start(plan, listener, instance)
-    connection = connect(plan.share.socket)
-    if connection is None:
-        raise SingpyError(f"{plan.share.origin} ended while starting: see its log {_fd_path(instance.log_err)}")
+    started = start(plan, listener, instance)
+    ended = f"{plan.share.origin} ended while starting: see its log {_fd_path(instance.log_err)}"
     try:
-        fds, _, pid = receive(connection, time.monotonic() + JOIN_TIMEOUT, plan.share.origin)
-    finally:
-        connection.close()
-    for _, fd in fds:
-        os.close(fd)
-    return pid
+        connection = connect(plan.share.socket)
+        if connection is None:
+            raise SingpyError(ended)
+        try:
+            fds, _, _ = receive(connection, time.monotonic() + JOIN_TIMEOUT, plan.share.origin)
+        except Retry:  # it died without a word (killed): its socket went with it
+            raise SingpyError(ended) from None
+        finally:
+            connection.close()
+        for _, fd in fds:
+            os.close(fd)
+    except BaseException:  # Ctrl-C, the timeout, an error: no holder that no record names
+        started.abort()
+        raise
+    return started
 
 
 def _fd_path(fd: int) -> str:
     return os.readlink(f"/proc/self/fd/{fd}")
 
 
-def start(plan: LaunchPlan, bound: _socket.socket, instance: Instance | None = None) -> None:
-    """Fork the holder into a session of its own, detached from this rank (which may end first)."""
+class Started:
+    """A holder just forked, through a middle process that stays its parent until `release` or `abort`.
+
+    While the middle lives the holder's pid is its own (only the middle may
+    reap it), so it can be killed safely; and the middle kills it unless
+    released, also when we die first (SIGHUP, SIGKILL: its pipe from us ends).
+    """
+
+    def __init__(self, pid: int, middle: int, hold: int) -> None:
+        self.pid, self._middle, self._hold = pid, middle, hold
+        self.released = False
+
+    def release(self) -> None:
+        """The holder outlives us from now on (its record is written)."""
+        os.write(self._hold, b"r")
+        self.released = True
+        self._end()
+
+    def abort(self) -> bool:
+        """The holder killed and reaped; False if it was released already (it runs on)."""
+        self._end()
+        return not self.released
+
+    def _end(self) -> None:
+        if self._hold >= 0:
+            os.close(self._hold)
+            self._hold = -1
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self._middle, 0)
+
+
+def start(plan: LaunchPlan, bound: _socket.socket, instance: Instance | None = None) -> Started:
+    """Fork the holder into a session of its own, detached from this rank (which may end first once released)."""
     listener = socket.socket(fileno=bound.detach())  # the full socket API: accept(), send_fds()
+    report_read, report_write = os.pipe2(os.O_CLOEXEC)
+    hold_read, hold_write = os.pipe2(os.O_CLOEXEC)
+    interrupt = signal.getsignal(signal.SIGINT)
     middle = os.fork()
     if middle == 0:
         try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # until setsid: a Ctrl-C at the rank is not ours
+            os.close(report_read)
+            os.close(hold_write)
             os.setsid()
-            if os.fork() == 0:
+            pid = os.fork()
+            if pid == 0:
+                if interrupt is not None:
+                    signal.signal(signal.SIGINT, interrupt)
                 _holder(plan, listener, instance)
+            listener.close()  # the holder's alone: a rank must not wait on it after the holder died
+            os.write(report_write, str(pid).encode())
+            if os.read(hold_read, 1) != b"r":  # aborted, or the rank ended first: no record will name it
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
         finally:
             os._exit(0)
     listener.close()
-    os.waitpid(middle, 0)
+    os.close(report_write)
+    os.close(hold_read)
+    started = Started(0, middle, hold_write)
+    try:
+        started.pid = int(os.read(report_read, 32) or b"0")
+    except BaseException:
+        started.abort()
+        raise
+    finally:
+        os.close(report_read)
+    return started
 
 
 def _holder(plan: LaunchPlan, listener: socket.socket, instance: Instance | None) -> NoReturn:
     with open("/proc/self/comm", "w") as comm:  # what ps shows: not the rank's own `python3`
         comm.write("singpy-instance" if instance else "singpy-shared")
     _detach_stdio(listener.fileno(), instance)
+    # the startscript's orphans are found in the host's /proc at the end (with --pid, its PID 1 ends them all)
+    proc = open_proc() if instance is not None and not plan.namespaces.pid else -1
     if instance is not None and instance.temporary >= 0:  # now: the package is out of reach once in the container
         from singpy.image import trees  # noqa: F401  (used by _remove_record)
     try:
@@ -115,7 +183,7 @@ def _holder(plan: LaunchPlan, listener: socket.socket, instance: Instance | None
         if instance is None:
             _serve(listener, fds, ready)
         else:
-            _serve_instance(plan, listener, fds, ready, scripts)
+            _serve_instance(plan, listener, fds, ready, scripts, proc)
     finally:
         _remove_record(instance)
         os._exit(0)
@@ -162,7 +230,7 @@ def _build(plan: LaunchPlan) -> tuple[list[tuple[str, int]], ImageScripts]:
 
     if plan.namespaces.pid:  # now: the package is out of reach once in the staging root
         from singpy.launch import pidns
-    phases.enter_namespaces(plan)
+    phases.enter_namespaces(plan, holdernet.wired(plan))  # --network bridge|ptp: wired from the host first
     names = [name for name, _ in NAMESPACES if _has(plan, name)]
     fds = [(name, os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)) for name in names]
     rootfs.enter_staging(plan.staging_fs, plan.staging_size, slave=plan.mount_slave)
@@ -202,7 +270,7 @@ class _Members:
     def __init__(self, listener: socket.socket, fds: list[tuple[str, int]], ready: bytes) -> None:
         self.listener, self.fds, self.ready = listener, fds, ready
         self.connections: dict[int, socket.socket] = {}
-        self.pids: dict[int, int] = {}  # connection fd -> the process that connected (it execs the payload)
+        self.peers: dict[int, Peer] = {}  # connection fd -> the process that connected (it execs the payload)
         self.joined = False
         self.poller = select.poll()
         self.poller.register(listener, select.POLLIN)
@@ -210,25 +278,27 @@ class _Members:
     def handle(self, fd: int) -> bool:
         """Deal with a ready descriptor if it is ours: a rank coming or going."""
         if fd == self.listener.fileno():
-            connection = _accept(self.listener, self.fds, self.ready)
-            if connection is not None:
+            accepted = _accept(self.listener, self.fds, self.ready)
+            if accepted is not None:
+                connection, peer = accepted
                 self.connections[connection.fileno()] = connection
-                self.pids[connection.fileno()] = peer_pid(connection)
+                if peer is not None:
+                    self.peers[connection.fileno()] = peer
                 self.poller.register(connection, select.POLLIN)  # POLLHUP once its rank has exited
                 self.joined = True
             return True
         if fd in self.connections:
             self.poller.unregister(fd)
             self.connections.pop(fd).close()
-            self.pids.pop(fd)
+            if fd in self.peers:
+                self.peers.pop(fd).close()
             return True
         return False
 
     def kill(self, number: int) -> None:
         """Signal the processes that joined (an instance being stopped: nothing of it may stay)."""
-        for pid in self.pids.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, number)
+        for peer in self.peers.values():  # by pidfd: a joiner that has gone left its pid to anyone
+            peer.send(number)
 
     def close(self, startscript: int | None = None) -> None:
         """First: a rank arriving now is refused, and makes a new container. Then everything in its PID
@@ -236,6 +306,8 @@ class _Members:
         from singpy.launch import process
 
         self.listener.close()
+        for peer in self.peers.values():
+            peer.close()
         if _INIT:
             from singpy.launch import pidns  # imported already (_build): the host's files are out of reach now
 
@@ -258,17 +330,20 @@ def _serve(listener: socket.socket, fds: list[tuple[str, int]], ready: bytes) ->
 
 # What `instance stop --signal` may send; the holder gets signals from nobody else.
 _STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-_STOP_GRACE = 10.0  # seconds the instance's processes get to exit after the signal `instance stop` sent
+# Seconds the instance's processes get to exit after the signal `instance stop` sent: clearly less than stop's
+# --timeout (10 s by default), after which it kills the holder; the holder must have killed them all first.
+_STOP_GRACE = 7.0
 
 
 def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[str, int]], ready: bytes,
-                    scripts: ImageScripts) -> None:
+                    scripts: ImageScripts, proc: int) -> None:
     """An instance: run the startscript, let `exec instance://` join, until `instance stop` signals us.
 
     Signals reach the loop through a wakeup pipe (a handler would run between
     two bytecodes, possibly after poll() went to sleep). A signal is passed on
-    to the startscript's process group and to every process that joined, and
-    ends the instance once they have gone; after _STOP_GRACE seconds they are
+    to the startscript's process group, to the orphans it left (ours: the
+    holder is a child subreaper) and to every process that joined, and ends
+    the instance once they have gone; after _STOP_GRACE seconds they are
     killed. (`instance stop` itself kills the holder after its --timeout.)
     """
     members = _Members(listener, fds, ready)
@@ -277,10 +352,12 @@ def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[s
     for signum in (*_STOPPING, signal.SIGCHLD):
         signal.signal(signum, lambda *_: None)
     members.poller.register(wakeup_read, select.POLLIN)
+    if proc >= 0:
+        become_subreaper()
     child = _start_script(plan, scripts)
     stop_at: float | None = None
     try:
-        while stop_at is None or ((child is not None or members.connections) and time.monotonic() < stop_at):
+        while stop_at is None or (_running(child, members, proc) and time.monotonic() < stop_at):
             for fd, _ in members.poller.poll(200):
                 if members.handle(fd):
                     continue
@@ -291,12 +368,45 @@ def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[s
                             stop_at = stop_at or time.monotonic() + _STOP_GRACE
                         continue
                     _kill_group(child, number)
+                    _kill_orphans(proc, child, number)
                     members.kill(number)
                     stop_at = stop_at or time.monotonic() + _STOP_GRACE
     finally:
         _kill_group(child, signal.SIGKILL)
         members.kill(signal.SIGKILL)
+        _end_children(proc)
         members.close(child)
+
+
+def _others(proc: int) -> list[int]:
+    """Our children but the image's helpers and the PID namespace's init: the startscript and its orphans."""
+    return children(proc, frozenset((*_HELPERS, *_INIT, *holdernet.KEEPERS)))
+
+
+def _running(child: int | None, members: _Members, proc: int) -> bool:
+    return child is not None or bool(members.connections) or bool(_others(proc))
+
+
+def _kill_orphans(proc: int, child: int | None, number: int) -> None:
+    """The stop signal to what the startscript left running (its group has it already)."""
+    for pid in _others(proc):
+        if pid != child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, number)  # our child, reaped by us alone: the pid is still its own
+
+
+def _end_children(proc: int) -> None:
+    """SIGKILL to the startscript and everything it started, until none is left: a process killed leaves its
+    children to us (the subreaper), killed in the next round. Then they are reaped."""
+    deadline = time.monotonic() + 5.0
+    while (left := _others(proc)) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in left:
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(pid, os.WNOHANG)[0] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.005)
 
 
 def _kill_group(leader: int | None, number: int) -> None:
@@ -331,6 +441,10 @@ def _reap(child: int | None) -> int | None:
             return None
         if done == 0:
             return child
+        if done in _HELPERS:  # a helper that crashed: never signalled again (its pid may go to another process)
+            _HELPERS.remove(done)
+            console.warning(f"a helper serving the image (pid {done}) ended with status "
+                            f"{os.waitstatus_to_exitcode(status)}")
         if _INIT and done == _INIT[0]:  # never signalled again: its pid may be another process's soon
             _INIT.clear()
             console.info("the container's init (PID 1 of its PID namespace) ended: stopping the instance")
@@ -339,14 +453,20 @@ def _reap(child: int | None) -> int | None:
             child = None
 
 
-def _accept(listener: socket.socket, fds: list[tuple[str, int]], ready: bytes) -> socket.socket | None:
+def _accept(listener: socket.socket, fds: list[tuple[str, int]],
+            ready: bytes) -> tuple[socket.socket, Peer | None] | None:
+    """A process of ours connecting: it gets the namespaces. The connection, and a handle on that process
+    (None where it can't be had: a process of a PID namespace above ours, which we can't signal either)."""
     connection, _ = listener.accept()
     if peer_uid(connection) != os.getuid():  # someone else's process: it gets nothing
         connection.close()
         return None
+    peer = open_peer(peer_pid(connection))  # first: the reply it waits for proves it was alive then
     try:
         socket.send_fds(connection, [ready], [fd for _, fd in fds])
     except OSError:  # gone already
         connection.close()
+        if peer is not None:
+            peer.close()
         return None
-    return connection
+    return connection, peer

@@ -18,6 +18,12 @@ check_owned: nobody else can have planted anything in them), checked again
 once made; a record is read only from a regular file of the user, without
 following a link, and written under a random name (O_EXCL | O_NOFOLLOW), then
 renamed; a log is opened O_NOFOLLOW and must be a regular file of the user.
+Root reads another user's records (`instance list|stop|stats --user`): what
+they hold is untrusted. A record is used only under its own name (NAME.json
+holding the name NAME, a valid one), its holder only while the process of
+that pid is the user's, named as a holder, and started when the record says
+(a pid reused since is not the instance), and its cgroup only if singpy made
+it for that user and the holder is in it (`cgroup_of`).
 Whether a name is taken is decided by its record (a running holder), and two
 starts of one name at once by a lock on its log (`claim`).
 """
@@ -56,6 +62,9 @@ class InstanceRecord(Record):
     # its --security values (seccomp: an absolute path), which `exec|run|shell instance://NAME` inherit as Apptainer's
     # joins do (a feature the joining command gives itself wins: singpy.launch.planner)
     security: tuple[str, ...] = ()
+    # the holder's start time (field 22 of /proc/PID/stat, clock ticks since boot), set by write_record: a process
+    # that got the pid of a holder gone since is not the instance (0: unknown, an older record: not running)
+    holder_start: int = 0
 
 
 def check_name(name: str) -> str:
@@ -77,13 +86,21 @@ def socket_name(home: str, user: str, uid: int, name: str) -> str:
 
 
 def instance_cgroup(home: str, user: str, uid: int, name: str) -> tuple[str, ...]:
-    """The cgroup directories of the running instance NAME (() without limits): a process joining it joins them.
-    Only those its holder is in: a record names what its writer wants."""
-    from singpy.cgroups.stats import member_of
-
+    """The cgroup directories of the running instance NAME (() without limits): a process joining it joins them."""
     records, _ = state_dirs(home, user)
-    record = find(records, name, uid)
-    return record.cgroup if record.cgroup and member_of(record.pid, record.cgroup) else ()
+    return cgroup_of(find(records, name, uid), uid)
+
+
+def cgroup_of(record: InstanceRecord, uid: int) -> tuple[str, ...]:
+    """The record's cgroup directories if they are its instance's, else (): a record names what its writer wants,
+    and `stop` kills all in them. Only a cgroup singpy made for the user `uid` (singpy.cgroups.manager.made_for:
+    its name, and where it is), with the holder in it."""
+    if not record.cgroup:
+        return ()
+    from singpy.cgroups import manager, stats
+
+    ours = manager.made_for(record.cgroup, record.cgroup_version, uid) and stats.member_of(record.pid, record.cgroup)
+    return record.cgroup if ours else ()
 
 
 def instance_security(home: str, user: str, uid: int, name: str) -> tuple[str, ...]:
@@ -180,8 +197,11 @@ def write_record(records: str, record: InstanceRecord) -> None:
     """Atomically: a `list` running meanwhile sees the whole record or none.
 
     The partial file has an unpredictable name and is made with O_EXCL |
-    O_NOFOLLOW: nothing already there is ever written through.
+    O_NOFOLLOW: nothing already there is ever written through. The holder's
+    start time is read here, once it runs (`is_alive` compares it).
     """
+    if not record.holder_start:
+        record = record.replace(holder_start=start_time(record.pid))
     path = os.path.join(records, f"{record.name}.json")
     partial = os.path.join(records, f".{record.name}.{os.urandom(8).hex()}.partial")
     try:
@@ -244,7 +264,7 @@ def _read(path: str, owner: int | None = None) -> InstanceRecord | None:
     if data is None or len(data) > _MAX_RECORD:
         return None
     try:
-        return _record(json.loads(data))
+        return _record(json.loads(data), os.path.basename(path).removesuffix(".json"))
     except (ValueError, RecursionError):
         return None
 
@@ -279,13 +299,16 @@ def user_dirs(home: str, user: str, uid: int) -> tuple[str, str]:
 _FIELDS = (("name", str), ("pid", int), ("image", str), ("socket", str), ("log_out", str), ("log_err", str),
            ("started", (int, float)))
 _OPTIONAL = (("cgroup", list), ("cgroup_version", int),  # only in the records of instances with a cgroup
-             ("security", list))  # ...with --security
+             ("security", list), ("holder_start", int))  # ...with --security; (none in an older singpy's)
 
 
-def _record(data: object) -> InstanceRecord | None:
-    """A record's JSON as InstanceRecord, each field of its type; None for anything else."""
+def _record(data: object, stem: str) -> InstanceRecord | None:
+    """A record's JSON as InstanceRecord, each field of its type; None for anything else, or one not named as its
+    file `stem`.json: root's `instance stop --user` removes the file of the name it holds."""
     required = {name for name, _ in _FIELDS}
     if not isinstance(data, dict) or not required <= set(data) <= required | {name for name, _ in _OPTIONAL}:
+        return None
+    if data["name"] != stem or not _valid_name(stem):
         return None
     for name, kind in (*_FIELDS, *_OPTIONAL):
         if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
@@ -296,31 +319,67 @@ def _record(data: object) -> InstanceRecord | None:
     return InstanceRecord(**{**data, **{key: tuple(data.get(key, ())) for key in lists}})
 
 
+def _valid_name(name: str) -> bool:
+    try:
+        check_name(name)
+    except UsageError:
+        return False
+    return True
+
+
 def is_alive(record: InstanceRecord, uid: int) -> bool:
-    """Whether the record's holder still runs: our process, named as a holder, not a zombie.
+    """Whether the record's holder still runs: our process, named as a holder, not a zombie, started when the
+    record says (a pid reused since, even by another instance's holder, is not this one).
 
     Asked of /proc, not of the holder's socket: a process that connects is one
     the holder signals when the instance is stopped (`instance stop` would be).
     """
     try:
         owner = os.stat(f"/proc/{record.pid}").st_uid
-        with open(f"/proc/{record.pid}/stat", "rb") as stat:
-            fields = stat.read()
     except OSError:
         return False
-    name, _, rest = fields.partition(b") ")
-    return owner == uid and name.endswith(b"(singpy-instance") and not rest.startswith((b"Z", b"X"))
+    found = _proc_stat(record.pid)
+    if found is None or owner != uid:
+        return False
+    name, state, started = found
+    # A record of an older singpy has no start time: judged as that singpy judged it (an upgrade must not orphan
+    # the instances it started; a record a user forges so reaches only that user's own processes named so)
+    return name == b"singpy-instance" and state not in (b"Z", b"X") and record.holder_start in (0, started)
+
+
+def start_time(pid: int) -> int:
+    """When process `pid` started (clock ticks since boot); 0 if it is gone."""
+    found = _proc_stat(pid)
+    return found[2] if found else 0
+
+
+def _proc_stat(pid: int) -> tuple[bytes, bytes, int] | None:
+    """(name, state, start time) of process `pid` from /proc/PID/stat; None if it is gone.
+
+    The name is between the first "(" and the last ")": it may hold anything, ") " too.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    head, _, rest = text.rpartition(b")")
+    fields = rest.split()  # from field 3 (the state) on: the start time is field 22
+    if len(fields) < 20 or not fields[19].isdigit():
+        return None
+    return head.partition(b"(")[2], fields[0], int(fields[19])
 
 
 def stop(records: str, record: InstanceRecord, uid: int, *, signum: int, timeout: float, force: bool) -> None:
     """Signal the instance and wait until it has gone; SIGKILL after `timeout` seconds (at once with force).
 
     The holder removes its record as it ends, but not when killed. Its cgroup, if any, is removed here once
-    it has gone: only when the holder was seen in it (a record names what its writer wants).
+    it has gone: only one singpy made, with the holder seen in it (`cgroup_of`). The record removed is the file
+    of its name (`_record`: a valid name, the file's).
     """
-    from singpy.cgroups import stats
-
-    cgroup = record.cgroup if record.cgroup and stats.member_of(record.pid, record.cgroup) else ()
+    if not 0 <= timeout < float("inf"):  # (nan too: a deadline never reached, a stop never ending)
+        raise UsageError(f"--timeout {timeout:g}: a number of seconds, 0 or more")
+    cgroup = cgroup_of(record, uid)
     _stop(record, uid, signum=signum, timeout=timeout, force=force)
     if cgroup:
         from singpy.cgroups import manager
@@ -328,31 +387,60 @@ def stop(records: str, record: InstanceRecord, uid: int, *, signum: int, timeout
 
         manager.remove(CgroupSpec(version=record.cgroup_version, dirs=cgroup, writes=()))
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(records, f"{record.name}.json"))
+        os.unlink(os.path.join(records, f"{check_name(record.name)}.json"))
 
 
 def _stop(record: InstanceRecord, uid: int, *, signum: int, timeout: float, force: bool) -> None:
-    _signal(record.pid, signal.SIGKILL if force else signum)
-    deadline = time.monotonic() + timeout
-    while is_alive(record, uid):
-        if time.monotonic() > deadline:
-            _signal(record.pid, signal.SIGKILL)
-            deadline = time.monotonic() + 5.0
-            if not force:
-                force = True
-                continue
-            raise SingpyError(f"instance {record.name} (pid {record.pid}) did not stop")
-        time.sleep(0.02)
+    holder = _holder(record, uid)
+    if holder is None:  # ended meanwhile
+        return
+    try:
+        _signal(record.pid, holder, signal.SIGKILL if force else signum)
+        deadline = time.monotonic() + timeout
+        while is_alive(record, uid):
+            if time.monotonic() > deadline:
+                _signal(record.pid, holder, signal.SIGKILL)
+                deadline = time.monotonic() + 5.0
+                if not force:
+                    force = True
+                    continue
+                raise SingpyError(f"instance {record.name} (pid {record.pid}) did not stop")
+            time.sleep(0.02)
+    finally:
+        if holder >= 0:
+            os.close(holder)
 
 
-def _signal(pid: int, signum: int) -> None:
+def _holder(record: InstanceRecord, uid: int) -> int | None:
+    """A pidfd of the record's holder, opened before checking it is the holder: every signal through it reaches
+    that process or none, never the pid's next owner. -1 where the kernel has none (< 5.3: signalled by pid); None
+    if the holder has gone."""
+    try:
+        pidfd = os.pidfd_open(record.pid)
+    except ProcessLookupError:
+        return None
+    except OSError:  # ENOSYS
+        pidfd = -1
+    if not is_alive(record, uid):
+        if pidfd >= 0:
+            os.close(pidfd)
+        return None
+    return pidfd
+
+
+def _signal(pid: int, pidfd: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signum)
+        if pidfd >= 0:
+            signal.pidfd_send_signal(pidfd, signum)
+        else:
+            os.kill(pid, signum)
 
 
 def parse_signal(text: str) -> int:
-    """A signal as `instance stop --signal` takes it: a number, TERM or SIGTERM."""
-    if text.isdigit():
+    """A signal as `instance stop --signal` takes it: a number (1 to NSIG - 1), TERM or SIGTERM."""
+    if text.isascii() and text.isdigit():
+        if len(text) > 4 or not 1 <= int(text) < signal.NSIG:  # (str to int is bounded: 4300 digits)
+            raise UsageError(f"unknown signal {text!r}: a signal's number is 1 to {signal.NSIG - 1}")
         return int(text)
     name = text.upper() if text.upper().startswith("SIG") else f"SIG{text.upper()}"
     try:

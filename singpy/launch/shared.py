@@ -62,7 +62,7 @@ def run(plan: LaunchPlan) -> int:
                 console.verbose(f"{plan.share.origin}: this rank builds the shared container")
                 from singpy.launch import holder
 
-                holder.start(plan, listener)
+                holder.start(plan, listener).release()  # a job's holder: it ends with its last rank
             elif time.monotonic() > deadline:
                 raise SingpyError(f"{plan.share.origin}: timed out waiting for the shared container")
             else:
