@@ -171,28 +171,9 @@ def _checked_descriptor(spec: OverlaySpec, what: str) -> int:
     entry = _checked.get((spec.path, spec.offset))
     if entry is None:  # every plan with an ext3 layer went through choose: a bug, never the user's doing
         raise ImageError(f"can't mount the {what}: it was not checked before the launch")
-    fd, device, inode = entry
-    if _is_file(fd, device, inode):
-        return fd
-    flags = (os.O_RDONLY if spec.readonly else os.O_RDWR) | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-    try:
-        fd = os.open(rootfs.host_path(spec.path), flags)
-    except OSError as error:
-        raise ImageError(f"can't open the {what}: {error.strerror}") from None
-    if not _is_file(fd, device, inode):
-        os.close(fd)
-        raise ImageError(f"can't mount the {what}: it was replaced since it was checked")
-    _checked[(spec.path, spec.offset)] = (fd, device, inode)
-    return fd
-
-
-def _is_file(fd: int, device: int, inode: int) -> bool:
-    """Whether `fd` is open on the file (device, inode): not closed since, nor its number reused."""
-    try:
-        info = os.fstat(fd)
-    except OSError:
-        return False
-    return (info.st_dev, info.st_ino) == (device, inode)
+    flags = os.O_RDONLY if spec.readonly else os.O_RDWR
+    _checked[(spec.path, spec.offset)] = entry = rootfs.checked_file(entry, spec.path, flags, what)
+    return entry[0]
 
 
 def attach(spec: OverlaySpec, index: int, uid: int, gid: int) -> tuple[str, int | None]:

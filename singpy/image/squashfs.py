@@ -123,27 +123,9 @@ def _checked_descriptor(image: ImageSpec) -> int:
     entry = _opened.get((image.path, image.offset))
     if entry is None:  # every loop or fuse plan went through choose: a bug, never the user's doing
         raise ImageError(f"can't mount the squashfs of {image.path}: it was not checked before the launch")
-    fd, device, inode = entry
-    if _is_file(fd, device, inode):
-        return fd
-    try:
-        fd = os.open(rootfs.host_path(image.path), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as error:
-        raise ImageError(f"can't open the image {image.path}: {error.strerror}") from None
-    if not _is_file(fd, device, inode):
-        os.close(fd)
-        raise ImageError(f"can't mount the squashfs of {image.path}: the image was replaced since it was checked")
-    _opened[(image.path, image.offset)] = (fd, device, inode)
-    return fd
-
-
-def _is_file(fd: int, device: int, inode: int) -> bool:
-    """Whether `fd` is open on the file (device, inode): not closed since, nor its number reused."""
-    try:
-        info = os.fstat(fd)
-    except OSError:
-        return False
-    return (info.st_dev, info.st_ino) == (device, inode)
+    _opened[(image.path, image.offset)] = entry = rootfs.checked_file(entry, image.path, os.O_RDONLY,
+                                                                     f"squashfs of {image.path}")
+    return entry[0]
 
 
 def _extract(image: ImageSpec, env: Mapping[str, str], cache: str, *, fuse_missing: str | None) -> ImageSpec:
@@ -211,7 +193,7 @@ def attach(image: ImageSpec, uid: int, gid: int) -> tuple[str, tuple[int, ...]]:
         return rootfs.IMAGE, (_mount_fuse(image, uid, gid),)
     finally:  # the loop device, or squashfuse's copy, holds the file now
         entry = _opened.pop((image.path, image.offset), None)
-        if entry is not None and _is_file(*entry):
+        if entry is not None and rootfs.is_file(*entry):
             os.close(entry[0])
 
 

@@ -65,6 +65,32 @@ def host_path(path: str) -> str:
     return resolve(HOST, path)
 
 
+def checked_file(checked: tuple[int, int, int], path: str, flags: int, what: str) -> tuple[int, int, int]:
+    """The descriptor of a file checked before the launch, `checked` = (fd, st_dev, st_ino): that one while it is
+    still open on the file; else (a shared container's holder closes the descriptors it does not know) host
+    `path` opened again with `flags`, used only if it is still that file (one renamed over it is never mounted)."""
+    fd, device, inode = checked
+    if is_file(fd, device, inode):
+        return checked
+    try:
+        fd = os.open(host_path(path), flags | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as error:
+        raise ImageError(f"can't open the {what}: {error.strerror}") from None
+    if not is_file(fd, device, inode):
+        os.close(fd)
+        raise ImageError(f"can't mount the {what}: it was replaced since it was checked")
+    return fd, device, inode
+
+
+def is_file(fd: int, device: int, inode: int) -> bool:
+    """Whether `fd` is open on the file (device, inode): not closed since, nor its number reused."""
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return False
+    return (info.st_dev, info.st_ino) == (device, inode)
+
+
 def mount_image(image: Tree, *, mount_points: list[tuple[str, bool]], writable: bool, userns: bool,
                 underlay: str = "fallback") -> None:
     """Put the image's root filesystem (`image`, a tree in the staging root) on NEWROOT, never writing it.
