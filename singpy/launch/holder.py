@@ -230,6 +230,7 @@ def _build(plan: LaunchPlan) -> tuple[list[tuple[str, int]], ImageScripts]:
 
     if plan.namespaces.pid:  # now: the package is out of reach once in the staging root
         from singpy.launch import pidns
+    phases.import_for_phases(plan)  # the same reason (an instance with --overlay needed layers.overlayfs)
     phases.enter_namespaces(plan, holdernet.wired(plan))  # --network bridge|ptp: wired from the host first
     names = [name for name, _ in NAMESPACES if _has(plan, name)]
     fds = [(name, os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)) for name in names]

@@ -63,7 +63,14 @@ from singpy.host.host import HostInfo
 from singpy.image.detect import detect
 from singpy.kernel import syscalls as k
 from singpy.launch import process
-from singpy.launch.phases import PreparedRoot, attach_image, build_container, enter_namespaces, layered, prepare_root
+from singpy.launch.phases import (
+    PreparedRoot,
+    attach_image,
+    build_container,
+    enter_namespaces,
+    import_for_phases,
+    prepare_root,
+)
 from singpy.launch.planner import LaunchRequest, Planned, build_plan
 from singpy.layers import rootfs
 from singpy.plan import ImageSpec, LaunchPlan, MountOp
@@ -284,19 +291,7 @@ def launch(plan: LaunchPlan, net_fd: int | None = None, *, limited: bool = False
         from singpy.launch import limits
 
         return limits.run_limited(plan.cgroup, lambda: os._exit(launch(plan, net_fd, limited=True)))
-    if plan.image.strategy in ("loop", "fuse") and plan.image.kind != "ext3":
-        # Imported now: after the first pivot the package is out of reach (attach_image).
-        from singpy.image import squashfs  # noqa: F401
-    if plan.image.encryption:
-        from singpy.image import cryptmount  # noqa: F401  (same reason)
-    if layered(plan):
-        from singpy.layers import overlayfs  # noqa: F401  (same reason: prepare_root)
-    elif plan.underlay == "always":
-        from singpy.layers import underlay  # noqa: F401  (same reason; a refused overlay imports it later: rootfs)
-    if plan.image.kind == "ext3" or any(layer.kind == "extfs" for layer in plan.overlays):
-        from singpy.image import extfs  # noqa: F401
-    if plan.fusemounts:
-        from singpy.launch import fusemount  # noqa: F401  (same reason: phases.build_container)
+    import_for_phases(plan)
     _limit_loop_devices(plan)
     enter_namespaces(plan, net_fd)
     rootfs.enter_staging(plan.staging_fs, plan.staging_size, slave=plan.mount_slave)

@@ -29,6 +29,23 @@ if TYPE_CHECKING:
     pass
 
 
+def import_for_phases(plan: LaunchPlan) -> None:
+    """The modules the phases of this plan need, imported now: after the first pivot the package is out of reach
+    (a launch, and a shared container's or an instance's holder, which builds its container the same way)."""
+    if plan.image.strategy in ("loop", "fuse") and plan.image.kind != "ext3":
+        from singpy.image import squashfs  # noqa: F401  (attach_image)
+    if plan.image.encryption:
+        from singpy.image import cryptmount  # noqa: F401
+    if layered(plan):
+        from singpy.layers import overlayfs  # noqa: F401  (prepare_root)
+    elif plan.underlay == "always":
+        from singpy.layers import underlay  # noqa: F401  (a refused overlay imports it later: rootfs)
+    if plan.image.kind == "ext3" or any(layer.kind == "extfs" for layer in plan.overlays):
+        from singpy.image import extfs  # noqa: F401
+    if plan.fusemounts:
+        from singpy.launch import fusemount  # noqa: F401  (build_container)
+
+
 def attach_image(plan: LaunchPlan) -> tuple[str, tuple[int, ...]]:
     """Called in the staging root: the image root's path there, and the helper processes serving it."""
     if plan.image.kind == "ext3":  # a Singularity 2.x ext3 image: the kernel's ext3 (loop) or fuse2fs
