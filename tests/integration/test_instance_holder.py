@@ -256,6 +256,7 @@ def run(*args):
 started = run("instance", "start", image, name)
 assert started.returncode == 0, started.stderr
 joined = run("exec", "instance://" + name, "sh", "-c", "echo $$; sleep 300 >/dev/null 2>&1 & exit 0")
+assert joined.returncode == 0 and joined.stdout.strip().isdigit(), (joined.returncode, joined.stdout, joined.stderr)
 pid = int(joined.stdout)
 victim = None
 for _ in range(50):
@@ -282,9 +283,13 @@ def test_stop_never_signals_a_process_that_took_a_joined_pid(singpy: Singpy, ima
                     "the user's holder signals by pidfd through the same code")
     script = workdir / "reuse-driver.py"
     script.write_text(REUSE)
-    result = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script), SINGPY,
-                             str(images["bare"]), names("reuse")], env=singpy.env(), capture_output=True, text=True,
-                            timeout=120)
+    # Its own (empty) home in its own mount namespace: the record names a pid of this PID namespace, which another
+    # suite's `instance list` on the host takes for an ended instance and removes (both runs of a side-by-side pair
+    # failed so); root's home is its passwd entry's, not $HOME.
+    driver = [sys.executable, str(script), SINGPY, str(images["bare"]), names("reuse")]
+    result = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
+                             'mount -t tmpfs -o mode=0700 tmpfs "$1" && shift && exec "$@"', "sh", singpy.home,
+                             *driver], env=singpy.env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "victim alive\n", result.stdout + result.stderr
 
