@@ -127,7 +127,7 @@ def write_conf(directory: Path, extra: str = "") -> Path:
     for name in ("nvliblist.conf", "rocmliblist.conf"):
         shutil.copy(REPO / "etc" / name, directory / name)
     conf = directory / "singpy.conf"
-    conf.write_text((REPO / "etc" / "singpy.conf").read_text() + extra)
+    conf.write_text(extra + (REPO / "etc" / "singpy.conf").read_text())  # first: a directive's first value counts
     directory.chmod(0o755)
     return conf
 

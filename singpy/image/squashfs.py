@@ -217,8 +217,10 @@ def _mount_fuse(image: ImageSpec, uid: int, gid: int) -> int:
     fd = rootfs.mount_fuse(rootfs.IMAGE, "squashfuse", f"fuse.{os.path.basename(image.tool)}", _MOUNT_FLAGS,
                            uid=uid, gid=gid, what=image.path, hint="run with --unsquash to extract the image instead")
     try:
-        # squashfuse opens /dev/fd/N of the checked descriptor: that file, not what the path names now.
-        argv = [image.tool, "-f", "-o", f"offset={image.offset}", f"/dev/fd/{checked}", f"/dev/fd/{fd}"]
+        # squashfuse opens the checked descriptor (/proc/self/fd/N, as Apptainer hands it over: a host's /dev
+        # may lack the /dev/fd link), that file, not what the path names now; the last argument is libfuse's
+        # "/dev/fd/N" (a mounted descriptor), a name it parses, never opens.
+        argv = [image.tool, "-f", "-o", f"offset={image.offset}", f"/proc/self/fd/{checked}", f"/dev/fd/{fd}"]
         os.set_inheritable(checked, True)  # only across this fork: the payload must not get it
         try:
             pid, errors = process.spawn_helper(argv, root=rootfs.HOST, keep_fd=fd,
