@@ -187,6 +187,10 @@ def _exit_now(status: int) -> NoReturn:
             stream.flush()
         except (OSError, ValueError):  # a closed pipe (`singpy exec --dry-run ... | head -1`)
             status = status or 1
+    if status < 0:  # a supervisor whose payload a signal killed ends by that signal (singpy.launch.exitstatus)
+        from singpy.launch.exitstatus import exit_as
+
+        exit_as(status)
     os._exit(status)
 
 

@@ -154,11 +154,12 @@ def _remove(directory: str) -> None:
 def launched(run: Callable[[], int]) -> int:
     """`run` (the launch) in a supervised child, so that this process outlives the container; its status."""
     from singpy.launch import process
+    from singpy.launch.exitstatus import exit_as
 
     def child() -> NoReturn:
         status = run()  # returns only where the launch supervises (else the payload replaced the child)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(status)
+        exit_as(status)  # -N: killed as the payload was, for the supervisor here to see
 
     return process.supervise(child)

@@ -63,6 +63,7 @@ from singpy.host.host import HostInfo
 from singpy.image.detect import detect
 from singpy.kernel import syscalls as k
 from singpy.launch import process
+from singpy.launch.exitstatus import exit_as
 from singpy.launch.phases import (
     PreparedRoot,
     attach_image,
@@ -290,7 +291,7 @@ def launch(plan: LaunchPlan, net_fd: int | None = None, *, limited: bool = False
     if plan.cgroup is not None and not limited:  # resource limits: a supervisor outside removes the cgroup
         from singpy.launch import limits
 
-        return limits.run_limited(plan.cgroup, lambda: os._exit(launch(plan, net_fd, limited=True)))
+        return limits.run_limited(plan.cgroup, lambda: exit_as(launch(plan, net_fd, limited=True)))
     import_for_phases(plan)
     _limit_loop_devices(plan)
     enter_namespaces(plan, net_fd)
@@ -347,4 +348,4 @@ def attach_network(plan: LaunchPlan) -> int:
 
 
 def _attached_container(plan: LaunchPlan, net_fd: int) -> NoReturn:
-    os._exit(launch(plan, net_fd))
+    exit_as(launch(plan, net_fd))

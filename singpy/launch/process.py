@@ -30,6 +30,7 @@ from singpy.host.hostfiles import which
 from singpy.image.scripts import ImageScripts
 from singpy.kernel import caps
 from singpy.kernel import syscalls as k
+from singpy.launch.exitstatus import exit_code
 from singpy.plan import Privileges, ProcessSpec, SecuritySpec
 
 TYPE_CHECKING = False  # see singpy.record
@@ -228,7 +229,8 @@ def _default_handlers() -> None:
 
 
 def supervise(child: Callable[[], NoReturn], helpers: tuple[int, ...] = ()) -> int:
-    """Fork `child` and wait for it, forwarding signals; return its exit status.
+    """Fork `child` and wait for it, forwarding signals; return its status: an exit code, or -N where signal N
+    killed it (the launcher then ends by that signal too: singpy.launch.exitstatus).
 
     Used for --pid: the parent stays outside the new PID namespace; the child
     is its PID 1 and runs `init`. Used too when `helpers` (squashfuse, see
@@ -433,7 +435,7 @@ def init(payload: Callable[[], NoReturn]) -> NoReturn:
     pid = fork_tied()
     if pid == 0:
         run_child(payload)
-    os._exit(_wait_forwarding(pid, reap_all=True))
+    os._exit(exit_code(_wait_forwarding(pid, reap_all=True)))  # the kernel shields init from its own signals
 
 
 def run_child(body: Callable[[], NoReturn]) -> NoReturn:
@@ -448,7 +450,8 @@ def run_child(body: Callable[[], NoReturn]) -> NoReturn:
 
 
 def _wait_forwarding(pid: int, *, reap_all: bool = False) -> int:
-    """Forward signals to `pid` until it exits (reaping any other child if `reap_all`); its status.
+    """Forward signals to `pid` until it exits (reaping any other child if `reap_all`); its status (-N: killed
+    by signal N).
 
     Synchronous: the signals stay blocked (`block_signals`, before the fork)
     and are taken one at a time from the pending set with sigwaitinfo,
@@ -481,8 +484,7 @@ def _reap(pid: int, *, reap_all: bool) -> int | None:
         if done == 0:
             return None
         if done == pid:
-            code = os.waitstatus_to_exitcode(status)
-            return 128 - code if code < 0 else code
+            return os.waitstatus_to_exitcode(status)  # -N: killed by signal N (singpy.launch.exitstatus)
 
 
 def _forward(pid: int, signum: int) -> None:
