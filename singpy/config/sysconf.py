@@ -86,7 +86,7 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("network ptp subnet", STRING, "10.23.0.0/16",
               "IPv4 subnet of --network ptp; its first address is the host end's"),
     Directive("unsquash", BOOL, False, "always extract SIF/squashfs images instead of mounting them"),
-    Directive("unsquash in background", BOOL, False, "after a user's FUSE run of a SIF/squashfs image, unpack it "
+    Directive("unsquash in background", BOOL, True, "after a user's FUSE run of a SIF/squashfs image, unpack it "
               "into the user's cache in the background, for later runs (docs/images.md)"),
     Directive("unsquash in background max size", INT, 4096, "size in MiB of the largest squashfs partition "
               "unpacked in the background (larger images are always mounted with FUSE; 0: no limit)"),

@@ -43,11 +43,14 @@ rules: the index link of the one form singpy writes, an entry owned by the user)
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from singpy import console
 from singpy.errors import ImageError
 from singpy.plan import ImageSpec
+
+TYPE_CHECKING = False  # see singpy.record: `typing` (and collections.abc) are not loaded at run time
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 WAIT_LIMIT = 64 << 20  # squashfs bytes: an image up to this size being unpacked is waited for rather than mounted
 # The unpacking starts this long after the run that started it: unpacking beside a run's start-up (even at nice 19,

@@ -1,7 +1,8 @@
 """`unsquash in background` (singpy.image.warm): a user's first FUSE run of a SIF unpacks it behind itself,
 later runs start from the unpacked tree; a burst unpacks once; nothing tampered, foreign or half-made is used.
 
-Every run here has /dev/fuse open to users (the `fuse_open` fixture), the only case the directive changes.
+Every run here has /dev/fuse open to users (the `fuse_open` fixture), the only case the directive changes, and
+singpy's default configuration, in which the directive is on.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def images(workdir: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def conf(workdir: Path) -> Path:
+    """singpy's defaults (an empty file: each directive's default): `unsquash in background` is on by default."""
     path = workdir / "warm.conf"
-    path.write_text("unsquash in background = yes\n")
+    path.write_text("")
     path.chmod(0o644)
     return path
 

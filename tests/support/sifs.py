@@ -154,12 +154,20 @@ def conf_without_kernel_squashfs(workdir: Path) -> Path:
     return conf
 
 
+def conf_fuse_only(workdir: Path) -> Path:
+    """A user's runs through FUSE and nothing else: no unpacking behind them (tests/integration/test_sif_warm.py
+    tests the default, which unpacks)."""
+    conf = workdir / "fuse-only.conf"
+    conf.write_text("unsquash in background = no\n")
+    return conf
+
+
 def strategy_args(singpy: Singpy, strategy: str, workdir: Path) -> list[str]:
     """Global and action flags that make `singpy` use `strategy` for this profile."""
     if strategy == "extract":
         return ["--unsquash"]
-    if strategy == "fuse" and singpy.uid == 0:
-        return ["--config", str(conf_without_kernel_squashfs(workdir))]
+    if strategy == "fuse":
+        return ["--config", str(conf_without_kernel_squashfs(workdir) if singpy.uid == 0 else conf_fuse_only(workdir))]
     return []
 
 

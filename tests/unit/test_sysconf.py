@@ -43,7 +43,7 @@ EXPECTED_DEFAULTS = {
     "network bridge subnet": "10.22.0.0/16",
     "network ptp subnet": "10.23.0.0/16",
     "unsquash": False,
-    "unsquash in background": False,
+    "unsquash in background": True,
     "unsquash in background max size": 4096,
     "allow kernel extfs": True,
     "allow kernel squashfs": True,
