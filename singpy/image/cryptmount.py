@@ -24,11 +24,11 @@ from collections.abc import Mapping
 from singpy import console
 from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, KernelError
-from singpy.image import cryptkey, cryptluks
+from singpy.image import cryptkey, cryptluks, squashfs
 from singpy.kernel import loop
 from singpy.kernel import syscalls as k
 from singpy.launch import process
-from singpy.layers import rootfs, staging
+from singpy.layers import rootfs
 from singpy.plan import ImageSpec
 
 GOCRYPTFS = "gocryptfs"
@@ -66,6 +66,7 @@ def prepare(image: ImageSpec, *, uid: int, env: Mapping[str, str], prompt: bool,
         raise ImageError(f"can't run the encrypted image {image.path}: gocryptfs needs FUSE, and {FUSE_DEVICE} is "
                          "not readable and writable by you")
     console.verbose(f"encrypted image {image.path}: gocryptfs, key from {key.source}, squashfs by {strategy}")
+    squashfs.open_checked(image)  # `attach` mounts this very file, whatever is renamed over its path meanwhile
     return image.replace(strategy=strategy, tool=squashfuse if strategy == "fuse" else "", gocryptfs=gocryptfs,
                          key=f"{key.format} from {key.source}")
 
@@ -133,19 +134,21 @@ def attach(image: ImageSpec, uid: int, gid: int, *, quiet: bool) -> tuple[str, t
         os.mkdir(path, 0o700)
     helpers: list[int] = []
     try:
-        _squashfs(image, rootfs.host_path(image.path), image.offset, image.size, cipher, uid, gid, helpers,
+        _squashfs(image, squashfs.checked_descriptor(image), image.offset, image.size, cipher, uid, gid, helpers,
                   quiet=quiet)
         name = _inner_name(cipher, image.path)
         helpers.append(_gocryptfs(image, cipher, plain, uid, gid, quiet=quiet))
         inner = _open_inner(f"{plain}/{name}", image.path)
         try:  # by descriptor: a link in the image must not lead the mount to another file
-            _squashfs(image, f"{staging.PROC}/self/fd/{inner}", 0, 0, rootfs.IMAGE, uid, gid, helpers, quiet=quiet)
+            _squashfs(image, inner, 0, 0, rootfs.IMAGE, uid, gid, helpers, quiet=quiet)
         finally:
             os.close(inner)
     except BaseException:
         for pid in reversed(helpers):
             process.stop_helper(pid)
         raise
+    finally:  # the loop device, or squashfuse, holds the file now
+        squashfs.release_checked(image)
     return rootfs.IMAGE, tuple(reversed(helpers))
 
 
@@ -173,11 +176,12 @@ def _inner_name(cipher: str, path: str) -> str:
     return inner[0]
 
 
-def _squashfs(image: ImageSpec, source: str, offset: int, size: int, target: str, uid: int, gid: int,
+def _squashfs(image: ImageSpec, backing: int, offset: int, size: int, target: str, uid: int, gid: int,
               helpers: list[int], *, quiet: bool) -> None:
-    """A squashfs (a partition of the SIF, or the decrypted file) on `target`: loop (root) or squashfuse."""
+    """The squashfs in the file open as `backing` (the SIF checked before the launch, or the decrypted file) on
+    `target`: loop (root) or squashfuse; by descriptor, never by a path that could name another file by now."""
     if image.strategy == "loop":
-        fd, device = loop.attach(source, offset, size, dev=rootfs.host_path("/dev"))
+        fd, device = loop.attach(image.path, offset, size, dev=rootfs.host_path("/dev"), backing_fd=backing)
         try:
             k.mount(device, target, "squashfs", _FLAGS)
         except KernelError as error:
@@ -187,14 +191,13 @@ def _squashfs(image: ImageSpec, source: str, offset: int, size: int, target: str
         return
     fuse = rootfs.mount_fuse(target, "squashfuse", f"fuse.{os.path.basename(image.tool)}", _FLAGS, uid=uid, gid=gid,
                              what=image.path)
-    backing = os.open(source, os.O_RDONLY)  # by descriptor: the helper runs in the host tree, not ours
-    os.set_inheritable(backing, True)
-    try:
-        argv = [image.tool, "-f", "-o", f"offset={offset}", f"/dev/fd/{backing}", f"/dev/fd/{fuse}"]
+    os.set_inheritable(backing, True)  # only across this fork: the payload must not get it
+    try:  # /proc/self/fd/N: a host's /dev may lack the /dev/fd link; "/dev/fd/N" last is libfuse's, parsed, not opened
+        argv = [image.tool, "-f", "-o", f"offset={offset}", f"/proc/self/fd/{backing}", f"/dev/fd/{fuse}"]
         pid, errors = process.spawn_helper(argv, root=rootfs.HOST, keep_fd=fuse, quiet=quiet)
     finally:
+        os.set_inheritable(backing, False)
         os.close(fuse)
-        os.close(backing)
     helpers.append(pid)
     _wait_served(target, pid, errors, f"can't mount the squashfs of {image.path}")
 
@@ -210,8 +213,8 @@ def _gocryptfs(image: ImageSpec, cipher: str, plain: str, uid: int, gid: int, *,
         os.close(secret_write)
         for fd in (directory, secret_read):
             os.set_inheritable(fd, True)
-        argv = [image.gocryptfs, "-q", "-fg", "-passfile", f"/dev/fd/{secret_read}", f"/dev/fd/{directory}",
-                f"/dev/fd/{fuse}"]
+        argv = [image.gocryptfs, "-q", "-fg", "-passfile", f"/proc/self/fd/{secret_read}",
+                f"/proc/self/fd/{directory}", f"/dev/fd/{fuse}"]  # the last: go-fuse's mounted descriptor, parsed
         pid, errors = process.spawn_helper(argv, root=rootfs.HOST, keep_fd=fuse, quiet=quiet)
     finally:
         for fd in (fuse, directory, secret_read):

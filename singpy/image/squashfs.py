@@ -49,7 +49,7 @@ FUSE_TOOLS = ("squashfuse_ll", "squashfuse")  # the low-level one is faster (App
 _MOUNT_FLAGS = k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV
 _MAGIC = b"hsqs"  # a squashfs superblock's first bytes (little-endian)
 # (path, offset) -> the image opened and checked by `choose` (loop, fuse), and its file's (st_dev, st_ino):
-# `attach` mounts that very file (a loop device on it, squashfuse given /dev/fd/N), whatever its owner renamed
+# `attach` mounts that very file (a loop device on it, squashfuse given /proc/self/fd/N), whatever its owner renamed
 # over the path since.
 _opened: dict[tuple[str, int], tuple[int, int, int]] = {}
 
@@ -74,12 +74,12 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
         return _extract(image, env, cache, fuse_missing=None)
     if uid == 0 and not user_namespace and allow_kernel and os.path.exists("/dev/loop-control"):
         console.verbose("mounting it with the kernel's squashfs on a loop device (running as root)")
-        _open_checked(image)
+        open_checked(image)
         return image.replace(strategy="loop")
     tool = next((path for name in FUSE_TOOLS if (path := find_tool(name, env))), None)
     usable = os.access(FUSE_DEVICE, os.R_OK | os.W_OK)
     if tool is not None and usable:
-        _open_checked(image)
+        open_checked(image)
         image = image.replace(strategy="fuse", tool=tool)
         if background is not None and uid != 0:
             from singpy.image import warm
@@ -93,7 +93,7 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
     return _extract(image, env, cache, fuse_missing="tool" if tool is None else "device")
 
 
-def _open_checked(image: ImageSpec) -> None:
+def open_checked(image: ImageSpec) -> None:
     """Open the image once, on the host, and check it there: a regular file with a squashfs at its offset.
 
     `attach` mounts this descriptor's file; whatever the path names by then
@@ -117,7 +117,7 @@ def _open_checked(image: ImageSpec) -> None:
     _opened[(image.path, image.offset)] = (fd, info.st_dev, info.st_ino)
 
 
-def _checked_descriptor(image: ImageSpec) -> int:
+def checked_descriptor(image: ImageSpec) -> int:
     """The descriptor `choose` checked; should it be closed since (a shared container's holder closes the
     descriptors it does not know: singpy.launch.holder), the path opened again if it is still that file."""
     entry = _opened.get((image.path, image.offset))
@@ -192,14 +192,19 @@ def attach(image: ImageSpec, uid: int, gid: int) -> tuple[str, tuple[int, ...]]:
             return rootfs.IMAGE, ()
         return rootfs.IMAGE, (_mount_fuse(image, uid, gid),)
     finally:  # the loop device, or squashfuse's copy, holds the file now
-        entry = _opened.pop((image.path, image.offset), None)
-        if entry is not None and rootfs.is_file(*entry):
-            os.close(entry[0])
+        release_checked(image)
+
+
+def release_checked(image: ImageSpec) -> None:
+    """Close the descriptor `open_checked` left for `image` (once it is mounted, or the mount failed)."""
+    entry = _opened.pop((image.path, image.offset), None)
+    if entry is not None and rootfs.is_file(*entry):
+        os.close(entry[0])
 
 
 def _mount_loop(image: ImageSpec) -> None:
     fd, device = loop.attach(rootfs.host_path(image.path), image.offset, image.size,
-                             dev=rootfs.host_path("/dev"), backing_fd=_checked_descriptor(image))
+                             dev=rootfs.host_path("/dev"), backing_fd=checked_descriptor(image))
     try:
         console.verbose(f"mounting {device} (offset {image.offset}) as squashfs")
         try:
@@ -213,7 +218,7 @@ def _mount_loop(image: ImageSpec) -> None:
 
 def _mount_fuse(image: ImageSpec, uid: int, gid: int) -> int:
     """Mount FUSE on IMAGE and start squashfuse serving it; return squashfuse's pid."""
-    checked = _checked_descriptor(image)
+    checked = checked_descriptor(image)
     fd = rootfs.mount_fuse(rootfs.IMAGE, "squashfuse", f"fuse.{os.path.basename(image.tool)}", _MOUNT_FLAGS,
                            uid=uid, gid=gid, what=image.path, hint="run with --unsquash to extract the image instead")
     try:

@@ -24,6 +24,7 @@ import pytest
 from tests.conftest import Singpy, assert_one_fatal
 from tests.support import sifs
 from tests.support.leftovers import descendants
+from tests.support.swapping import run_swapping
 
 PASSPHRASE = "correct horse 42"  # with a space: passed whole, never split
 
@@ -115,6 +116,21 @@ def test_signal_leaves_no_helper_or_mount(singpy: Singpy, workdir: Path, by_pass
         time.sleep(0.05)
     assert [line for pid, line in helpers.items() if _alive(pid)] == []
     sifs.assert_restored(before, workdir)
+
+
+def test_image_swapped_after_the_check_is_not_mounted(singpy: Singpy, by_passphrase: Path, place: Path,
+                                                       fuse_open: str) -> None:
+    """Root (loop device) and the user (squashfuse): the encrypted SIF checked before the launch is the one
+    mounted and decrypted, not a file renamed over its path meanwhile (here, zeros: reopened, it fails)."""
+    image, junk = place / "encrypted.sif", place / "junk"
+    shutil.copy(by_passphrase, image)
+    junk.write_bytes(b"\0" * image.stat().st_size)
+    for path in (image, junk):
+        os.chown(path, singpy.uid, singpy.gid)
+    result = run_swapping(singpy, place, "cryptmount", junk, image, "exec", str(image), "cat", "/etc/marker",
+                          env=singpy.env(APPTAINER_ENCRYPTION_PASSPHRASE=PASSPHRASE))
+    assert (result.returncode, result.stdout) == (0, sifs.MARKER + "\n"), result.stderr
+    assert image.read_bytes().strip(b"\0") == b""  # the swap did happen
 
 
 def _alive(pid: int) -> bool:

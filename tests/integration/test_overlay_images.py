@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SINGPY, Singpy, assert_one_fatal
+from tests.conftest import Singpy, assert_one_fatal
 from tests.support import sifs
+from tests.support.swapping import run_swapping
 
 
 @pytest.fixture
@@ -192,32 +192,6 @@ def test_image_in_use_for_writing_is_refused(singpy: Singpy, workdir: Path, plac
 # run against root's launch), made deterministic: a wrapper runs singpy's own main with the module's `attach`
 # wrapped to do the rename first. What this shows: the mounted file is the one checked (and locked); what it
 # can't show: the window between the path's detection (image.detect, the ECL) and `choose`'s open.
-_SWAPPING = """
-import os, sys
-from singpy.image import {module}
-from singpy.layers import rootfs
-original = {module}.attach
-def attach(*args, **kwargs):
-    os.rename(rootfs.HOST + {source!r}, rootfs.HOST + {target!r})
-    return original(*args, **kwargs)
-{module}.attach = attach
-from singpy.cli.main import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def _run_swapping(singpy: Singpy, place: Path, module: str, source: Path, target: Path,
-                  *args: str) -> subprocess.CompletedProcess[str]:
-    script = place / "swapping.py"
-    script.write_text(_SWAPPING.format(module=module, source=str(source), target=str(target)))
-    argv, ids = singpy.command(list(args))
-    index = argv.index(SINGPY)
-    argv[index:index + 1] = [sys.executable, str(script)]
-    result: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]
-        argv, env=singpy.env(), cwd=str(place), capture_output=True, text=True, timeout=60, **ids)
-    return result
-
-
 def _cat(image: Path, path: str) -> str:
     return subprocess.run(["debugfs", "-R", f"cat {path}", str(image)], capture_output=True, text=True).stdout
 
@@ -231,7 +205,7 @@ def test_overlay_image_swapped_after_the_check_is_not_mounted(singpy: Singpy, wo
     singpy.ok("overlay", "create", str(other))
     os.link(image, kept)  # the checked file, under a second name
     sif = str(_sif_copy(singpy, workdir, place))
-    result = _run_swapping(singpy, place, "extfs", other, image,
+    result = run_swapping(singpy, place, "extfs", other, image,
                            "exec", "--overlay", str(image), sif, "/bin/sh", "-c", "echo mine > /written")
     assert result.returncode == 0, result.stderr
     assert _cat(kept, "/upper/written") == "mine\n"
@@ -245,5 +219,5 @@ def test_sif_swapped_after_the_check_is_not_mounted(singpy: Singpy, workdir: Pat
     junk = place / "junk"
     junk.write_bytes(b"\0" * sif.stat().st_size)
     os.chown(junk, singpy.uid, singpy.gid)
-    result = _run_swapping(singpy, place, "squashfs", junk, sif, "exec", str(sif), "echo", "ran")
+    result = run_swapping(singpy, place, "squashfs", junk, sif, "exec", str(sif), "echo", "ran")
     assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr

@@ -68,8 +68,13 @@ class Traces:
 
 
 def traces(*paths: str | Path) -> Traces:
-    """A snapshot of what names one of `paths` (the image, the session workdir, a test's own directory)."""
+    """A snapshot of what names one of `paths` (the image, the session workdir, a test's own directory).
+
+    A background unpacking (singpy.image.warm: detached, on by default after a user's FUSE run) that names one
+    is waited for first, up to UNPACKING_WAIT: it ends by itself, a test's trace only if it never does.
+    """
     names = _variants(paths)
+    _wait_for_unpackings(names)
     return Traces(mounts=_mounts(names), loops=_loops(names), processes=_processes(names), tmp=_tmp_entries())
 
 
@@ -147,6 +152,26 @@ def in_pid_namespace(link: str) -> list[int]:
 
 
 # --- internals -------------------------------------------------------------------------------------------------------
+
+UNPACKING_WAIT = 60.0  # seconds: a busybox image unpacks in well under one, on a loaded machine
+
+
+def _wait_for_unpackings(names: tuple[str, ...]) -> None:
+    from singpy.image.warm import PROCESS_NAME
+
+    deadline = time.monotonic() + UNPACKING_WAIT
+    while time.monotonic() < deadline and any(_comm(line.split(" ", 1)[0]) == PROCESS_NAME
+                                              for line in _processes(names)):
+        time.sleep(0.05)
+
+
+def _comm(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
 
 
 def _variants(paths: Iterable[str | Path]) -> tuple[str, ...]:
