@@ -31,8 +31,8 @@ Unpacking takes longer than one FUSE run (unsquashfs of a 1 MB busybox image:
   only when complete, a killed unpacking's temporary tree removed by the next
   one), and drops the lock when done. Busy: another run is unpacking it, so a
   burst of jobs starts one unpacking; this run mounts the image with FUSE, or,
-  for a small image, waits for the lock (a blocking flock: no polling, no
-  CPU), then takes the tree (FUSE if the unpacking failed or never started).
+  for a small image, waits for the lock (bounded: WAIT_RATE), then takes the
+  tree (FUSE if the unpacking failed, never started or outlasted the wait).
 
 A cache that `cachefiles.check_owned` refuses (someone else's, writable by
 others) is never used nor written: the run mounts the image with FUSE, as
@@ -53,6 +53,10 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 WAIT_LIMIT = 64 << 20  # squashfs bytes: an image up to this size being unpacked is waited for rather than mounted
+# ... but never for longer than a slow unpacking of its size takes (an unpacking stopped with its job, SIGSTOP, or
+# stuck on a hung disk must not stop every later run): WAIT_RATE squashfs bytes a second, WAIT_LEAST seconds at least.
+WAIT_RATE = 1 << 20
+WAIT_LEAST = 5.0
 # The unpacking starts this long after the run that started it: unpacking beside a run's start-up (even at nice 19,
 # SCHED_IDLE) made that first run ~45 ms slower on a loaded 2-core machine, a 0.15 s delay ~6 ms (docs/images.md).
 START_DELAY = 0.2
@@ -207,9 +211,8 @@ def _release(path: str, lock: int) -> None:
 
 
 def _wait(image: ImageSpec, path: str) -> ImageSpec:
-    """Another run is unpacking this small image: wait for it (flock, shared: every waiter wakes at once)."""
-    import fcntl
-
+    """Another run is unpacking this small image: wait for it (flock, shared: every waiter gets it at once), for a
+    bounded time (WAIT_RATE)."""
     from singpy.image import cache as extraction
 
     console.verbose(f"waiting for another singpy to finish unpacking {image.path}")
@@ -218,15 +221,37 @@ def _wait(image: ImageSpec, path: str) -> ImageSpec:
     except OSError:
         fd = -1  # done (or gone) already
     if fd >= 0:
+        bound = max(WAIT_LEAST, partition_length(image) / WAIT_RATE)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            done = _locked_within(fd, bound)
         finally:
             os.close(fd)
+        if not done:
+            console.verbose(f"the unpacking under way took over {bound:g} s: mounting the image with FUSE")
+            return image
     tree = extraction.lookup(image.cache, image.path, image.offset, image.size, checked=True)
     if tree is None:
         console.verbose("the background unpacking left no tree: mounting the image with FUSE")
         return image
     return image.replace(strategy="extract", tool=image.unpacker, rootfs=tree, warm=CACHED)
+
+
+def _locked_within(fd: int, seconds: float) -> bool:
+    """Whether a shared lock on `fd` was had within `seconds` (the unpacking holding it done); polled, the pauses
+    growing from 5 ms to 0.1 s: a blocking flock has no timeout."""
+    import fcntl
+    import time
+
+    deadline, pause = time.monotonic() + seconds, 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
 
 
 def _spawn(image: ImageSpec, path: str, lock: int) -> int:

@@ -23,6 +23,7 @@ from tests.support import sifs
 from tests.support.leftovers import settled, traces
 from tests.support.sifs import MARKER
 
+WARM_WAIT_LEAST = 5.0  # the shortest wait for an unpacking under way (docs/images.md)
 UNPACKED_NOTE = "using the tree a background unpacking left in the cache"
 STARTED_NOTE = "into the cache in the background, for later runs"
 
@@ -207,6 +208,29 @@ def test_killed_unpacking_leaves_nothing_trusted(as_user: Singpy, images: dict[s
     assert not [name for name in sifs.entries(cache) if "tmp-" in name]  # removed by the next unpacking
     third = run(as_user, conf, cache, image, "cat", "/etc/marker")
     assert third.returncode == 0 and third.stdout.split() == [MARKER] and UNPACKED_NOTE in third.stderr
+
+
+def test_a_stalled_unpacking_is_waited_for_a_bounded_time(as_user: Singpy, images: dict[str, Path], workdir: Path,
+                                                          conf: Path, fuse_open: str) -> None:
+    """An unpacking that never ends (stopped with its job, a hung disk) holds its lock: a later run of the image
+    (small enough to wait for) waits a bounded time, then mounts the image with FUSE (before: waited for ever)."""
+    cache = sifs.new_cache(as_user, workdir, "warm-stalled")
+    image = str(images["squashfs"])
+    tools = unpacker_dir(workdir, "warm-stalled-tools", STALLING)
+    first = run(as_user, conf, cache, image, "true", path=f"{tools}:/usr/bin:/bin")
+    assert first.returncode == 0 and STARTED_NOTE in first.stderr, first.stderr
+    stalled, unpacker = _wait_file(tools / "calls"), _wait_file(tools / "unpacker")
+    try:
+        started = time.monotonic()
+        second = as_user.run("--config", str(conf), "-v", "exec", image, "cat", "/etc/marker",
+                             env=as_user.env(SINGPY_CACHEDIR=str(cache)), timeout=WARM_WAIT_LEAST + 25)
+        took = time.monotonic() - started
+        assert second.returncode == 0 and second.stdout.split() == [MARKER], second.stderr
+        assert "took over 5 s: mounting the image with FUSE" in second.stderr and "squashfuse" in second.stderr
+        assert WARM_WAIT_LEAST <= took < WARM_WAIT_LEAST + 20
+    finally:
+        for pid in (unpacker, stalled):
+            os.kill(pid, signal.SIGKILL)
 
 
 def test_cache_clean_removes_a_killed_unpacking(as_user: Singpy, images: dict[str, Path], workdir: Path,
