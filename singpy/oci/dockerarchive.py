@@ -14,16 +14,12 @@ from typing import Any
 
 from singpy.errors import ImageError
 from singpy.oci.localfiles import CHUNK, Files, read_json
-from singpy.oci.manifest import DOCKER_MANIFEST, MANIFEST_LIMIT
+from singpy.oci.manifest import DOCKER_MANIFEST, MANIFEST_LIMIT, MAX_LAYERS
 
 DOCKER_CONFIG = "application/vnd.docker.container.image.v1+json"
 DOCKER_LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 DOCKER_LAYER_TAR = "application/vnd.docker.image.rootfs.diff.tar"
 OCI_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
-# Layers one image may list: Docker stacks at most 128 (its overlay2 driver's depth), so many more is a
-# hostile archive, whose every layer would be applied in turn (the same 4 MiB file listed 100000 times in a
-# 500 KB manifest.json: 400 GB to unpack).
-MAX_LAYERS = 1000
 
 
 def docker_manifest(files: Files, where: str, tag: str | None) -> tuple[dict[str, Any], dict[str, str]]:

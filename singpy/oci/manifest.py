@@ -4,7 +4,8 @@ Docker's schema 1 is refused by name; `mediaType` is taken from the body,
 else from Content-Type, else inferred (`manifests` means an index, `layers` a
 manifest: OCI lets `mediaType` out). Sizes are bounded (MANIFEST_LIMIT) and
 every field used later is type-checked here, so a malformed manifest is one
-ImageError, never a KeyError.
+ImageError, never a KeyError. An image lists at most MAX_LAYERS layers (docker
+archives' manifest.json too, singpy.oci.dockerarchive).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ SCHEMA1_TYPES = ("application/vnd.docker.distribution.manifest.v1+json",
 ACCEPT = ", ".join((OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST))
 
 MANIFEST_LIMIT = 4 << 20  # bytes of a manifest, an index or a config (real ones are a few KB)
+# Layers one image may list, from a registry, a layout or an archive: Docker stacks at most 128 (its overlay2
+# driver's depth), so many more is a hostile image, whose every layer would be fetched and applied in turn
+# (4 MiB of manifest lists ~30000 layers; one 4 MiB blob listed that often is 120 GB to unpack).
+MAX_LAYERS = 1000
 
 
 def digest_hex(algorithm: str, data: bytes) -> str:
@@ -103,6 +108,9 @@ def manifest_problem(body: dict[str, Any], media_type: str) -> str | None:
     problem = descriptor_problem(body.get("config"))
     if problem:
         return f"config{problem}"
+    layers = body.get("layers")
+    if isinstance(layers, list) and len(layers) > MAX_LAYERS:
+        return f"it lists {len(layers)} layers (singpy reads at most {MAX_LAYERS})"
     return _descriptors_problem(body, "layers")
 
 

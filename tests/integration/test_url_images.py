@@ -262,37 +262,32 @@ def test_a_url_image_cut_short_is_not_cached_and_runs_once_the_server_sends_it_w
     assert singpy.ok("run", site.url) == "first\n"
 
 
+def _pull_or_exec(command: str, out: Path, url: str) -> list[str]:
+    """The arguments of the case pair every misbehaving server is tried with: `pull` into `out`, or `exec`."""
+    return ["pull", "--name", str(out / "image.sif"), url] if command == "pull" else ["exec", url, "true"]
+
+
+# A per-read timeout never ends a server that sends a byte every 0.5 s ("slow-headers"): the deadline on
+# headers does. Each case: the server's mode, the variables of the run, what its one FATAL line says.
+_REFUSALS = {
+    "trickle": ("trickle", SLOW_LIMITS, "SINGPY_PULL_LOW_SPEED"),
+    "slow-headers": ("slow-headers", {"SINGPY_PULL_DOCUMENT_TIMEOUT": "2"},
+                     "did not come within 2 s (the limit is SINGPY_PULL_DOCUMENT_TIMEOUT)"),
+    "no-http": ("garbage", {}, "not HTTP"),
+    "redirect-to-ftp": ("to-ftp", {}, "a redirect out of http(s) is refused"),
+}
+
+
 @pytest.mark.parametrize("command", ["pull", "exec"])
-def test_a_trickling_server_breaks_the_low_speed_rule(singpy: Singpy, workdir: Path, site: _Site,
-                                                      command: str) -> None:
-    site.mode = "trickle"
+@pytest.mark.parametrize("case", list(_REFUSALS))
+def test_a_misbehaving_server_is_one_fatal_and_leaves_no_file(singpy: Singpy, workdir: Path, site: _Site,
+                                                               case: str, command: str) -> None:
+    site.mode, limits, message = _REFUSALS[case]
     out = _out_dir(singpy, workdir)
-    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
     before = _cache_entries(singpy)
-    result = singpy.run(*args, env=singpy.env(**SLOW_LIMITS), timeout=30)
-    assert_one_fatal(result, "SINGPY_PULL_LOW_SPEED")
+    result = singpy.run(*_pull_or_exec(command, out, site.url), env=singpy.env(**limits), timeout=30)
+    assert_one_fatal(result, message)
     assert os.listdir(out) == [] and _cache_entries(singpy) == before
-
-
-@pytest.mark.parametrize("command", ["pull", "exec"])
-def test_headers_that_trickle_break_the_document_deadline(singpy: Singpy, workdir: Path, site: _Site,
-                                                          command: str) -> None:
-    """A per-read timeout never ends a server that sends a byte every 0.5 s; the deadline on headers does."""
-    site.mode = "slow-headers"
-    out = _out_dir(singpy, workdir)
-    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
-    result = singpy.run(*args, env=singpy.env(SINGPY_PULL_DOCUMENT_TIMEOUT="2"), timeout=30)
-    assert_one_fatal(result, "did not come within 2 s (the limit is SINGPY_PULL_DOCUMENT_TIMEOUT)")
-    assert os.listdir(out) == []
-
-
-@pytest.mark.parametrize("command", ["pull", "exec"])
-def test_a_server_that_answers_no_http_is_one_fatal(singpy: Singpy, workdir: Path, site: _Site, command: str) -> None:
-    site.mode = "garbage"
-    out = _out_dir(singpy, workdir)
-    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
-    assert_one_fatal(singpy.run(*args), "not HTTP")
-    assert os.listdir(out) == []
 
 
 @pytest.mark.parametrize("command", ["pull", "exec"])
@@ -300,9 +295,8 @@ def test_sigterm_during_a_url_download_leaves_no_temporary_file(singpy: Singpy, 
                                                                 command: str) -> None:
     site.mode = "trickle"
     out = _out_dir(singpy, workdir)
-    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
     before = _cache_entries(singpy)
-    process = singpy.popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = singpy.popen(_pull_or_exec(command, out, site.url), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert site.trickling.wait(30)
     deadline = time.monotonic() + 30
     while _cache_entries(singpy) == before and not os.listdir(out) and time.monotonic() < deadline:
@@ -312,15 +306,6 @@ def test_sigterm_during_a_url_download_leaves_no_temporary_file(singpy: Singpy, 
     stdout, stderr = process.communicate(timeout=30)
     assert_one_fatal(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr), "SIGTERM")
     assert os.listdir(out) == [] and _cache_entries(singpy) == before
-
-
-@pytest.mark.parametrize("command", ["pull", "exec"])
-def test_a_redirect_out_of_http_is_refused(singpy: Singpy, workdir: Path, site: _Site, command: str) -> None:
-    site.mode = "to-ftp"
-    out = _out_dir(singpy, workdir)
-    args = ["pull", "--name", str(out / "image.sif"), site.url] if command == "pull" else ["exec", site.url, "true"]
-    assert_one_fatal(singpy.run(*args), "a redirect out of http(s) is refused")
-    assert os.listdir(out) == []
 
 
 def test_a_redirect_from_https_to_http_is_refused() -> None:
