@@ -270,7 +270,9 @@ def prepare_image(request: LaunchRequest, config: SysConfig, host: HostInfo, *, 
                             allow_kernel=config.flag("allow kernel squashfs"), env=host.env,
                             cache=cachefiles.cache_dir(host.env, host.home),
                             user_namespace=request.fakeroot or request.userns,
-                            background=None if request.writable or not config.flag("unsquash in background")
+                            # not --fakeroot: a tree is the user's, root's inside, where FUSE shows the image's owners
+                            background=None if request.writable or request.fakeroot
+                            or not config.flag("unsquash in background")
                             else int(str(config.get("unsquash in background max size"))) << 20)
     if image.warm:  # a rank of a shared container waits for no unpacking: the container's root is its holder's
         from singpy.image import warm

@@ -115,6 +115,24 @@ def test_second_run_starts_from_the_unpacked_tree(singpy: Singpy, images: dict[s
     wait_unpacked(cache)
 
 
+def test_fakeroot_runs_never_use_or_start_an_unpacking(as_user: Singpy, images: dict[str, Path], workdir: Path,
+                                                       conf: Path, fuse_open: str) -> None:
+    """--fakeroot: through FUSE the image's owners show (a file of uid 1000 stays 1000's); a tree is the user's,
+    so root's inside: a --fakeroot run neither unpacks nor takes a tree another run left."""
+    cache = sifs.new_cache(as_user, workdir, "warm-fakeroot")
+    image = str(images["singpy"])
+    first = run(as_user, conf, cache, "--fakeroot", image, "cat", "/etc/marker")
+    assert first.returncode == 0 and first.stdout.split() == [MARKER], first.stderr
+    assert "squashfuse" in first.stderr and STARTED_NOTE not in first.stderr
+    assert trees(cache) == [] and not busy(cache)
+    plain = run(as_user, conf, cache, image, "true")  # a plain run unpacks it
+    assert plain.returncode == 0 and STARTED_NOTE in plain.stderr, plain.stderr
+    wait_unpacked(cache)
+    again = run(as_user, conf, cache, "--fakeroot", image, "cat", "/etc/marker")
+    assert again.returncode == 0 and again.stdout.split() == [MARKER], again.stderr
+    assert "squashfuse" in again.stderr and UNPACKED_NOTE not in again.stderr
+
+
 def test_burst_after_a_clean_unpacks_once(as_user: Singpy, images: dict[str, Path], workdir: Path, conf: Path,
                                           fuse_open: str) -> None:
     """16 runs at once after `cache clean`: all succeed, one unpacking (its lock: no second one starts)."""
