@@ -28,7 +28,9 @@ class HostInfo(Record):
     home: str  # the passwd home directory ($HOME only for a uid the passwd database lacks)
     cwd: str  # working directory (logical: $PWD when it names the same directory)
     env: Mapping[str, str]  # the launcher's environment
-    group: str  # name of the primary group (or the gid as text)
+    group: str  # name of the primary group ("" when the host's group database has none)
+    groups: tuple[tuple[int, str], ...] = ()  # the other groups with an entry there, (gid, name): getgroups(2)'s
+    # order, then the passwd entry's group (Apptainer writes them all into the container's /etc/group)
 
 
 def capture(environ: Mapping[str, str] | None = None) -> HostInfo:
@@ -38,8 +40,11 @@ def capture(environ: Mapping[str, str] | None = None) -> HostInfo:
     try:
         entry = pwd.getpwuid(uid)
         user, gecos, shell, pw_home = entry.pw_name, entry.pw_gecos, entry.pw_shell, entry.pw_dir
+        wanted = [gid, *os.getgroups(), entry.pw_gid]
     except KeyError:
         user, gecos, shell, pw_home = str(uid), "", "/bin/sh", env.get("HOME") or "/"
+        wanted = [gid, *os.getgroups()]
+    names = _group_names(wanted)
     return HostInfo(
         uid=uid,
         gid=gid,
@@ -49,7 +54,8 @@ def capture(environ: Mapping[str, str] | None = None) -> HostInfo:
         home=pw_home,  # never the caller's $HOME, as Apptainer: the container's HOME is the passwd entry's
         cwd=_logical_cwd(env.get("PWD")),
         env=env,
-        group=_group_name(gid),
+        group=names.get(gid, ""),
+        groups=tuple((other, names[other]) for other in dict.fromkeys(wanted) if other != gid and other in names),
     )
 
 
@@ -65,10 +71,37 @@ def _logical_cwd(pwd_env: str | None) -> str:
     return physical
 
 
-def _group_name(gid: int) -> str:
-    import grp  # only needed here
+def _group_names(gids: list[int]) -> dict[int, str]:
+    """The names of `gids` in the host's group database; a gid without an entry has none.
 
+    /etc/group is read once, in one pass, for all of them: getgrgid(3) would
+    read it again for each (a user may have dozens of groups). Only a gid it
+    lacks (a group of LDAP, sssd, systemd) is asked of NSS, one call each.
+    """
+    wanted = set(gids)
+    names: dict[int, str] = {}
     try:
-        return grp.getgrgid(gid).gr_name
-    except KeyError:
-        return str(gid)
+        with open("/etc/group", "rb") as handle:  # the host's own file, root's: no user names it
+            data = handle.read(_GROUP_LIMIT)
+    except OSError:
+        data = b""
+    for line in data.split(b"\n"):
+        fields = line.split(b":", 3)
+        # NIS compat lines (+name, -name) name no group of their own; the first entry of a gid wins, as in NSS
+        if len(fields) == 4 and fields[0] and fields[2].isdigit() and not line.startswith((b"+", b"-")):
+            gid = int(fields[2])
+            if gid in wanted and gid not in names:
+                names[gid] = os.fsdecode(fields[0])
+    missing = wanted - names.keys()
+    if missing:
+        import grp  # only for groups /etc/group lacks
+
+        for gid in missing:
+            try:
+                names[gid] = grp.getgrgid(gid).gr_name
+            except (KeyError, OverflowError):
+                continue
+    return names
+
+
+_GROUP_LIMIT = 16 << 20  # the host's /etc/group: as the image's (singpy.mounts.apply.IDENTITY_LIMIT)

@@ -100,16 +100,18 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
 
             policy.check_overlays(layers.overlays, image.path, config, host.uid)
         warnings += layers.warnings
-        if host.uid == 0 and (request.writable or layers.writable_tmpfs
-                              or any(not layer.readonly for layer in layers.overlays)):
-            mounts = _without_identity_files(mounts)
+    written = request.writable or (layers.writable_tmpfs or any(not layer.readonly for layer in layers.overlays)
+                                   if layers is not None else request.writable_tmpfs)
+    if written and (host.uid == 0 or request.fakeroot):
+        mounts = _without_identity_files(mounts)
     process = ProcessSpec(action=request.action, args=request.args, env=env_plan,
                           cwd=_cwd(request, host, home_dest), cwd_required=bool(request.pwd), shell=request.shell,
                           privileges=privileges, umask=0o022 if request.no_umask else None, init=not request.no_init,
                           app=request.app, security=_security(request, host, privileges),
-                          go_pipe=image.go_pipe)  # the background unpacking's go (singpy.image.warm)
-    if image.go_pipe[0] >= 0:  # the process's alone: a job step's ranks share a container if the rest matches
-        image = image.replace(go_pipe=(-1, 0))
+                          go_pipe=image.go_pipe,  # the background unpacking's go (singpy.image.warm)
+                          in_use=image.in_use)  # the cache's tree held in use (singpy.image.squashfs.hold)
+    if image.go_pipe[0] >= 0 or image.in_use[0] >= 0:  # the process's: ranks share a container if the rest matches
+        image = image.replace(go_pipe=(-1, 0), in_use=(-1, 0))
     if request.runscript_timeout and request.action == "run":  # Apptainer's flag of `run` alone: a watchdog
         process = process.replace(env=process.env.replace(timer=True), runscript_timeout=request.runscript_timeout)
     plan = LaunchPlan(image=image, namespaces=namespaces, uid=host.uid, gid=host.gid,
@@ -235,10 +237,10 @@ def _default_driver(config: SysConfig) -> str:
 
 
 def _without_identity_files(mounts: list[MountSpec]) -> list[MountSpec]:
-    """Root writing the image keeps its own /etc/passwd and /etc/group (Apptainer binds none then)."""
+    """Root (--fakeroot's too) writing the image keeps its own /etc/passwd and /etc/group (Apptainer binds none)."""
     from singpy import console
 
-    console.verbose("not binding /etc/passwd and /etc/group: the container is writable and you are root")
+    console.verbose("not binding /etc/passwd and /etc/group: the container is writable and you are root in it")
     return [spec for spec in mounts if not (spec.op == MountOp.FILE and spec.dest in ("/etc/passwd", "/etc/group"))]
 
 
@@ -375,13 +377,8 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
                                   sys=config.flag("mount sys") and "sys" not in skipped,
                                   dev="no" if "dev" in skipped else dev,
                                   devpts=config.flag("mount devpts") and "devpts" not in skipped)
-    own_ids = not request.fakeroot  # with --fakeroot the user is the image's own root inside
-    mounts += system.identity_files(
-        passwd_entry=system.passwd_line(user=host.user, uid=host.uid, gid=host.gid, gecos=host.gecos,
-                                        home=home_dest, shell=host.shell)
-        if config.flag("config passwd") and own_ids else None,
-        group_entry=system.group_line(group=host.group, gid=host.gid, user=host.user)
-        if config.flag("config group") and own_ids else None)
+    mounts += system.identity_files(host, home=home_dest, fakeroot=request.fakeroot,
+                                    passwd=config.flag("config passwd"), group=config.flag("config group"))
     mounts += system.host_files(system.kept_bind_paths(config.items("bind path"), skipped),
                                 resolv_conf=config.flag("config resolv_conf") and not request.dns
                                 and not skipped & {"bind-paths", "/etc/resolv.conf"})

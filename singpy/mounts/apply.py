@@ -349,8 +349,8 @@ class _Applier:
             os.close(handle)
         found, target = self._target(spec.dest, directory=False)
         try:
-            console.verbose(f"writing {spec.dest} with an entry for {spec.content.split(':', 1)[0]}"
-                            if spec.merge else f"writing {spec.dest}")
+            named = ", ".join(line.split(":", 1)[0] for line in spec.content.splitlines())  # passwd's, group's
+            console.verbose(f"writing {spec.dest} with entries for {named}" if spec.merge else f"writing {spec.dest}")
             k.mount(staged, k.fd_path(target, PROC), None, k.MS_BIND, shown=spec.dest)
             self._remount(found, k.MS_RDONLY | k.MS_NOSUID | k.MS_NODEV, spec.dest)
         finally:
@@ -359,19 +359,24 @@ class _Applier:
 
     def _merged(self, spec: MountSpec, entries: str) -> bytes | None:
         """The image's /etc/passwd or /etc/group with the user's `entries` merged in, as Apptainer merges them
-        (singpy.mounts.system); None where Apptainer leaves the image's as it is (a line it can't parse)."""
+        (singpy.mounts.system); None where Apptainer leaves the image's as it is: a line it can't parse, or no
+        such file (a `FROM scratch` image: nothing is bound, and no mount point was made for it, survey)."""
         from singpy.mounts import system  # loaded already by the planner
 
+        image = self._image_file(spec.dest)
+        if image is None:  # Apptainer's words, a warning there too
+            console.warning(f"{spec.dest.rsplit('/', 1)[1]} file doesn't exist in container, not updating")
+            return None
         if spec.dest != "/etc/passwd":
-            return system.merge_group(self._image_file(spec.dest), entries)
+            return system.merge_group(image, entries)
         try:
-            return system.merge_passwd(self._image_file(spec.dest), entries)
+            return system.merge_passwd(image, entries)
         except ValueError as error:
             console.warning(f"the image's /etc/passwd is left as it is, without your entry: {error}")
             return None
 
-    def _image_file(self, dest: str) -> bytes:
-        """The image's own `dest` (empty if it has none), from the image alone.
+    def _image_file(self, dest: str) -> bytes | None:
+        """The image's own `dest` (None if it has none), from the image alone.
 
         A link to nothing in the image is refused too: in the assembled container
         it would lead elsewhere (`/etc/group -> /dev/zero`: the host's /dev).
@@ -383,7 +388,7 @@ class _Applier:
                 raise PathError(f"it is a link to {target}, which is not in the image")
         except PathError as error:
             raise ImageError(f"can't use the image's {dest}: {error.message}") from None
-        return data or b""
+        return data
 
     def _symlink(self, spec: MountSpec) -> None:
         assert spec.source is not None

@@ -54,6 +54,8 @@ def survey(specs: tuple[MountSpec, ...], image: Tree) -> Survey:
             found = image.locate(spec.dest)
         except PathError:
             continue
+        if found.missing and spec.op == MountOp.FILE and spec.merge:  # /etc/passwd, /etc/group: none is bound
+            continue  # where the image has none (apply_mounts says so), as Apptainer
         if found.missing and not found_all.covers(found.path):
             found_all.missing.append((found.path.lstrip("/"), _wants_directory(spec, found_all.host)))
         found_all.covering.add(found.path)

@@ -21,6 +21,8 @@ TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:  # collections.abc (with collections, operator, keyword...) costs ~1.5 ms of every exec
     from collections.abc import Mapping
 
+    from singpy.host.host import HostInfo
+
 # Device nodes bind-mounted into a minimal /dev (a user namespace cannot mknod).
 MINIMAL_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
@@ -91,14 +93,25 @@ def minimal_dev(*, devpts: bool = True) -> list[MountSpec]:
     return specs
 
 
-def identity_files(*, passwd_entry: str | None, group_entry: str | None) -> list[MountSpec]:
-    """The container's /etc/passwd and /etc/group, with the user's entries merged in."""
+def identity_files(host: HostInfo, *, home: str, fakeroot: bool, passwd: bool, group: bool) -> list[MountSpec]:
+    """The container's /etc/passwd and /etc/group: the image's, with the user merged in (`merge_passwd`,
+    `merge_group`), as Apptainer's addIdentityMount.
+
+    With --fakeroot the user is uid 0 inside: the entry merged is root's, the
+    image's root line taking the home (/root); the groups stay the host's, as
+    Apptainer writes them (their names for the host's gids, the user as member).
+    """
     specs = []
-    if passwd_entry:
-        specs.append(MountSpec(op=MountOp.FILE, dest="/etc/passwd", content=passwd_entry, readonly=True,
+    if passwd:
+        uid, gid = (0, 0) if fakeroot else (host.uid, host.gid)
+        entry = passwd_line(user=host.user, uid=uid, gid=gid, gecos=host.gecos, home=home, shell=host.shell)
+        specs.append(MountSpec(op=MountOp.FILE, dest="/etc/passwd", content=entry, readonly=True,
                                missing=Missing.SKIP, stage=Stage.SYSTEM_FILES))
-    if group_entry:
-        specs.append(MountSpec(op=MountOp.FILE, dest="/etc/group", content=group_entry, readonly=True,
+    named = ((host.gid, host.group),) if host.group else ()
+    lines = [group_line(group=name, gid=number, user=host.user) for number, name in (*named, *host.groups)
+             if group]
+    if lines:  # none where no group of the user's has an entry on the host: Apptainer skips a gid without one
+        specs.append(MountSpec(op=MountOp.FILE, dest="/etc/group", content="\n".join(lines), readonly=True,
                                missing=Missing.SKIP, stage=Stage.SYSTEM_FILES))
     return specs
 
@@ -241,6 +254,7 @@ def passwd_line(*, user: str, uid: int, gid: int, gecos: str, home: str, shell: 
 
 
 def group_line(*, group: str, gid: int, user: str) -> str:
+    """One of the user's groups as the container's /etc/group gets it: the user its one member."""
     _check_fields("/etc/group", group=group, user=user)
     return f"{group}:x:{gid}:{user}"
 
@@ -325,7 +339,8 @@ def _quoted(line: bytes) -> str:
 
 
 def merge_group(image: bytes, entries: str) -> bytes:
-    """The image's group file as it is (a newline added after its last line) and the user's `entries` after it.
+    """The image's group file as it is (a newline added after its last line) and the user's `entries` after it:
+    their primary group, then the others (HostInfo.groups).
 
     As Apptainer: the image's groups are not looked at, not even one of the same
     name (glibc then finds the image's first); the new lines are not repeated.

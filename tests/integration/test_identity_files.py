@@ -1,0 +1,145 @@
+"""The container's /etc/passwd and /etc/group as Apptainer 1.5 writes them (its files/passwd.go, group.go and
+addIdentityMount): every group of the user's, none for an image without the file, root's entry with --fakeroot.
+
+Each test runs as root and as the test user (the `singpy` fixture). The supplementary groups are given to the
+process that starts singpy (subprocess's `extra_groups`, setgroups(2) as root): groups the host's /etc/group
+already has, so nothing on the host changes; a suite not run as root can't choose them and uses its own.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Singpy, readable_by_all
+from tests.support.images import build_busybox_rootfs
+from tests.support.users import is_root
+
+IMAGE_PASSWD = "root:x:0:0:Image Root:/toor:/bin/ash\nnobody:x:65534:65534::/:/bin/false\n"
+IMAGE_GROUP = "root:x:0:\nnogroup:x:65534:\n"
+
+
+def _image(workdir: Path, name: str, *, passwd: str | None, group: str | None) -> Path:
+    """A busybox sandbox with these /etc/passwd and /etc/group (None: the image has none)."""
+    root = workdir / f"identity-{name}"
+    if not root.exists():
+        build_busybox_rootfs(root)
+        for path, content in (("passwd", passwd), ("group", group)):
+            (root / "etc" / path).unlink(missing_ok=True)
+            if content is not None:
+                (root / "etc" / path).write_text(content)
+        readable_by_all(root)
+    return root
+
+
+def _unknown_gid() -> int:
+    """A gid the host's group database has no entry for."""
+    for gid in range(54321, 54421):
+        try:
+            grp.getgrgid(gid)
+        except KeyError:
+            return gid
+    raise AssertionError("no free gid in 54321-54420")
+
+
+def _run_with_groups(singpy: Singpy, extra: list[int], *args: str) -> subprocess.CompletedProcess[str]:
+    """singpy ARGS as this profile's user, with `extra` as its supplementary groups."""
+    argv, _ = singpy.command(list(args))
+    return subprocess.run(argv, env=singpy.env(), cwd=str(singpy.workdir), user=singpy.uid, group=singpy.gid,
+                          extra_groups=extra, capture_output=True, text=True, timeout=60)
+
+
+def _host_groups(singpy: Singpy) -> tuple[list[int], list[int]]:
+    """(supplementary gids to run with, those of them with a host entry): two of the host's groups the user's
+    primary is not, and one without an entry, which Apptainer skips. Not root: the suite's own groups."""
+    if not is_root():
+        others = [gid for gid in os.getgroups() if gid != singpy.gid and _named(gid)]
+        if not others:
+            pytest.skip("the suite's user has no supplementary group with a host entry, and can't be given one")
+        return others, others
+    named = sorted({entry.gr_gid for entry in grp.getgrall()} - {singpy.gid, 0})[:2]
+    if len(named) < 2:
+        pytest.skip("the host's /etc/group has fewer than two groups besides the user's")
+    return [named[1], _unknown_gid(), named[0]], named  # the kernel keeps them sorted: getgroups(2)'s order
+
+
+def _named(gid: int) -> bool:
+    try:
+        grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return True
+
+
+def test_every_group_of_the_user_is_added(singpy: Singpy, workdir: Path) -> None:
+    """The primary group, then each supplementary group with a host entry (getgroups order), the user their
+    member; a gid the host can't name is left out; the image's own lines stay first, as they were."""
+    extra, named = _host_groups(singpy)
+    image = _image(workdir, "groups", passwd=IMAGE_PASSWD, group=IMAGE_GROUP)
+    result = _run_with_groups(singpy, extra, "exec", str(image), "cat", "/etc/group")
+    assert result.returncode == 0, result.stderr
+    primary = grp.getgrgid(singpy.gid).gr_name
+    added = [f"{primary}:x:{singpy.gid}:{singpy.user}"]
+    added += [f"{grp.getgrgid(gid).gr_name}:x:{gid}:{singpy.user}" for gid in named]
+    assert result.stdout == IMAGE_GROUP + "".join(f"{line}\n" for line in added)
+    shown = _run_with_groups(singpy, extra, "exec", "--dry-run", str(image), "true")
+    assert "\\n".join(added) in shown.stdout  # the plan shows what is written
+
+
+def test_config_group_no_adds_no_group(singpy: Singpy, workdir: Path) -> None:
+    extra, _ = _host_groups(singpy)
+    image = _image(workdir, "groups", passwd=IMAGE_PASSWD, group=IMAGE_GROUP)
+    conf = workdir / "identity-no-group.conf"  # where the test user can read it
+    conf.write_text("config group = no\n")
+    conf.chmod(0o644)
+    result = _run_with_groups(singpy, extra, "--config", str(conf), "exec", str(image), "cat", "/etc/group")
+    assert (result.returncode, result.stdout) == (0, IMAGE_GROUP), result.stderr
+
+
+def test_image_without_passwd_and_group_gets_none(singpy: Singpy, workdir: Path) -> None:
+    """As Apptainer: nothing is bound (nor a mount point made) where the image has no such file; a warning each."""
+    image = _image(workdir, "none", passwd=None, group=None)
+    result = singpy.run("exec", str(image), "sh", "-c", "ls /etc; id -u")
+    assert result.returncode == 0, result.stderr
+    listed, uid = result.stdout.split()[:-1], result.stdout.split()[-1]
+    assert "passwd" not in listed and "group" not in listed and uid == str(singpy.uid)
+    assert result.stderr == "WARNING: passwd file doesn't exist in container, not updating\n" \
+        "WARNING: group file doesn't exist in container, not updating\n"
+    assert not (image / "etc" / "passwd").exists()
+
+
+def test_image_with_an_empty_passwd_gets_the_entry(singpy: Singpy, workdir: Path) -> None:
+    """An empty file is a file: the user's entry is its one line (Apptainer's fs.IsFile)."""
+    image = _image(workdir, "empty", passwd="", group=None)
+    result = singpy.run("exec", str(image), "cat", "/etc/passwd")
+    assert result.returncode == 0, result.stderr
+    assert [line.split(":")[:3] for line in result.stdout.splitlines()] == [[singpy.user, "x", str(singpy.uid)]]
+    assert result.stderr == "WARNING: group file doesn't exist in container, not updating\n"
+
+
+def test_fakeroot_gets_the_images_root_entry(singpy: Singpy, workdir: Path) -> None:
+    """--fakeroot: the image's root line with /root as its home (its name, gecos, gid and shell kept), the
+    host's groups named for the user, as Apptainer (which then runs uid 0's addIdentityMount)."""
+    image = _image(workdir, "groups", passwd=IMAGE_PASSWD, group=IMAGE_GROUP)
+    result = singpy.run("exec", "--fakeroot", str(image), "sh", "-c", 'cat /etc/passwd; whoami; echo "$HOME"')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == IMAGE_PASSWD.replace("/toor", "/root") + "root\n/root\n"
+    group = singpy.ok("exec", "--fakeroot", str(image), "cat", "/etc/group")
+    assert group.startswith(IMAGE_GROUP + f"{grp.getgrgid(singpy.gid).gr_name}:x:{singpy.gid}:{singpy.user}\n")
+
+
+@pytest.mark.parametrize("flags", [["--writable-tmpfs"], ["--fakeroot", "--writable-tmpfs"]],
+                         ids=["writable-tmpfs", "fakeroot-writable-tmpfs"])
+def test_root_writing_the_container_keeps_the_images_files(singpy: Singpy, workdir: Path, flags: list[str]) -> None:
+    """uid 0 inside a writable container (Apptainer: "skipping bind-mount of /etc/passwd and /etc/group"): the
+    image's own files, which root may then edit; a user without --fakeroot still gets their entries."""
+    image = _image(workdir, "groups", passwd=IMAGE_PASSWD, group=IMAGE_GROUP)
+    out = singpy.ok("exec", *flags, str(image), "sh", "-c", "cat /etc/passwd /etc/group")
+    if singpy.uid == 0 or "--fakeroot" in flags:
+        assert out == IMAGE_PASSWD + IMAGE_GROUP
+    else:
+        assert f"{singpy.user}:x:{singpy.uid}:" in out
