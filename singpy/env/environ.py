@@ -5,37 +5,42 @@ Precedence, lowest first (Apptainer's action script and its docs,
 
 1. a base environment: HOME, the default PATH, LANG=C under --cleanenv, and
    the APPTAINER_/SINGULARITY_ variables describing the container;
-2. the image's `/.singularity.d/env/*.sh`, sourced in lexical order;
+2. the image's `/.singularity.d/env/*.sh` up to 99-base.sh, in lexical order;
 3. injected variables: `SINGULARITYENV_X` < `APPTAINERENV_X` < `SINGPYENV_X`
-   < `--env-file` < `--env` (singpy.env.envfile reads the files);
-4. PATH rules: `..ENV_PREPEND_PATH`, `..ENV_APPEND_PATH`, then `..ENV_PATH`,
-   each evaluated like an injected value, so `$PATH` in them is the image's;
-5. LD_LIBRARY_PATH always ends with /.singularity.d/libs (where --nv/--rocm
-   put the host's GPU libraries). When that is all it holds, and the directory
+   < `--env-file` < `--env` (singpy.env.envfile reads the files); `__SINGPY_`
+   names (ACTION_SCRIPT's own) are refused with a warning, as HOME is;
+4. LD_LIBRARY_PATH ends with /.singularity.d/libs (where --nv/--rocm put the
+   host's GPU libraries; 99-base.sh's rule, applied to every image), unless
+   injected empty (`--env LD_LIBRARY_PATH=`): it stays empty then, as with
+   Apptainer, step 7 included. When /.singularity.d/libs is all it holds, and the directory
    has entries (or is missing: Apptainer tests `[ "$(cd DIR && echo *)" = "*" ]`)
    or PREPEND_LD_LIBRARY_PATH / APPEND_LD_LIBRARY_PATH is set, the container's
    default library directories go first (`/sbin/ldconfig -Nv | /bin/sed ...`,
-   Apptainer 1.5), so that its own libraries win over the host's. Then
-   /.singularity.d/libs32 when that directory has entries in the container
-   (--compat32's 32-bit builds; the loader skips a library of the wrong
-   class); last, PREPEND_LD_LIBRARY_PATH and APPEND_LD_LIBRARY_PATH, ordinary
-   variables set by the image or injected, are put at either end. As
-   Apptainer's action script, this looks at the container, not at the
-   launch's own flags: a command joining an instance started with --compat32
-   gets it too;
-6. host variables, only where nothing above set the same name (skipped with
+   Apptainer 1.5), so that its own libraries win over the host's;
+5. PATH rules: `..ENV_PREPEND_PATH`, `..ENV_APPEND_PATH`, then `..ENV_PATH`,
+   each evaluated like an injected value, so `$PATH` in them is the image's
+   (Apptainer's 99-runtimevars.sh);
+6. the image's env scripts after 99-base.sh (`99-zz.sh`): they see and may change all of the above;
+7. when LD_LIBRARY_PATH is not empty: /.singularity.d/libs32 when that
+   directory has entries in the container (--compat32's 32-bit builds; the
+   loader skips a library of the wrong class); last, PREPEND_LD_LIBRARY_PATH
+   and APPEND_LD_LIBRARY_PATH, ordinary variables set by the image or
+   injected, are put at either end. As Apptainer's action script, this looks
+   at the container, not at the launch's own flags: a command joining an
+   instance started with --compat32 gets it too;
+8. host variables, only where nothing above set the same name (skipped with
    --cleanenv, except TERM and the proxy variables). PATH, LD_LIBRARY_PATH and
-   the launcher's own SINGULARITY_/APPTAINER_/SINGPY_ variables never pass;
-7. `singpy shell` exports SHELL, the shell it starts, over all of the above.
+   the SINGULARITY_/APPTAINER_/SINGPY_/__SINGPY_ variables never pass;
+9. `singpy shell` exports SHELL, the shell it starts, over all of the above.
 
-When the image has env scripts, step 2 needs a shell inside the container:
-`ACTION_SCRIPT` does steps 2-6 there. Otherwise `final_env` does them here,
-with the same result and without starting a shell.
+When the image has env scripts, steps 2 and 6 need a shell inside the
+container: `ACTION_SCRIPT` does steps 2-8 there. Otherwise `final_env` does
+them here, with the same result and without starting a shell.
 """
 
 from __future__ import annotations
 
-from singpy.constants import DEFAULT_PATH, LIBS32_DIR, LIBS_DIR
+from singpy.constants import DEFAULT_PATH, ENV_DIR, LIBS32_DIR, LIBS_DIR
 from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
@@ -51,6 +56,10 @@ ALWAYS_PASSED = (
 NEVER_PASSED = ("PATH", "LD_LIBRARY_PATH")
 # Injection may not replace these (Apptainer: "Overriding HOME environment variable ... is not permitted").
 PROTECTED = ("HOME", "SINGULARITY_SHELL", "APPTAINER_SHELL", "SINGULARITY_APPNAME", "APPTAINER_APPNAME")
+# ACTION_SCRIPT's own variables: one injected or passed from the host would change what the script does.
+INTERNAL_PREFIX = "__SINGPY_"
+# The image's last env script sourced before injection (Apptainer injects right after it).
+BASE_SCRIPT = "99-base.sh"
 
 
 class EnvPlan(Record):
@@ -72,6 +81,12 @@ def is_valid_name(name: str) -> bool:
     return name.isascii() and name.isidentifier()
 
 
+def is_protected(name: str) -> bool:
+    """Whether injection (prefixes, --env, --env-file) may not set `name`: Apptainer's protected names, and
+    the action script's own."""
+    return name in PROTECTED or name.startswith(INTERNAL_PREFIX)
+
+
 def injected_from_host(host_env: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     """Variables the host asks to inject via prefixes; also returns warnings.
 
@@ -86,7 +101,7 @@ def injected_from_host(host_env: Mapping[str, str]) -> tuple[dict[str, str], lis
         for key, value in host_env.items():
             if key.startswith(prefix) and is_valid_name(key[len(prefix):]):
                 name = key[len(prefix):]
-                if name in PROTECTED:
+                if is_protected(name):
                     warnings.append(f"overriding {name} environment variable with {key} is not permitted")
                     continue
                 if found.get(name, value) != value:
@@ -110,7 +125,7 @@ def host_passthrough(host_env: Mapping[str, str], *, cleanenv: bool, keep: Itera
 
 
 def _is_passed(key: str) -> bool:
-    if key in NEVER_PASSED or key.startswith(RUNTIME_PREFIXES) or key.startswith(INJECT_PREFIXES):
+    if key in NEVER_PASSED or key.startswith((*RUNTIME_PREFIXES, *INJECT_PREFIXES, INTERNAL_PREFIX)):
         return False
     return is_valid_name(key)
 
@@ -136,7 +151,8 @@ def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None, *,
     if plan.append_path:
         path = f"{path}:{plan.append_path}"
     env["PATH"] = plan.path or path
-    env["LD_LIBRARY_PATH"] = library_path(env, libs, libs32, run_ldconfig=run_ldconfig)
+    env["LD_LIBRARY_PATH"] = "" if emptied_library_path(plan) else library_path(env, libs, libs32,
+                                                                                   run_ldconfig=run_ldconfig)
     for key, value in plan.host:
         env.setdefault(key, value)
     if plan.shell:
@@ -144,8 +160,22 @@ def final_env(plan: EnvPlan, image_env: Mapping[str, str] | None = None, *,
     return env
 
 
+def emptied_library_path(plan: EnvPlan) -> bool:
+    """Whether LD_LIBRARY_PATH was injected empty (`--env LD_LIBRARY_PATH=`): Apptainer's injection comes after
+    99-base.sh appended /.singularity.d/libs, and appends it only to a value that is not empty."""
+    return any(key == "LD_LIBRARY_PATH" and not value for key, value in plan.injected)
+
+
+def split_scripts(env_scripts: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The env scripts (in the lexical order of their names) sourced up to 99-base.sh, and those after (step 6);
+    one that is a link elsewhere in the image (singpy.image.scripts) counts by the name it leads to there."""
+    late = next((index for index, path in enumerate(env_scripts)
+                 if path.rpartition("/")[0] == ENV_DIR and path.rpartition("/")[2] > BASE_SCRIPT), len(env_scripts))
+    return env_scripts[:late], env_scripts[late:]
+
+
 def library_path(env: Mapping[str, str], libs: str, libs32: str, *, run_ldconfig: bool = True) -> str:
-    """Step 5: the LD_LIBRARY_PATH of `env` (image and injected), as ACTION_SCRIPT makes it."""
+    """Steps 4 and 7: the LD_LIBRARY_PATH of `env` (image and injected), as ACTION_SCRIPT makes it."""
     prepend, append = env.get("PREPEND_LD_LIBRARY_PATH", ""), env.get("APPEND_LD_LIBRARY_PATH", "")
     value = with_libs_dir(env.get("LD_LIBRARY_PATH", ""))
     if value == LIBS_DIR and (prepend or append or not _looks_empty(libs)):
@@ -288,7 +318,11 @@ def shell_env(plan: EnvPlan, env_scripts: tuple[str, ...] = ()) -> dict[str, str
     dies of it).
     """
     env = dict(plan.base)
-    env["__SINGPY_ENV_SCRIPTS"] = " ".join(env_scripts)
+    early, late = split_scripts(env_scripts)
+    env["__SINGPY_ENV_SCRIPTS"] = " ".join(early)
+    env["__SINGPY_LATE_SCRIPTS"] = " ".join(late)
+    if emptied_library_path(plan):
+        env["__SINGPY_NOLIBS"] = "1"
     if plan.timer:
         env["__SINGPY_TIMER"] = "1"
     env["__SINGPY_INJECT"] = " ".join(key for key, _ in plan.injected)
@@ -310,21 +344,20 @@ def shell_env(plan: EnvPlan, env_scripts: tuple[str, ...] = ()) -> dict[str, str
 # opens no file: its errors go nowhere (2>&-), never to a /dev/null the image may have
 # redirected (`/dev -> /tmp/x` puts the host's /tmp there), and the env scripts are the
 # list checked in the image, read with globbing off (`set -f`) so a name stays one word.
+# They are sourced in two runs (the module's steps 2 and 6), by a loop written twice: a
+# function call would hide the positional parameters ("$@", the payload) from them.
 # After an OCI image's env script (10-docker2singularity.sh), the parts of the default PATH
 # its PATH lacks are appended, as Apptainer's action script does (`fixpath`).
 # The script's own lists are split on spaces whatever IFS an env script or an injected IFS
-# left: that IFS is kept aside (x and its value; empty: unset) and given back before the
-# exec; the host's IFS passes like any host variable, where neither set one.
-ACTION_SCRIPT = r"""
-[ -z "$__SINGPY_TIMER" ] || trap 'exit 255' USR1
-unset __SINGPY_TIMER
-for __n in $__SINGPY_HOST; do
-    unset "$__n" 2>&-
-done
+# left: that IFS is kept aside (x and its value; empty: unset), given to each later script
+# and back before the exec; the host's IFS passes like any host variable, where none set one.
+_SOURCE_SCRIPTS = r"""
 set -f
-for __f in $__SINGPY_ENV_SCRIPTS; do
+for __f in $@LIST@; do
     set +f
+    @RESTORE_IFS@
     . "$__f"
+    @SAVE_IFS@
     case "$__f" in */10-docker2singularity.sh|*/10-docker.sh)
         for __n in @DEFAULT_PATH_WORDS@; do
             case ":$PATH:" in *":$__n:"*) ;; *) PATH="${PATH:+$PATH:}$__n" ;; esac
@@ -332,9 +365,18 @@ for __f in $__SINGPY_ENV_SCRIPTS; do
         export PATH ;;
     esac
 done
-set +f
-__SINGPY_IFS=
-[ -z "${IFS+x}" ] || __SINGPY_IFS=x$IFS
+set +f"""
+_SAVE_IFS = '__SINGPY_IFS=; [ -z "${IFS+x}" ] || __SINGPY_IFS=x$IFS'
+_RESTORE_IFS = 'case $__SINGPY_IFS in x*) IFS=${__SINGPY_IFS#x} ;; *) unset IFS ;; esac'
+
+ACTION_SCRIPT = r"""
+[ -z "$__SINGPY_TIMER" ] || trap 'exit 255' USR1
+unset __SINGPY_TIMER
+for __n in $__SINGPY_HOST; do
+    unset "$__n" 2>&-
+done""" + _SOURCE_SCRIPTS.replace("@LIST@", "__SINGPY_ENV_SCRIPTS").replace("    @RESTORE_IFS@\n", "") \
+    .replace("    @SAVE_IFS@\n", "") + r"""
+@SAVE_IFS@
 IFS=' '
 __singpy_value() {  # __v := the value held by variable $2, evaluated unless --no-eval; $1 names it
     eval "__v=\${$2}"
@@ -351,25 +393,13 @@ for __n in $__SINGPY_INJECT; do
     unset "__SINGPY_I_$__n"
 done
 case " $__SINGPY_INJECT " in *" IFS "*) __SINGPY_IFS=x$IFS; IFS=' ' ;; esac
-# The PATH rules: all three evaluated against the image's PATH before any applies, as Apptainer does.
-__v=
-[ -z "$__SINGPY_PREPEND" ] || __singpy_value PREPEND_PATH __SINGPY_PREPEND
-__SINGPY_PREPEND=$__v
-__v=
-[ -z "$__SINGPY_APPEND" ] || __singpy_value APPEND_PATH __SINGPY_APPEND
-__SINGPY_APPEND=$__v
-__v=
-[ -z "$__SINGPY_PATH" ] || __singpy_value PATH __SINGPY_PATH
-__SINGPY_PATH=$__v
-[ -n "$__SINGPY_PREPEND" ] && PATH="$__SINGPY_PREPEND:$PATH"
-[ -n "$__SINGPY_APPEND" ] && PATH="$PATH:$__SINGPY_APPEND"
-[ -n "$__SINGPY_PATH" ] && PATH="$__SINGPY_PATH"
-export PATH
-case ":$LD_LIBRARY_PATH:" in
-    *:@LIBS_DIR@:*) ;;
-    ::) LD_LIBRARY_PATH=@LIBS_DIR@ ;;
-    *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:@LIBS_DIR@" ;;
-esac
+if [ -z "$__SINGPY_NOLIBS" ]; then  # not emptied by injection: 99-base.sh's /.singularity.d/libs
+    case ":$LD_LIBRARY_PATH:" in
+        *:@LIBS_DIR@:*) ;;
+        ::) LD_LIBRARY_PATH=@LIBS_DIR@ ;;
+        *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:@LIBS_DIR@" ;;
+    esac
+fi
 if [ "$LD_LIBRARY_PATH" = @LIBS_DIR@ ]; then  # Apptainer 1.5's set_default_ld_library_path (module docstring)
     __v=$PREPEND_LD_LIBRARY_PATH$APPEND_LD_LIBRARY_PATH
     [ -d @LIBS_DIR@/ ] || __v=1  # (the directory looked at is always written "@LIBS_DIR@/": tests replace it)
@@ -385,14 +415,32 @@ if [ "$LD_LIBRARY_PATH" = @LIBS_DIR@ ]; then  # Apptainer 1.5's set_default_ld_l
         LD_LIBRARY_PATH=$__n$LD_LIBRARY_PATH
     fi
 fi
-for __f in @LIBS32_DIR@/*; do  # an entry (not the unmatched pattern): --compat32's directory ends it too
-    [ -e "$__f" ] || [ -L "$__f" ] || break
-    case ":$LD_LIBRARY_PATH:" in *:@LIBS32_DIR@:*) ;; *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:@LIBS32_DIR@" ;; esac
-    break
-done
-[ -z "$PREPEND_LD_LIBRARY_PATH" ] || LD_LIBRARY_PATH=$PREPEND_LD_LIBRARY_PATH:$LD_LIBRARY_PATH
-[ -z "$APPEND_LD_LIBRARY_PATH" ] || LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$APPEND_LD_LIBRARY_PATH
 export LD_LIBRARY_PATH
+# The PATH rules: all three evaluated against the image's PATH before any applies, as Apptainer does.
+__v=
+[ -z "$__SINGPY_PREPEND" ] || __singpy_value PREPEND_PATH __SINGPY_PREPEND
+__SINGPY_PREPEND=$__v
+__v=
+[ -z "$__SINGPY_APPEND" ] || __singpy_value APPEND_PATH __SINGPY_APPEND
+__SINGPY_APPEND=$__v
+__v=
+[ -z "$__SINGPY_PATH" ] || __singpy_value PATH __SINGPY_PATH
+__SINGPY_PATH=$__v
+[ -n "$__SINGPY_PREPEND" ] && PATH="$__SINGPY_PREPEND:$PATH"
+[ -n "$__SINGPY_APPEND" ] && PATH="$PATH:$__SINGPY_APPEND"
+[ -n "$__SINGPY_PATH" ] && PATH="$__SINGPY_PATH"
+export PATH""" + _SOURCE_SCRIPTS.replace("@LIST@", "__SINGPY_LATE_SCRIPTS").replace("@RESTORE_IFS@", _RESTORE_IFS) \
+    .replace("@SAVE_IFS@", _SAVE_IFS) + r"""
+IFS=' '
+if [ -n "$LD_LIBRARY_PATH" ]; then  # Apptainer adds nothing to an empty one
+    for __f in @LIBS32_DIR@/*; do  # an entry (not the unmatched pattern): --compat32's directory ends it too
+        [ -e "$__f" ] || [ -L "$__f" ] || break
+        case ":$LD_LIBRARY_PATH:" in *:@LIBS32_DIR@:*) ;; *) LD_LIBRARY_PATH="$LD_LIBRARY_PATH:@LIBS32_DIR@" ;; esac
+        break
+    done
+    [ -z "$PREPEND_LD_LIBRARY_PATH" ] || LD_LIBRARY_PATH=$PREPEND_LD_LIBRARY_PATH:$LD_LIBRARY_PATH
+    [ -z "$APPEND_LD_LIBRARY_PATH" ] || LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$APPEND_LD_LIBRARY_PATH
+fi
 case $__SINGPY_IFS in x*) ;; *) unset IFS ;; esac  # set by neither: the host's may pass below
 for __n in $__SINGPY_HOST; do
     eval "[ -n \"\${$__n+x}\" ] || export $__n=\"\${__SINGPY_H_$__n}\"; unset __SINGPY_H_$__n"
@@ -400,8 +448,8 @@ done
 case $__SINGPY_IFS in x*) IFS=${__SINGPY_IFS#x} ;; esac
 [ -z "$__SINGPY_SHELL" ] || export SHELL="$__SINGPY_SHELL"
 unset -f __singpy_value
-unset __f __n __v __SINGPY_ENV_SCRIPTS __SINGPY_INJECT __SINGPY_EVAL __SINGPY_HOST __SINGPY_PREPEND \
-    __SINGPY_APPEND __SINGPY_PATH __SINGPY_SHELL __SINGPY_IFS
+unset __f __n __v __SINGPY_ENV_SCRIPTS __SINGPY_LATE_SCRIPTS __SINGPY_NOLIBS __SINGPY_INJECT __SINGPY_EVAL \
+    __SINGPY_HOST __SINGPY_PREPEND __SINGPY_APPEND __SINGPY_PATH __SINGPY_SHELL __SINGPY_IFS
 if ! __f=$(command -v "$1" 2>&-); then
     echo "FATAL:   \"$1\": executable file not found in \$PATH" >&2
     exit 255
@@ -409,8 +457,9 @@ fi
 unset __f
 trap - USR1
 exec "$@"
-""".replace("@LIBS32_DIR@", LIBS32_DIR).replace("@LIBS_DIR@", LIBS_DIR) \
-    .replace("@DEFAULT_PATH_WORDS@", DEFAULT_PATH.replace(":", " "))
+"""
+ACTION_SCRIPT = ACTION_SCRIPT.replace("@SAVE_IFS@", _SAVE_IFS).replace("@LIBS32_DIR@", LIBS32_DIR) \
+    .replace("@LIBS_DIR@", LIBS_DIR).replace("@DEFAULT_PATH_WORDS@", DEFAULT_PATH.replace(":", " "))
 
 
 # Names whose values --dry-run does not print (without --verbose): a plan shown in a bug

@@ -38,7 +38,7 @@ import stat
 from collections.abc import Iterable, Mapping
 
 from singpy.constants import LIBS_DIR
-from singpy.env.environ import is_valid_name
+from singpy.env.environ import is_protected, is_valid_name
 from singpy.errors import GpuError
 from singpy.gpu import CDI_DIRS, CDI_SPEC_SUFFIXES, GpuContribution
 from singpy.gpu.cdiparse import parse
@@ -265,8 +265,9 @@ class _Edits:
             name, sep, value = _text(entry, path, "an env entry").partition("=")
             if not sep or not is_valid_name(name):  # the container's shell evaluates injected names
                 raise GpuError(f"CDI spec {where}: env entry {entry!r} is not NAME=VALUE (NAME: letters, digits, _)")
-            if name == "HOME":  # as --env HOME: Apptainer never lets injection replace it
-                self.warnings.append(f"overriding HOME environment variable with the CDI spec {path} is not permitted")
+            if is_protected(name):  # as --env HOME: Apptainer never lets injection replace it, nor singpy its own
+                self.warnings.append(f"overriding {name} environment variable with the CDI spec {path} is "
+                                     "not permitted")
                 continue
             self.env[name] = value
         for entry in _list(edits.get("deviceNodes"), path, "deviceNodes"):

@@ -11,7 +11,7 @@ import stat
 
 from singpy.config.sysconf import IMAGE_LIMITS, SysConfig, confdir
 from singpy.constants import DEFAULT_PATH
-from singpy.env.environ import PROTECTED, EnvPlan, host_passthrough, injected_from_host, split_path_rules
+from singpy.env.environ import EnvPlan, host_passthrough, injected_from_host, is_protected, split_path_rules
 from singpy.errors import BindSpecError, SingpyError, UsageError
 from singpy.host.host import HostInfo
 from singpy.host.hostfiles import path_problem, shown
@@ -455,11 +455,11 @@ def _env_plan(request: LaunchRequest, host: HostInfo, image: ImageSpec, home_des
     injected, warnings = injected_from_host(host.env)
     flags = dict(request.env)
     warnings += [f"ignored environment file variable {name}: override from --env" for name, value in request.env_file
-                 if flags.get(name, value) != value and name not in PROTECTED]  # Apptainer's words; see below
+                 if flags.get(name, value) != value and not is_protected(name)]  # Apptainer's words; see below
     # Apptainer turns both into APPTAINERENV_X: the names that injection may not set are refused here too.
     for origin, pairs in (("--env-file", request.env_file), ("--env", request.env)):  # --env-file < --env
         for name, value in pairs:
-            if name in PROTECTED:
+            if is_protected(name):
                 warnings.append(f"overriding {name} environment variable with {origin} is not permitted")
                 continue
             injected[name] = value
