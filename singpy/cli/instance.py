@@ -122,7 +122,8 @@ def _started(plan: LaunchPlan, request: LaunchRequest, name: str, dirs: tuple[st
                 name=name, pid=pid, image=plan.image.path, socket=plan.share.socket,
                 log_out=os.path.join(logs, f"{name}.out"), log_err=os.path.join(logs, f"{name}.err"),
                 started=time.time(), cgroup=plan.cgroup.dirs if plan.cgroup else (),
-                cgroup_version=plan.cgroup.version if plan.cgroup else 0, security=_recorded_security(request)))
+                cgroup_version=plan.cgroup.version if plan.cgroup else 0, security=_recorded_security(request),
+                ip=started.address))
             written = True
             started.release()  # from now on the holder outlives us
         except BaseException:  # an instance nobody could find, or an interrupted start: not left running
@@ -244,7 +245,7 @@ def list_command(
     records, uid, owner = _records_of(user, "Only root user can list user's instances")
     found = [record for record in _running(records, uid, owner) if not name or fnmatch.fnmatchcase(record.name, name)]
     if as_json:
-        entries = [{"instance": record.name, "pid": record.pid, "img": record.image, "ip": "",
+        entries = [{"instance": record.name, "pid": record.pid, "img": record.image, "ip": record.ip,
                     "logErrPath": record.log_err, "logOutPath": record.log_out} for record in found]
         print(json.dumps({"instances": entries}, indent=4))
         return
@@ -256,7 +257,7 @@ def list_command(
         return
     print(f"{'INSTANCE NAME':<16} {'PID':<8} {'IP':<15} IMAGE")
     for record in found:
-        print(f"{escape(record.name):<16} {record.pid:<8} {'':<15} {escape(record.image)}")
+        print(f"{escape(record.name):<16} {record.pid:<8} {escape(record.ip):<15} {escape(record.image)}")
 
 
 @instance_app.command(name="stop", help="Stop running instances.")
@@ -284,6 +285,10 @@ def stop_command(
     chosen = [record for record in running
               if stop_all or any(fnmatch.fnmatchcase(record.name, pattern) for pattern in names or [])]
     if not chosen:
+        hidden = [pattern for pattern in names or [] if instance.out_of_sight(records, pattern, uid, owner)]
+        if hidden:  # not "no instance": it may well run, where its pid means something
+            raise SingpyError(f"instance {hidden[0]} runs in another PID namespace, out of sight here: stop it "
+                              "from there")
         raise SingpyError("no instance found" if stop_all else f"no instance found with name {' '.join(names or [])}")
     for record in chosen:
         instance.stop(records, record, uid, signum=signum, timeout=timeout, force=force)

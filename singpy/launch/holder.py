@@ -56,6 +56,9 @@ class Instance(Record):
     # commands joining it read), and that directory's name; removed with the record (-1: none)
     temporary: int = -1
     temporary_name: str = ""
+    # a pipe's write end (start_instance makes it): the holder writes the container's address there (--network
+    # bridge|ptp) before it is ready, for the record (`instance list` shows it)
+    report: int = -1
 
 
 def start_instance(plan: LaunchPlan, instance: Instance) -> Started:
@@ -65,7 +68,22 @@ def start_instance(plan: LaunchPlan, instance: Instance) -> Started:
     listener = bind(plan.share.socket)
     if listener is None:  # its name is random (singpy.launch.instance.new_socket_name): not another instance's
         raise SingpyError(f"{plan.share.origin}: can't bind its socket @{plan.share.socket}")
-    started = start(plan, listener, instance)
+    report, written = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        started = start(plan, listener, instance.replace(report=written))
+    finally:
+        os.close(written)
+    try:
+        _wait_ready(plan, instance, started)
+        with contextlib.suppress(BlockingIOError):  # written before it is ready; nothing without a network
+            started.address = os.read(report, 64).decode("ascii", "replace")
+    finally:
+        os.close(report)
+    return started
+
+
+def _wait_ready(plan: LaunchPlan, instance: Instance, started: Started) -> None:
+    assert plan.share is not None
     ended = f"{plan.share.origin} ended while starting: see its log {_fd_path(instance.log_err)}"
     try:
         connection = connect(plan.share.socket)
@@ -82,7 +100,6 @@ def start_instance(plan: LaunchPlan, instance: Instance) -> Started:
     except BaseException:  # Ctrl-C, the timeout, an error: no holder that no record names
         started.abort()
         raise
-    return started
 
 
 def _fd_path(fd: int) -> str:
@@ -100,6 +117,7 @@ class Started:
     def __init__(self, pid: int, middle: int, hold: int) -> None:
         self.pid, self._middle, self._hold = pid, middle, hold
         self.released = False
+        self.address = ""  # the container's, with --network bridge|ptp (start_instance)
 
     def release(self) -> None:
         """The holder outlives us from now on (its record is written)."""
@@ -179,6 +197,10 @@ def _holder(plan: LaunchPlan, listener: socket.socket, instance: Instance | None
         _remove_record(instance)
         os._exit(1)
     ready = ready_message(os.getpid(), [name for name, _ in fds], scripts)
+    if instance is not None and instance.report >= 0:
+        with contextlib.suppress(OSError):
+            os.write(instance.report, "".join(holdernet.ADDRESS).encode())
+        os.close(instance.report)
     try:
         if instance is None:
             _serve(listener, fds, ready)
@@ -203,7 +225,7 @@ def _detach_stdio(keep: int, instance: Instance | None) -> None:
         for fd in (1,) if console.level() >= console.DEBUG else (1, 2):
             os.dup2(null, fd)
     os.close(null)
-    kept = sorted({keep, *((instance.records, instance.temporary) if instance else ())} - {-1})
+    kept = sorted({keep, *((instance.records, instance.temporary, instance.report) if instance else ())} - {-1})
     low = 3
     for fd in kept:
         os.closerange(low, fd)
@@ -331,8 +353,8 @@ def _serve(listener: socket.socket, fds: list[tuple[str, int]], ready: bytes) ->
 
 # What `instance stop --signal` may send; the holder gets signals from nobody else.
 _STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-# Seconds the instance's processes get to exit after the signal `instance stop` sent: clearly less than stop's
-# --timeout (10 s by default), after which it kills the holder; the holder must have killed them all first.
+# Seconds the instance's processes get to exit after the signal `instance stop` sent: less than stop's --timeout
+# (10 s by default), after which `instance stop` kills them all itself (singpy.launch.stoptree), as with a shorter one.
 _STOP_GRACE = 7.0
 
 
@@ -345,7 +367,7 @@ def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[s
     to the startscript's process group, to the orphans it left (ours: the
     holder is a child subreaper) and to every process that joined, and ends
     the instance once they have gone; after _STOP_GRACE seconds they are
-    killed. (`instance stop` itself kills the holder after its --timeout.)
+    killed. (Past its --timeout, `instance stop` kills the holder and all of them itself: singpy.launch.stoptree.)
     """
     members = _Members(listener, fds, ready)
     wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from singpy.kernel.netns import Attachment
 
 KEEPERS: list[int] = []  # the keeper: not one of the instance's processes, it must outlive the holder
+ADDRESS: list[str] = []  # the container's address, once wired: the holder reports it for `instance list`
 
 
 def wired(plan: LaunchPlan) -> int | None:
@@ -41,6 +42,7 @@ def wired(plan: LaunchPlan) -> int | None:
         _keep(attachment, ended)
     os.close(ended)
     KEEPERS.append(keeper)
+    ADDRESS.append(attachment.address.partition("/")[0])
     # `alive` stays open, close-on-exec, for as long as the holder lives (its forks hold it until they exec)
     return attachment.netns_fd
 

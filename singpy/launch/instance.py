@@ -7,7 +7,7 @@ record per instance, and its logs, in the user's directory laid out as
 Apptainer's (~/.apptainer/instances/{app,logs}/HOST/USER/): here under
 ~/.singpy/instances. Whether an instance runs is asked of its holder process,
 not of the record: a holder killed with SIGKILL leaves a record that `list`
-removes.
+removes. A record's pid is of its starter's PID namespace (singpy.launch.pidview).
 
 Instances belong to their owner alone. The holder's abstract socket has an
 unpredictable name (`singpy-instance/UID/` and 128 random bits), chosen at
@@ -65,6 +65,8 @@ class InstanceRecord(Record):
     # the holder's start time (field 22 of /proc/PID/stat, clock ticks since boot), set by write_record: a process
     # that got the pid of a holder gone since is not the instance (0: unknown, an older record: not running)
     holder_start: int = 0
+    pid_ns: int = 0  # the inode of the starter's /proc/self/ns/pid, whose pid `pid` is (0: an older record's: ours)
+    ip: str = ""  # the container's address with --network bridge|ptp (singpy.launch.holdernet), as `list` shows it
 
 
 def check_name(name: str) -> str:
@@ -202,6 +204,10 @@ def write_record(records: str, record: InstanceRecord) -> None:
     """
     if not record.holder_start:
         record = record.replace(holder_start=start_time(record.pid))
+    if not record.pid_ns:
+        from singpy.launch import pidview
+
+        record = record.replace(pid_ns=pidview.own())
     path = os.path.join(records, f"{record.name}.json")
     partial = os.path.join(records, f".{record.name}.{os.urandom(8).hex()}.partial")
     try:
@@ -217,8 +223,9 @@ def write_record(records: str, record: InstanceRecord) -> None:
 
 
 def running(records: str, uid: int, *, owner: int | None = None) -> list[InstanceRecord]:
-    """The user's instances that run, by name; records of dead ones are removed (not for root looking at another
-    user's: `owner`, their uid, whose files are only read)."""
+    """The user's instances that run, by name, as this PID namespace sees them (`_seen`); records of ended ones
+    are removed (not for root looking at another user's: `owner`, their uid, whose files are only read), those
+    out of sight here are neither listed nor removed."""
     found = []
     try:
         entries = sorted(os.listdir(records))
@@ -228,28 +235,62 @@ def running(records: str, uid: int, *, owner: int | None = None) -> list[Instanc
         if not entry.endswith(".json"):
             continue
         record = _read(os.path.join(records, entry), owner)
-        if record is not None and is_alive(record, uid):
-            found.append(record)
-        elif owner is None:
+        seen = _seen(record, uid) if record is not None else None
+        if isinstance(seen, InstanceRecord):
+            found.append(seen)
+        elif seen is None and owner is None:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(records, entry))
     return found
 
 
 def find(records: str, name: str, uid: int, owner: int | None = None) -> InstanceRecord:
-    record = _read(os.path.join(records, f"{check_name(name)}.json"), owner)
-    if record is None or not is_alive(record, uid):
+    seen = _seen_by_name(records, name, uid, owner)
+    if seen is _ELSEWHERE:
+        raise SingpyError(f"instance {name} runs in another PID namespace, out of sight here: use it from there")
+    if not isinstance(seen, InstanceRecord):
         raise SingpyError(f"no instance found with name {name}")
-    return record
+    return seen
 
 
 def refuse_running(records: str, name: str, uid: int) -> None:
-    """A name is taken while its record names a running holder (the user's own: the records are private)."""
-    try:
-        find(records, name, uid)
-    except SingpyError:
-        return
-    raise SingpyError(f"instance {name} already exists")
+    """A name is taken while its record names a running holder (the user's own: the records are private), or one
+    out of sight in another PID namespace."""
+    seen = _seen_by_name(records, name, uid)
+    if seen is _ELSEWHERE:
+        raise SingpyError(f"instance {name} already exists (in another PID namespace)")
+    if seen is not None:
+        raise SingpyError(f"instance {name} already exists")
+
+
+def out_of_sight(records: str, name: str, uid: int, owner: int | None = None) -> bool:
+    """Whether NAME's record is of another PID namespace, whose holder can't be looked for from here."""
+    return _valid_name(name) and _seen_by_name(records, name, uid, owner) is _ELSEWHERE
+
+
+def _seen_by_name(records: str, name: str, uid: int, owner: int | None = None) -> InstanceRecord | str | None:
+    record = _read(os.path.join(records, f"{check_name(name)}.json"), owner)
+    return _seen(record, uid) if record is not None else None
+
+
+_ELSEWHERE = "elsewhere"  # `_seen`: a record of another PID namespace whose holder can't be looked for from here
+
+
+def _seen(record: InstanceRecord, uid: int) -> InstanceRecord | str | None:
+    """The record as this PID namespace sees it, if its holder runs: its pid made ours (singpy.launch.pidview);
+    None if it has ended; _ELSEWHERE if that can't be told from here."""
+    if record.pid_ns:
+        from singpy.launch import pidview
+
+        here = pidview.own()
+        if here and record.pid_ns != here:
+            local = pidview.locate(record.pid, record.pid_ns, uid)
+            if local == pidview.OUT_OF_SIGHT:
+                return _ELSEWHERE
+            if not local:
+                return None
+            record = record.replace(pid=local, pid_ns=here)
+    return record if is_alive(record, uid) else None
 
 
 def _read(path: str, owner: int | None = None) -> InstanceRecord | None:
@@ -299,15 +340,19 @@ def user_dirs(home: str, user: str, uid: int) -> tuple[str, str]:
 _FIELDS = (("name", str), ("pid", int), ("image", str), ("socket", str), ("log_out", str), ("log_err", str),
            ("started", (int, float)))
 _OPTIONAL = (("cgroup", list), ("cgroup_version", int),  # only in the records of instances with a cgroup
-             ("security", list), ("holder_start", int))  # ...with --security; (none in an older singpy's)
+             ("security", list), ("holder_start", int),  # ...with --security; (none in an older singpy's)
+             ("pid_ns", int), ("ip", str))
+_KNOWN = frozenset(name for name, _ in _OPTIONAL)
 
 
 def _record(data: object, stem: str) -> InstanceRecord | None:
     """A record's JSON as InstanceRecord, each field of its type; None for anything else, or one not named as its
-    file `stem`.json: root's `instance stop --user` removes the file of the name it holds."""
+    file `stem`.json: root's `instance stop --user` removes the file of the name it holds. A field it doesn't
+    know (a later singpy's) is left out: an older singpy refused such a record, and its `list` removed it."""
     required = {name for name, _ in _FIELDS}
-    if not isinstance(data, dict) or not required <= set(data) <= required | {name for name, _ in _OPTIONAL}:
+    if not isinstance(data, dict) or not required <= set(data):
         return None
+    data = {name: value for name, value in data.items() if name in required or name in _KNOWN}
     if data["name"] != stem or not _valid_name(stem):
         return None
     for name, kind in (*_FIELDS, *_OPTIONAL):
@@ -391,21 +436,26 @@ def stop(records: str, record: InstanceRecord, uid: int, *, signum: int, timeout
 
 
 def _stop(record: InstanceRecord, uid: int, *, signum: int, timeout: float, force: bool) -> None:
+    """The signal to the holder, which passes it on and ends once they have; past `timeout` (at once with force)
+    the whole instance is killed (singpy.launch.stoptree): a SIGKILL to the holder alone leaves its processes."""
     holder = _holder(record, uid)
     if holder is None:  # ended meanwhile
         return
     try:
-        _signal(record.pid, holder, signal.SIGKILL if force else signum)
         deadline = time.monotonic() + timeout
-        while is_alive(record, uid):
-            if time.monotonic() > deadline:
-                _signal(record.pid, holder, signal.SIGKILL)
-                deadline = time.monotonic() + 5.0
-                if not force:
-                    force = True
-                    continue
-                raise SingpyError(f"instance {record.name} (pid {record.pid}) did not stop")
-            time.sleep(0.02)
+        if not force:
+            _signal(record.pid, holder, signum)
+            while is_alive(record, uid) and time.monotonic() <= deadline:
+                time.sleep(0.02)
+        if is_alive(record, uid):
+            from singpy.launch import stoptree
+
+            stoptree.kill_tree(record.pid, holder)
+            deadline = time.monotonic() + 5.0
+            while is_alive(record, uid):
+                if time.monotonic() > deadline:
+                    raise SingpyError(f"instance {record.name} (pid {record.pid}) did not stop")
+                time.sleep(0.02)
     finally:
         if holder >= 0:
             os.close(holder)

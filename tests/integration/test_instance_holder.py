@@ -145,6 +145,42 @@ def test_stop_ends_everything_the_startscript_started(singpy: Singpy, images: di
         _kill_all(_sleeps(tag))
 
 
+@pytest.mark.parametrize("stop", [("--timeout", "1"), ("--force",)], ids=["timeout-1", "force"])
+def test_stop_ends_everything_within_its_timeout(singpy: Singpy, images: dict[str, Path],
+                                                 names: Callable[[str], str], stop: tuple[str, ...]) -> None:
+    """A startscript and its sleeps that ignore SIGTERM, and a joined process that does too, stopped with a
+    --timeout shorter than the holder's own grace (or with --force, at once): `instance stop` kills them all
+    itself, within that time; none is left."""
+    name, tag = names("quick"), str(uuid.uuid4().int % 10**9)
+    result = singpy.run("instance", "start", str(images["scripted"]), name, tag, "stubborn")
+    assert result.returncode == 0, result.stderr
+
+    def ours() -> list[int]:  # the startscript, its sleeps, the joined one
+        return _processes(lambda line, _: f"{tag}\0".encode() in line or f"sleep 1002.{tag}".encode() in line)
+
+    def ours_joined() -> list[int]:
+        return _processes(lambda line, _: line == f"sleep\0{1002}.{tag}\0".encode())
+
+    try:
+        deadline = time.monotonic() + 20
+        joiner = singpy.popen(["exec", f"instance://{name}", "sh", "-c", f"trap '' TERM; sleep 1002.{tag}"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while len(_sleeps(tag)) < 2 or not ours_joined():
+            assert time.monotonic() < deadline, "the startscript's sleeps, or the joined one, did not start"
+            time.sleep(0.05)
+        started = time.monotonic()
+        stopped = singpy.run("instance", "stop", *stop, name)
+        joiner.wait(timeout=10)
+        took = time.monotonic() - started
+        assert stopped.returncode == 0, stopped.stderr
+        assert took < (4.0 if stop == ("--force",) else 5.0), f"`instance stop {' '.join(stop)}` took {took:.1f} s"
+        time.sleep(0.3)
+        assert ours() == [], f"left running after `instance stop {' '.join(stop)}`"
+        assert name not in singpy.ok("instance", "list")
+    finally:
+        _kill_all(ours())
+
+
 # --- an interrupted start -------------------------------------------------------------------------------------------
 
 
@@ -172,74 +208,64 @@ def _holder_of(tag: str, timeout: float) -> int:
     return -1
 
 
+@contextlib.contextmanager
+def _start_held(singpy: Singpy, image: Path, names: Callable[[str], str],
+                label: str) -> Iterator[tuple[str, subprocess.Popen[str], int]]:
+    """(name, starter, holder): an `instance start` of `image` waiting for its holder, which is held still with
+    SIGSTOP before it is ready, as a slow image would (`holder`: a pidfd of it). When the holder was faster than
+    we were (the start succeeded), that instance is stopped and it is tried again. On the way out the holder is
+    killed (the old code's orphan: ours), the starter too if it still runs."""
+    for _ in range(8):
+        name, tag = names(label), uuid.uuid4().hex
+        starter = singpy.popen(["instance", "start", str(image), name], env=singpy.env(SINGPY_TEST_TAG=tag),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        holder = _holder_of(tag, timeout=30)
+        try:
+            assert holder >= 0, "no holder started"
+            signal.pidfd_send_signal(holder, signal.SIGSTOP)
+            time.sleep(0.3)
+            if starter.poll() is None:
+                yield name, starter, holder
+                return
+            signal.pidfd_send_signal(holder, signal.SIGCONT)  # too late: it was ready already
+            singpy.run("instance", "stop", "--force", name)
+        finally:
+            if holder >= 0:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(holder, signal.SIGKILL)
+                os.close(holder)
+            if starter.poll() is None:
+                starter.kill()
+                starter.communicate()
+    pytest.fail("the holder was ready before it could be stopped, every time")
+
+
 @pytest.mark.parametrize("interrupt", [signal.SIGINT, signal.SIGHUP, signal.SIGKILL], ids=["INT", "HUP", "KILL"])
 def test_an_interrupted_start_leaves_no_holder(singpy: Singpy, images: dict[str, Path],
                                                names: Callable[[str], str], interrupt: int) -> None:
     """Ctrl-C (or a hangup, or SIGKILL) while `instance start` waits for its holder (held still with SIGSTOP,
     as a slow image would): the start fails and its holder, which no record would name, is gone. When the
     holder was faster than we were (the start succeeded), the instance is stopped and it is tried again."""
-    for _ in range(8):
-        name, tag = names("intr"), uuid.uuid4().hex
-        starter = singpy.popen(["instance", "start", str(images["bare"]), name],
-                               env=singpy.env(SINGPY_TEST_TAG=tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        holder = _holder_of(tag, timeout=30)
-        try:
-            assert holder >= 0, "no holder started"
-            signal.pidfd_send_signal(holder, signal.SIGSTOP)
-            time.sleep(0.3)
-            if starter.poll() is not None:  # too late: it was ready already
-                signal.pidfd_send_signal(holder, signal.SIGCONT)
-                singpy.run("instance", "stop", "--force", name)
-                continue
-            starter.send_signal(interrupt)
-            _, err = starter.communicate(timeout=30)
-            assert starter.returncode in (130, -interrupt), err
-            assert "Traceback" not in err
-            assert select.select([holder], [], [], 10)[0] == [holder], "the holder still runs"  # readable: exited
-            assert name not in singpy.ok("instance", "list")
-            return
-        finally:
-            if holder >= 0:
-                with contextlib.suppress(ProcessLookupError):
-                    signal.pidfd_send_signal(holder, signal.SIGKILL)  # (the old code's orphan: ours)
-                os.close(holder)
-            if starter.poll() is None:
-                starter.kill()
-                starter.communicate()
-    pytest.fail("the holder was ready before it could be stopped, every time")
+    with _start_held(singpy, images["bare"], names, "intr") as (name, starter, holder):
+        starter.send_signal(interrupt)
+        _, err = starter.communicate(timeout=30)
+        assert starter.returncode in (130, -interrupt), err
+        assert "Traceback" not in err
+        assert select.select([holder], [], [], 10)[0] == [holder], "the holder still runs"  # readable: exited
+        assert name not in singpy.ok("instance", "list")
 
 
 def test_a_holder_killed_while_starting_fails_the_start_at_once(singpy: Singpy, images: dict[str, Path],
                                                                names: Callable[[str], str]) -> None:
     """The holder dies before it is ready (the OOM killer, an admin): `instance start` says so in one line at
     once, rather than waiting for a holder that will never answer."""
-    for _ in range(8):
-        name, tag = names("died"), uuid.uuid4().hex
-        starter = singpy.popen(["instance", "start", str(images["bare"]), name],
-                               env=singpy.env(SINGPY_TEST_TAG=tag), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        holder = _holder_of(tag, timeout=30)
-        try:
-            assert holder >= 0, "no holder started"
-            signal.pidfd_send_signal(holder, signal.SIGSTOP)
-            time.sleep(0.3)
-            if starter.poll() is not None:  # too late: it was ready already
-                signal.pidfd_send_signal(holder, signal.SIGCONT)
-                singpy.run("instance", "stop", "--force", name)
-                continue
-            signal.pidfd_send_signal(holder, signal.SIGKILL)
-            out, err = starter.communicate(timeout=30)
-            assert starter.returncode == 255, err
-            lines = err.splitlines()
-            assert len(lines) == 1 and lines[0].startswith("FATAL:") and "ended while starting" in lines[0], err
-            assert name not in singpy.ok("instance", "list")
-            return
-        finally:
-            if holder >= 0:
-                os.close(holder)
-            if starter.poll() is None:
-                starter.kill()
-                starter.communicate()
-    pytest.fail("the holder was ready before it could be stopped, every time")
+    with _start_held(singpy, images["bare"], names, "died") as (name, starter, holder):
+        signal.pidfd_send_signal(holder, signal.SIGKILL)
+        _, err = starter.communicate(timeout=30)
+        assert starter.returncode == 255, err
+        lines = err.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("FATAL:") and "ended while starting" in lines[0], err
+        assert name not in singpy.ok("instance", "list")
 
 
 # --- a joined process's pid, given to another process ---------------------------------------------------------------
@@ -326,6 +352,10 @@ def test_an_instance_gets_its_network(as_root: Singpy, netns: NetNs, images: dic
         joined = netns.run("exec", f"instance://{name}", "ip", "-o", "-4", "addr", "show", "eth0")
         assert joined.returncode == 0, joined.stderr
         assert f"inet {subnet}.7/{prefix}" in joined.stdout
+        listed = json.loads(netns.run("instance", "list", "--json", name).stdout)["instances"]
+        assert [entry["ip"] for entry in listed] == [f"{subnet}.7"], listed  # as Apptainer's "ip"
+        row = netns.run("instance", "list", name).stdout.splitlines()[1].split()
+        assert row[:3] == [name, str(listed[0]["pid"]), f"{subnet}.7"], row
         stopped = netns.run("instance", "stop", *stop, name)
         assert stopped.returncode == 0, stopped.stderr
         assert netns.wait_for_link("singpy-", present=False) == [], "the veth outlived the instance"
