@@ -283,7 +283,8 @@ def _refuse_waiting(listener: socket.socket, message: str) -> None:
     while (left := deadline - time.monotonic()) > 0 and select.select([listener], [], [], left)[0]:
         connection, _ = listener.accept()
         with connection, contextlib.suppress(OSError):
-            connection.send(ERROR + message.encode())
+            if peer_uid(connection) == os.getuid():  # someone else's process learns nothing (a path in the error)
+                connection.send(ERROR + message.encode())
     listener.close()
 
 
