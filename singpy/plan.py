@@ -185,6 +185,11 @@ class ProcessSpec(Record):
     # sends; close-on-exec, so the payload never holds it; skipped if the descriptor is no longer that pipe (a process
     # that closed it: an instance's holder); (-1, 0): none
     go_pipe: tuple[int, int] = (-1, 0)
+    # (descriptor, inode of its file): a shared flock on the in-use file of the cache entry whose tree is the root
+    # (ImageSpec.in_use, singpy.image.cache.hold_entry), which `singpy cache clean` never removes while it is held;
+    # made inheritable right before the payload's execve, so the payload holds it for the container's whole life
+    # (as a supervisor does, never exec'ing); skipped if the descriptor is no longer that file; (-1, 0): none
+    in_use: tuple[int, int] = (-1, 0)
 
 
 class ImageSpec(Record):
@@ -209,6 +214,9 @@ class ImageSpec(Record):
     # singpy.image.warm.start to the planner, which moves it into ProcessSpec.go_pipe (the launch sends its byte at
     # the payload's execve); (-1, 0): none (no unpacking started, --dry-run, or in a LaunchPlan)
     go_pipe: tuple[int, int] = (-1, 0)
+    # a tree of the cache (extract, warm "cached"): its held in-use lock, from singpy.image.squashfs.prepare to the
+    # planner, which moves it into ProcessSpec.in_use; (-1, 0): none (not a cached tree, --dry-run, in a LaunchPlan)
+    in_use: tuple[int, int] = (-1, 0)
     overlay_offset: int = 0  # sif: byte offset of its writable overlay partition (ext3), 0 when it has none
     overlay_size: int = 0  # sif: that partition's size in bytes
     encryption: str = ""  # sif: "gocryptfs" or "luks" (dm-crypt) for an encrypted root (image.cryptmount), or ""

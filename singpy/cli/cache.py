@@ -69,14 +69,20 @@ def clean_command(
     pulled = [digest for digest, _ in store.pulled_images(location)]
     trees = _old_build_trees(location, days)
     if not doomed and not pulled and not trees and not store.blobs_usage(location)[0]:
+        if not dry_run:  # a killed unpacking's lock, a failed one's marker: internal, removed unasked
+            from singpy.image import warm
+
+            warm.remove_stale_locks(location)
         print(f"nothing to remove in {location}")
         return
     if dry_run:  # the same entries, counted as the real clean counts them: its "removed N" is this N
+        kept = [digest for digest in doomed if _in_use(location, digest)]
         for digest in doomed:
-            print(f"would remove {digest}")
+            print(f"would keep {digest}: in use by a running container" if digest in kept
+                  else f"would remove {digest}")
         for name in trees:
             print(f"would remove the base unpacked for builds {name}")
-        count = len(doomed) + len(trees) + _clean_pulled(location, days, dry_run=True)
+        count = len(doomed) - len(kept) + len(trees) + _clean_pulled(location, days, dry_run=True)
         print(f"would remove {count} cache entries from {location}")
         return
     if not force and not _confirm(f"Remove the cached images from {location}?"):
@@ -91,11 +97,32 @@ def clean_command(
 
         removed += remove_build_trees(location, older_than=time.time() - days * 86400 if days else None)
     for digest in doomed:
-        if cache.remove_entry(location, digest):
+        outcome = cache.remove_entry(location, digest)
+        if outcome == cache.REMOVED:
             removed += 1
+        elif outcome == cache.IN_USE:  # its tree is a running container's root (singpy.image.squashfs.hold)
+            console.info(f"{digest[:16]} is in use by a running container: kept")
         else:
             console.warning(f"{digest[:16]} is being unpacked by another singpy: left alone")
     print(f"removed {removed} cache entries from {location}")
+
+
+def _in_use(location: str, digest: str) -> bool:
+    """Whether a running container holds the entry's tree (its record locked: cache.in_use_path): what --dry-run
+    keeps."""
+    import fcntl
+
+    try:
+        fd = os.open(cache.in_use_path(location, digest), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # no record: no container can hold it
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _list_build_trees(location: str) -> None:

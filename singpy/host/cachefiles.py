@@ -3,7 +3,10 @@
 Kept apart from singpy.image.cache (the extraction cache, ~1.5 ms to import
 here with what it pulls in) because `--nv` and `--device` read and write
 their small cache files on every launch of a plain sandbox, which imports
-nothing else from the cache. Imports only `os`.
+nothing else from the cache. Imports only `os`. Also what singpy.image.cache
+and singpy.image.warm share without importing each other: the bounded wait for
+another's unpacking (`wait_bound`, `locked_within`) and the type of the
+filesystem a cache is on (`filesystem_of`).
 """
 
 from __future__ import annotations
@@ -32,10 +35,71 @@ def cache_dir(env: Mapping[str, str], home: str) -> str:
     return os.path.join(home, ".cache", "singpy")
 
 
-def identity(info: os.stat_result) -> str:
+def identity(info: os.stat_result, *, ctime: bool = False) -> str:
     """A file as the cache names it: device, inode, size and mtime in ns (in hex). Any rewrite of the file
-    changes one of them, whatever its path."""
-    return f"{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}"
+    changes one of them, whatever its path, unless its mtime is set back after (rsync --inplace -t, cp -p onto
+    it): `ctime` adds the change time, which no user can set, for the extraction cache's index (an image so
+    rewritten must not run its old tree). Not for the OCI store's seals (singpy.oci.store): a hard link to a
+    stored SIF (an oras:// pull's target) changes its ctime and would unseal it."""
+    base = f"{info.st_dev:x}-{info.st_ino:x}-{info.st_size:x}-{info.st_mtime_ns:x}"
+    return f"{base}-{info.st_ctime_ns:x}" if ctime else base
+
+
+# A wait for another singpy's unpacking (of a tree into the cache) is bounded by what a slow unpacking of the
+# image's size takes: WAIT_RATE squashfs bytes a second, WAIT_LEAST seconds at least. An unpacking stopped with
+# its job (SIGSTOP, scontrol suspend) or stuck on a hung disk must not stop every later run for ever.
+WAIT_RATE = 1 << 20
+WAIT_LEAST = 5.0
+
+
+def wait_bound(length: int) -> float:
+    """Seconds to wait for an unpacking of `length` squashfs bytes under way (see WAIT_RATE)."""
+    return max(WAIT_LEAST, length / WAIT_RATE)
+
+
+def locked_within(fd: int, seconds: float, *, exclusive: bool = False) -> bool:
+    """Whether a lock (flock, shared unless `exclusive`) on `fd` was had within `seconds`; polled, the pauses
+    growing from 5 ms to 0.1 s: a blocking flock has no timeout."""
+    import fcntl
+    import time
+
+    deadline, pause = time.monotonic() + seconds, 0.005
+    mode = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+    while True:
+        try:
+            fcntl.flock(fd, mode)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0.0)))
+            pause = min(pause * 2, 0.1)
+
+
+def filesystem_of(path: str) -> str:
+    """The type of the filesystem `path` (or, missing, its nearest existing parent) is on; "" if unknown."""
+    while not os.path.exists(path) and path not in ("/", ""):
+        path = os.path.dirname(path)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mountinfo:
+            return filesystem_type(os.path.realpath(path or "/"), mountinfo.read())
+    except OSError:
+        return ""
+
+
+def filesystem_type(path: str, mountinfo: str) -> str:
+    """The type of the filesystem that real path `path` is on, from mountinfo(5) text ("" if none matches)."""
+    best, kind = "", ""
+    for line in mountinfo.splitlines():
+        fields, _, after = line.partition(" - ")
+        parts = fields.split(" ")
+        if len(parts) < 5 or not after:
+            continue
+        point = parts[4].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):  # the last of equal mount points is the one on top
+            best, kind = point, after.split(" ", 1)[0]
+    return kind
 
 
 def make_private_dirs(path: str, *, what: str = "cache directory") -> None:

@@ -5,24 +5,39 @@ Layout, under `$SINGPY_CACHEDIR`, else `$APPTAINER_CACHEDIR/singpy` (or
 else `$XDG_CACHE_HOME/singpy`, else `~/.cache/singpy` (mode 0700)::
 
     rootfs/<sha256>/              a complete tree: the partition with that digest, unpacked
-    rootfs/<sha256>.json          where it came from (for `singpy cache list`)
+    rootfs/<sha256>.json          where it came from (`cache list`); flock()ed, shared, by its running containers
     rootfs/.<sha256>.lock         flock()ed while that partition is extracted, deleted after
     rootfs/.<sha256>.tmp-XXXXXX/  an extraction in progress (or killed midway)
-    index/<dev>-<ino>-<size>-<mtime_ns>-<offset>-<length> -> ../rootfs/<sha256>
+    index/<dev>-<ino>-<size>-<mtime_ns>-<ctime_ns>-<offset>-<length> -> ../rootfs/<sha256>
+    index/.<same key>.warm        flock()ed while that file is unpacked in the background (singpy.image.warm)
+    index/.<same key>.failed      that file's background unpacking failed: not tried again (singpy.image.warm)
 
 Entries are keyed by the partition's content, so two copies of an image
 share one tree. Hashing a partition of several GB takes seconds, so the
-index maps a file's identity (device, inode, size and mtime in ns: any
-rewrite of the file changes one of them, whatever its path) to the digest,
-and a repeat run costs two system calls and no hashing (`lookup`).
+index maps a file's identity (device, inode, size, mtime and ctime in ns:
+any rewrite of the file changes one of them, whatever its path, and no user
+can set a ctime back) to the digest, and a repeat run costs two system calls
+and no hashing (`lookup`).
+
+The index must name the tree of that very file: `populate` opens the image
+once, takes its identity from the descriptor, hashes the partition from it,
+and gives unsquashfs that descriptor (/proc/self/fd/N), never the path again;
+if the file changed meanwhile (its identity is compared after), nothing is
+kept. A file renamed over the image, or rewritten, during an unpacking is
+never indexed as the image, nor does its content land under the image's digest.
 
 Populating is atomic: the tree is unpacked into a hidden temporary
 directory and renamed into place only when complete, so no run ever sees a
 half-written tree. An exclusive `flock` on the entry's lock file makes
-concurrent first runs of one image extract once: the others wait, then find
-the entry. A killed extraction leaves only a hidden temporary directory and
-releases its lock with its file descriptor; the next extraction of that
+concurrent first runs of one image extract once: the others wait (for a
+bounded time: cachefiles.wait_bound), then find the entry. A killed
+extraction leaves only a hidden temporary directory and releases its lock
+with its file descriptor; the next extraction of that
 digest (holding the lock, so none is live) removes it.
+
+A container run from a tree holds a shared flock on the entry's record (its `.json`, written before the tree is
+renamed into place) for its whole life (singpy.image.squashfs.hold); `cache clean` (`remove_entry`) keeps an
+entry whose record it can't lock exclusively.
 
 The cache is trusted only as far as cachefiles.check_owned goes (issue 24): the
 cache, `rootfs/` and `index/` must be the user's (or root's) and writable by no
@@ -38,6 +53,8 @@ import os
 from singpy import console
 from singpy.errors import ImageError
 from singpy.host.cachefiles import check_owned, identity, make_private_dirs, publish, read_private
+from singpy.host.cachefiles import filesystem_of as filesystem_of  # where singpy.recipe and the tests find them
+from singpy.host.cachefiles import filesystem_type as filesystem_type
 
 TYPE_CHECKING = False  # see singpy.record: `collections` is not loaded on a SIF launch (issue 31)
 if TYPE_CHECKING:
@@ -50,10 +67,11 @@ _HASH_CHUNK = 1 << 20
 CACHEDIR_HINT = "set SINGPY_CACHEDIR (or APPTAINER_CACHEDIR) to a directory on a filesystem with room"
 
 
-def index_key(path: str, offset: int, length: int) -> str:
-    """The identity of a partition of a file: any rewrite of the file changes it (see the module's docstring)."""
-    info = os.stat(path)
-    return f"{identity(info)}-{offset:x}-{length:x}"
+def index_key(path: str, offset: int, length: int, info: os.stat_result | None = None) -> str:
+    """The identity of a partition of a file: any rewrite of the file changes it (see the module's docstring).
+    `info`: the file's fstat, where the caller holds it open (stat(path) otherwise)."""
+    info = os.stat(path) if info is None else info
+    return f"{identity(info, ctime=True)}-{offset:x}-{length:x}"
 
 
 def check(cache: str, kind: str = ROOTFS) -> None:
@@ -90,20 +108,72 @@ def lookup(cache: str, path: str, offset: int, length: int, *, kind: str = ROOTF
 
 
 def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str, root: bool, kind: str = ROOTFS,
-             suffix: str = "", checked: bool = False) -> str:
+             suffix: str = "", checked: bool = False, key: str | None = None) -> str:
     """Unpack the partition into the cache unless an identical one is there; return the tree.
 
     The tree is `kind/DIGEST` + `suffix` (see `lookup`); `checked`: the
-    caller made those directories and checked them (see `lookup`).
+    caller made those directories and checked them (see `lookup`). `key`:
+    the index key of the file the caller locked (singpy.image.warm): another
+    file at `path` by now is an ImageError, nothing done.
 
-    Every failure is one `ImageError`; a full filesystem says so, naming the
-    cache directory and how to choose another. SIGTERM, SIGHUP and SIGINT
-    during the extraction stop unsquashfs and remove the temporary tree.
+    The file is opened once and never again by its path (see the module's
+    docstring); one that changed while it was read is an ImageError, nothing
+    kept. Every failure is one `ImageError` (unsquashfs's own: a ToolError);
+    a full filesystem says so, naming the cache directory and how to choose
+    another. SIGTERM, SIGHUP and SIGINT during the extraction stop unsquashfs
+    and remove the temporary tree.
     """
+    from singpy.host.hostfiles import open_regular
+
     for sub in ("", kind, INDEX) if not checked else ():
         make_private_dirs(f"{cache}/{sub}" if sub else cache)  # checked once made: someone else's is refused
+    # The image's path may be a link the user made (as Apptainer allows): followed once, here; the descriptor
+    # then stands for the file wherever it was found (no O_NOFOLLOW: it would refuse that link, and protect nothing
+    # the descriptor does not).
+    fd = open_regular(path, what="image", error=ImageError)
+    try:
+        first = os.fstat(fd)
+        found = index_key(path, offset, length, first)
+        if key is not None and found != key:
+            raise ImageError(f"can't unpack {path}: it is no longer the file whose unpacking was planned")
+        image = Opened(path, fd, first)
+        digest = _populate_opened(cache, image, offset, length, unsquashfs=unsquashfs, root=root, kind=kind,
+                                  suffix=suffix)
+        image.check_unchanged()  # the digest read (and the tree unpacked) was this file's: index it
+    finally:
+        os.close(fd)
+    _write_index(cache, found, digest)  # under the identity of the file read, never a new stat(path)
+    return f"{cache}/{kind}/{digest}{suffix}"
+
+
+class Opened:
+    """The image `populate` opened: its path (for messages), its descriptor, its fstat when opened."""
+
+    def __init__(self, path: str, fd: int, info: os.stat_result) -> None:
+        self.path, self.fd, self.info = path, fd, info
+
+    def check_unchanged(self) -> None:
+        """An ImageError if the file was replaced or rewritten since it was opened (a rename over its path
+        changes its ctime too: its link count drops)."""
+        now = os.fstat(self.fd)
+        if identity(now, ctime=True) != identity(self.info, ctime=True):
+            raise ImageError(f"can't unpack {self.path} into the cache: it was replaced or changed while it was "
+                             "read; nothing was kept")
+
+    @property
+    def proc_path(self) -> str:
+        """The descriptor as a path for unsquashfs (given it with pass_fds): /proc/self/fd, which every Linux
+        host has, where /dev/fd is a link some hosts' /dev lack."""
+        return f"/proc/self/fd/{self.fd}"
+
+
+def _populate_opened(cache: str, image: Opened, offset: int, length: int, *, unsquashfs: str, root: bool, kind: str,
+                     suffix: str) -> str:
+    """`populate`, on the image opened: hash the partition from the descriptor, unpack it unless its tree is
+    there; the digest."""
+    path = image.path
     console.verbose(f"computing the digest of {path} (offset {offset}, {length} bytes)")
-    digest = _digest(path, offset, length)
+    digest = _digest(image.fd, path, offset, length)
     entry = f"{cache}/{kind}/{digest}{suffix}"
     if not os.path.isdir(entry):
         from singpy.image import tools
@@ -111,7 +181,8 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
         _warn_if_shared(cache, length)
         with tools.Interruptible():
             try:
-                _populate_locked(path, offset, f"{digest}{suffix}", entry, unsquashfs=unsquashfs, root=root)
+                _populate_locked(image, offset, length, f"{digest}{suffix}", entry, unsquashfs=unsquashfs,
+                                 root=root)
             except tools.Interrupted as interrupted:
                 raise tools.Interrupted(f"unpacking {path} into the cache {interrupted.message}") from None
             except OSError as error:
@@ -119,8 +190,7 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
                                    cache) from None
             except ImageError as error:
                 raise _cache_error(error, cache) from None
-    _write_index(cache, index_key(path, offset, length), digest)
-    return entry
+    return digest
 
 
 # Filesystems of network and cluster storage, by their names in /proc/self/mountinfo.
@@ -135,17 +205,6 @@ def _warn_if_shared(cache: str, length: int) -> None:
         warning = shared_storage_warning(cache, filesystem_of(cache), length)
         if warning:
             console.warning(warning)
-
-
-def filesystem_of(path: str) -> str:
-    """The type of the filesystem `path` (or, missing, its nearest existing parent) is on; "" if unknown."""
-    while not os.path.exists(path) and path not in ("/", ""):
-        path = os.path.dirname(path)
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as mountinfo:
-            return filesystem_type(os.path.realpath(path or "/"), mountinfo.read())
-    except OSError:
-        return ""
 
 
 def shared_storage_warning(cache: str, kind: str, length: int) -> str:
@@ -164,28 +223,20 @@ def shared_storage_warning(cache: str, kind: str, length: int) -> str:
             "a directory in /tmp or $TMPDIR")
 
 
-def filesystem_type(path: str, mountinfo: str) -> str:
-    """The type of the filesystem that real path `path` is on, from mountinfo(5) text ("" if none matches)."""
-    best, kind = "", ""
-    for line in mountinfo.splitlines():
-        fields, _, after = line.partition(" - ")
-        parts = fields.split(" ")
-        if len(parts) < 5 or not after:
-            continue
-        point = parts[4].replace("\\040", " ")
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):  # the last of equal mount points is the one on top
-            best, kind = point, after.split(" ", 1)[0]
-    return kind
+def _populate_locked(image: Opened, offset: int, length: int, digest: str, entry: str, *, unsquashfs: str,
+                     root: bool) -> None:
+    from singpy.host.cachefiles import wait_bound
 
-
-def _populate_locked(path: str, offset: int, digest: str, entry: str, *, unsquashfs: str, root: bool) -> None:
     lock_path = f"{os.path.dirname(entry)}/.{digest}.lock"
-    lock = lock_file(lock_path, wait=f"another singpy to finish unpacking {path}")
-    assert lock is not None
+    bound = wait_bound(length)  # an unpacking stopped with its job (SIGSTOP) or on a hung disk holds it for ever
+    lock = lock_file(lock_path, wait=f"another singpy to finish unpacking {image.path}", within=bound)
+    if lock is None:
+        raise ImageError(f"can't unpack {image.path} into the cache: another singpy's unpacking of this image has "
+                         f"been under way for over {bound:g} s (stopped, or on a hung disk?)",
+                         hint="run it again once that unpacking has ended (or been killed)")
     try:
         if not os.path.isdir(entry):  # the run we waited for may have made it
-            _extract(path, offset, digest, entry, unsquashfs=unsquashfs, root=root)
+            _extract(image, offset, digest, entry, unsquashfs=unsquashfs, root=root)
     finally:
         os.unlink(lock_path)  # while locked, so that it is safe (see lock_file): no lock file stays behind
         os.close(lock)
@@ -201,15 +252,18 @@ def _cache_error(error: ImageError, cache: str) -> ImageError:
     return error
 
 
-def lock_file(path: str, *, wait: str | None, create: bool = True) -> int | None:
+def lock_file(path: str, *, wait: str | None, create: bool = True, within: float | None = None) -> int | None:
     """An open descriptor holding an exclusive flock on `path`; None if busy and `wait` is None.
 
     A lock file is deleted only by a process holding its lock, so a lock
     taken on a file that is no longer at `path` is stale: try again. With
-    `create` false, a missing file is None too.
+    `create` false, a missing file is None too. `within`: wait (`wait` says
+    for what) at most this many seconds in all, then None.
     """
     import fcntl
+    import time
 
+    deadline = None if within is None else time.monotonic() + within
     while True:
         try:
             flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
@@ -232,7 +286,11 @@ def lock_file(path: str, *, wait: str | None, create: bool = True) -> int | None
                 os.close(fd)
                 return None
             console.info(f"waiting for {wait}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if deadline is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            elif not _locked_before(fd, deadline):
+                os.close(fd)
+                return None
         try:
             if os.stat(path).st_ino == os.fstat(fd).st_ino:
                 return fd
@@ -241,13 +299,18 @@ def lock_file(path: str, *, wait: str | None, create: bool = True) -> int | None
         os.close(fd)
 
 
-def _digest(path: str, offset: int, length: int) -> str:
+def _locked_before(fd: int, deadline: float) -> bool:
+    import time
+
+    from singpy.host.cachefiles import locked_within
+
+    return locked_within(fd, max(deadline - time.monotonic(), 0.0), exclusive=True)
+
+
+def _digest(fd: int, path: str, offset: int, length: int) -> str:
     import hashlib
 
-    from singpy.host.hostfiles import open_regular
-
     digest = hashlib.sha256()
-    fd = open_regular(path, what="image", error=ImageError)
     try:
         remaining = length
         while remaining > 0:
@@ -258,13 +321,12 @@ def _digest(path: str, offset: int, length: int) -> str:
             remaining -= len(chunk)
     except OSError as error:
         raise ImageError(f"can't read image {path}: {error.strerror}") from None
-    finally:
-        os.close(fd)
     return digest.hexdigest()
 
 
-def _extract(path: str, offset: int, digest: str, entry: str, *, unsquashfs: str, root: bool) -> None:
-    """Called holding the entry's lock: unpack into a temporary directory, then rename it into place."""
+def _extract(image: Opened, offset: int, digest: str, entry: str, *, unsquashfs: str, root: bool) -> None:
+    """Called holding the entry's lock: unpack into a temporary directory, then rename it into place (if the
+    image is still the file opened: else the tree is thrown away)."""
     import tempfile
 
     from singpy.image import tools
@@ -275,11 +337,14 @@ def _extract(path: str, offset: int, digest: str, entry: str, *, unsquashfs: str
             console.verbose(f"removing an interrupted extraction: {parent}/{name}")
             remove_tree(f"{parent}/{name}")
     tmp = tempfile.mkdtemp(prefix=f".{digest}.tmp-", dir=parent)
+    path = image.path
     try:
         tree = f"{tmp}/root"
         console.verbose(f"unpacking {path} into the cache ({entry})")
-        tools.run_tool([unsquashfs, *unpack_options(offset, tree, root=root), path, *unpack_filter(root)],
-                       label=f"Unpacking {os.path.basename(path)}", failure=f"can't unpack {path}")
+        tools.run_tool([unsquashfs, *unpack_options(offset, tree, root=root), image.proc_path, *unpack_filter(root)],
+                       label=f"Unpacking {os.path.basename(path)}", failure=f"can't unpack {path}",
+                       pass_fds=(image.fd,))
+        image.check_unchanged()  # what unsquashfs read is what was hashed
         if not root and not os.path.lexists(f"{tree}/dev"):  # unpacked without dev (unpack_filter)
             os.mkdir(f"{tree}/dev", 0o755)
         _write_info(f"{entry}.json", path, offset)
@@ -369,23 +434,53 @@ def entry_info(cache: str, digest: str, *, size: bool = True) -> dict[str, objec
     return info
 
 
-def remove_entry(cache: str, digest: str) -> bool:
-    """Delete one entry and its index links; False if an extraction of it is under way."""
+REMOVED, UNPACKING, IN_USE = "removed", "unpacking", "in use"  # what `remove_entry` did
+
+
+def in_use_path(cache: str, digest: str) -> str:
+    """The entry's record, its in-use lock too (see the module's docstring): no other file to leave behind."""
+    return f"{cache}/{ROOTFS}/{digest}.json"
+
+
+def remove_entry(cache: str, digest: str) -> str:
+    """Delete one entry and its index links: REMOVED; left alone: UNPACKING (an extraction of it is under way) or
+    IN_USE (a running container's root: `in_use_path`), where only the leftovers of killed work go."""
     base = f"{cache}/{ROOTFS}"
     lock = lock_file(f"{base}/.{digest}.lock", wait=None)
     if lock is None:
+        return UNPACKING
+    try:
+        for name in os.listdir(base):  # a killed extraction's or removal's tree: no live one holds our lock
+            if name.startswith(f".{digest}.tmp-"):
+                remove_tree(f"{base}/{name}")
+        if not _take_out_of_use(base, digest):
+            return IN_USE
+        for name in (f".{digest}.tmp-removing", f"{digest}.json"):  # nothing there is fine
+            remove_tree(f"{base}/{name}")
+    finally:
+        try:
+            os.unlink(f"{base}/.{digest}.lock")  # while locked: see lock_file
+        finally:
+            os.close(lock)
+    _prune_index(cache)
+    return REMOVED
+
+
+def _take_out_of_use(base: str, digest: str) -> bool:
+    """Under the record's exclusive lock, held across two calls only (False, nothing done, while a container holds
+    it): the tree renamed out of sight (no run picks up a tree being deleted), the record unlinked."""
+    record = f"{base}/{digest}.json"
+    held = lock_file(record, wait=None, create=False)
+    if held is None and os.path.lexists(record):  # held (none: a killed removal's rest, which no run can hold)
         return False
     try:
-        # Out of sight first (a rename is atomic), so no run picks up a tree being deleted.
         if os.path.isdir(f"{base}/{digest}"):
             os.rename(f"{base}/{digest}", f"{base}/.{digest}.tmp-removing")
-        for name in os.listdir(base):
-            if name.startswith(f".{digest}.tmp-") or name == f"{digest}.json":
-                remove_tree(f"{base}/{name}")
-        os.unlink(f"{base}/.{digest}.lock")  # while locked: see lock_file
+        if held is not None:
+            os.unlink(record)  # while locked: a run that opened it before finds it unlinked (squashfs.hold)
     finally:
-        os.close(lock)
-    _prune_index(cache)
+        if held is not None:
+            os.close(held)
     return True
 
 

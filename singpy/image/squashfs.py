@@ -161,21 +161,91 @@ def _cannot_open(image: ImageSpec, env: Mapping[str, str], fuse_missing: str | N
 
 def prepare(image: ImageSpec, *, root: bool) -> ImageSpec:
     """Called on the host, before any namespace: unpack into the cache (once) for `extract`; for a FUSE run
-    planned to unpack in the background (singpy.image.warm), start it (or wait for the one under way)."""
+    planned to unpack in the background (singpy.image.warm), start it (or wait for the one under way). A tree of
+    the cache is held in use for the container's life (`hold`)."""
     if image.warm in ("background", "background-or-wait"):
         from singpy.image import warm
 
-        return warm.start(image)
-    if image.strategy != "extract" or image.warm:  # warm: the tree is known already
+        image = warm.start(image)  # FUSE, or the tree of the unpacking it waited for (warm "cached")
+    if image.strategy != "extract":
         return image
     from singpy.image import cache
 
-    tree = cache.lookup(image.cache, image.path, image.offset, image.size)
-    if tree is None:
-        tree = cache.populate(image.cache, image.path, image.offset, image.size, unsquashfs=image.tool, root=root)
-    else:
+    tree = image.rootfs if image.warm else cache.lookup(image.cache, image.path, image.offset, image.size)
+    if tree is not None and not image.warm:  # warm "cached" said it (singpy.image.warm)
         console.verbose(f"using the unpacked image from the cache: {tree}")
-    return image.replace(rootfs=tree)
+    for _ in range(3):  # a tree removed (`singpy cache clean`) before it is held is unpacked again
+        if tree is None:
+            tree = cache.populate(image.cache, image.path, image.offset, image.size, unsquashfs=image.tool,
+                                  root=root)
+        held = hold(image.cache, os.path.basename(tree))
+        if held is not None:
+            return image.replace(rootfs=tree, in_use=held)
+        tree = None
+    raise ImageError(f"can't run {image.path}: its unpacked tree in the cache {image.cache} was removed as it "
+                     "started, again and again (`singpy cache clean`?)")
+
+
+HOLD_WAIT = 2.0  # seconds a run waits for a removal's exclusive lock on a record (held across two calls)
+
+
+def hold(cache: str, digest: str) -> tuple[int, int] | None:
+    """A shared flock on the cache entry's record (singpy.image.cache.in_use_path), for a container run from its
+    tree: (the descriptor, read-only and close-on-exec, and its file's inode), kept by the container's longest-lived
+    process (ProcessSpec.in_use: the payload, a supervisor) so that `singpy cache clean` leaves the tree alone.
+    None: the entry is gone (removed since it was looked up); (-1, 0): no lock could be had (the run goes on,
+    unprotected: a record removed by hand).
+
+    Its cost on the launch path: an open, a flock, an fstat and a stat.
+    """
+    import fcntl
+
+    from singpy.image.cache import ROOTFS, in_use_path
+
+    entry, path = f"{cache}/{ROOTFS}/{digest}", in_use_path(cache, digest)
+    for _ in range(3):  # a removal unlinks the record under its exclusive lock: one opened just before is stale
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NOCTTY)
+        except OSError as error:
+            return _unheld(entry, error) if os.path.isdir(entry) else None  # else removed since it was looked up
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # a removal has it: wait for it (bounded); the tree is most likely gone then
+            if not _shared_within(fd, HOLD_WAIT):
+                os.close(fd)
+                return None
+        except OSError as error:  # no locks on this filesystem (ENOLCK)
+            os.close(fd)
+            return _unheld(entry, error)
+        info = os.fstat(fd)
+        if info.st_nlink and os.path.isdir(entry):
+            return fd, info.st_ino
+        os.close(fd)
+        if info.st_nlink:  # our lock is on the live record, and the tree is gone
+            return None
+    return None
+
+
+def _unheld(entry: str, error: OSError) -> tuple[int, int]:
+    console.verbose(f"can't mark {entry} in use, `singpy cache clean` could remove it: {error.strerror}")
+    return -1, 0
+
+
+def _shared_within(fd: int, seconds: float) -> bool:
+    """Whether a shared flock on `fd` was had within `seconds`: polled, as a blocking flock has no timeout."""
+    import fcntl
+    import time
+
+    deadline, pause = time.monotonic() + seconds, 0.002
+    while time.monotonic() < deadline:
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            continue
+    return False
 
 
 def attach(image: ImageSpec, uid: int, gid: int) -> tuple[str, tuple[int, ...]]:

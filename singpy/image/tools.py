@@ -96,13 +96,14 @@ def show_progress() -> bool:
 
 
 def run_tool(argv: list[str], *, label: str, failure: str, prefix: Sequence[str] = (),
-             squashfs_tool: bool = True) -> None:
+             squashfs_tool: bool = True, pass_fds: Sequence[int] = ()) -> None:
     """Run a squashfs-tools program (or, `squashfs_tool=False`, another) to completion; `failure` starts the error
     line.
 
     `-no-progress` is added here when there is no progress bar to feed
     (unsquashfs takes options first, mksquashfs after its sources and target).
-    `prefix` runs the program through another (singpy.recipe.mapped).
+    `prefix` runs the program through another (singpy.recipe.mapped). `pass_fds`: descriptors the program
+    inherits (an image opened once, given as /proc/self/fd/N: singpy.image.cache).
     """
     import subprocess  # not on the path of a run that finds its image in the cache
 
@@ -124,7 +125,7 @@ def run_tool(argv: list[str], *, label: str, failure: str, prefix: Sequence[str]
         try:
             child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=terminal[1] if terminal else
                                      subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     preexec_fn=lambda: die_with(parent, mask))
+                                     pass_fds=tuple(pass_fds), preexec_fn=lambda: die_with(parent, mask))
         except OSError as error:
             raise ImageError(f"{failure}: can't run {argv[0]}: {error.strerror}") from None
         finally:

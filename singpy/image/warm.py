@@ -31,8 +31,15 @@ Unpacking takes longer than one FUSE run (unsquashfs of a 1 MB busybox image:
   only when complete, a killed unpacking's temporary tree removed by the next
   one), and drops the lock when done. Busy: another run is unpacking it, so a
   burst of jobs starts one unpacking; this run mounts the image with FUSE, or,
-  for a small image, waits for the lock (bounded: WAIT_RATE), then takes the
-  tree (FUSE if the unpacking failed, never started or outlasted the wait).
+  for a small image, waits for the lock (bounded: cachefiles.WAIT_RATE), then
+  takes the tree (FUSE if the unpacking failed, never started or outlasted
+  the wait). The unpacking unpacks the file the launch locked or nothing
+  (`cache.populate`'s `key`: a file renamed over the path since is not it).
+* A file whose unpacking failed (unsquashfs could not unpack all of it: a
+  user can't make a device node outside /dev) is not hashed and unpacked
+  again after every run: `index/.KEY.failed` marks it (keyed by its identity,
+  so a new version of the image is tried), `plan` honours it, and
+  `singpy cache clean` removes it (`remove_stale_locks`).
 
 A cache that `cachefiles.check_owned` refuses (someone else's, writable by
 others) is never used nor written: the run mounts the image with FUSE, as
@@ -53,10 +60,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 WAIT_LIMIT = 64 << 20  # squashfs bytes: an image up to this size being unpacked is waited for rather than mounted
-# ... but never for longer than a slow unpacking of its size takes (an unpacking stopped with its job, SIGSTOP, or
-# stuck on a hung disk must not stop every later run): WAIT_RATE squashfs bytes a second, WAIT_LEAST seconds at least.
-WAIT_RATE = 1 << 20
-WAIT_LEAST = 5.0
+# ... but never for longer than a slow unpacking of its size takes: cachefiles.wait_bound, shared with the extraction
+# cache's own lock (the `extract` strategy's wait for an unpacking under way).
 # The unpacking starts this long after the run that started it: unpacking beside a run's start-up (even at nice 19,
 # SCHED_IDLE) made that first run ~45 ms slower on a loaded 2-core machine, a 0.15 s delay ~6 ms (docs/images.md).
 START_DELAY = 0.2
@@ -102,6 +107,10 @@ def plan(image: ImageSpec, *, cache: str, limit: int, env: Mapping[str, str]) ->
     if tree is not None:
         console.verbose(f"using the tree a background unpacking left in the cache: {tree}")
         return image.replace(strategy="extract", tool=unpacker, cache=cache, rootfs=tree, warm=CACHED)
+    if _failed_before(cache, image):
+        console.verbose(f"not unpacking {image.path} in the background: an unpacking of this very file failed "
+                        "before (`singpy cache clean` forgets it)")
+        return image
     problem = room_problem(image, cache)
     if problem:
         console.verbose(f"not unpacking {image.path} in the background: {problem}")
@@ -167,11 +176,38 @@ def _unpacked_estimate(image: ImageSpec) -> tuple[int, int]:
     return used * GROWTH, inodes
 
 
-def lock_path(cache: str, image: ImageSpec) -> str:
-    """The lock held while this very file's partition is unpacked in the background (keyed as the index is)."""
+def lock_path(cache: str, image: ImageSpec, *, suffix: str = ".warm") -> str:
+    """The lock held while this very file's partition is unpacked in the background (keyed as the index is);
+    with `suffix` ".failed", the mark that its unpacking failed."""
     from singpy.image.cache import INDEX, index_key
 
-    return f"{cache}/{INDEX}/.{index_key(image.path, image.offset, image.size)}.warm"
+    return f"{cache}/{INDEX}/.{index_key(image.path, image.offset, image.size)}{suffix}"
+
+
+def _key(path: str) -> str:
+    """The index key in a `lock_path`."""
+    return os.path.basename(path)[1:].rsplit(".", 1)[0]
+
+
+def _failed_before(cache: str, image: ImageSpec) -> bool:
+    """Whether `_mark_failed` marked this very file (a regular file of the user's: the cache's rules)."""
+    try:
+        info = os.lstat(lock_path(cache, image, suffix=".failed"))
+    except OSError:
+        return False
+    return info.st_mode & 0o170000 == 0o100000 and info.st_uid == os.geteuid()
+
+
+def _mark_failed(cache: str, key: str, error: ImageError) -> None:
+    """Mark the file of `key` as one unsquashfs could not unpack (`plan` then leaves it to FUSE): written as the
+    cache's files are (cachefiles.publish: a random O_EXCL | O_NOFOLLOW name renamed; no link followed)."""
+    from singpy.host.cachefiles import publish
+    from singpy.image.cache import INDEX
+
+    try:  # noqa: SIM105 - contextlib is not imported on the start-up path
+        publish(f"{cache}/{INDEX}/.{key}.failed", f"{error.message}\n".encode(errors="replace"))
+    except OSError:
+        pass  # tried again next time
 
 
 def start(image: ImageSpec) -> ImageSpec:
@@ -212,7 +248,8 @@ def _release(path: str, lock: int) -> None:
 
 def _wait(image: ImageSpec, path: str) -> ImageSpec:
     """Another run is unpacking this small image: wait for it (flock, shared: every waiter gets it at once), for a
-    bounded time (WAIT_RATE)."""
+    bounded time (cachefiles.wait_bound)."""
+    from singpy.host.cachefiles import locked_within, wait_bound
     from singpy.image import cache as extraction
 
     console.verbose(f"waiting for another singpy to finish unpacking {image.path}")
@@ -221,9 +258,9 @@ def _wait(image: ImageSpec, path: str) -> ImageSpec:
     except OSError:
         fd = -1  # done (or gone) already
     if fd >= 0:
-        bound = max(WAIT_LEAST, partition_length(image) / WAIT_RATE)
+        bound = wait_bound(partition_length(image))
         try:
-            done = _locked_within(fd, bound)
+            done = locked_within(fd, bound)
         finally:
             os.close(fd)
         if not done:
@@ -234,24 +271,6 @@ def _wait(image: ImageSpec, path: str) -> ImageSpec:
         console.verbose("the background unpacking left no tree: mounting the image with FUSE")
         return image
     return image.replace(strategy="extract", tool=image.unpacker, rootfs=tree, warm=CACHED)
-
-
-def _locked_within(fd: int, seconds: float) -> bool:
-    """Whether a shared lock on `fd` was had within `seconds` (the unpacking holding it done); polled, the pauses
-    growing from 5 ms to 0.1 s: a blocking flock has no timeout."""
-    import fcntl
-    import time
-
-    deadline, pause = time.monotonic() + seconds, 0.005
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(pause)
-            pause = min(pause * 2, 0.1)
 
 
 def _spawn(image: ImageSpec, path: str, lock: int) -> int:
@@ -306,10 +325,12 @@ def _detach(keep: tuple[int, ...]) -> None:
 
 def _unpack(image: ImageSpec, path: str, lock: int, wait_end: int) -> int:
     """In the detached process: once the launch's go came, populate the cache (every rule of
-    singpy.image.cache); then drop the lock. No go: drop it at once, having written nothing."""
+    singpy.image.cache) from the very file the launch locked (`path`'s key); then drop the lock. No go: drop it at
+    once, having written nothing. unsquashfs failed (not for want of room): that file is marked (`_mark_failed`)."""
     import time
 
     from singpy.image import cache as extraction
+    from singpy.image.tools import ToolError
 
     try:
         if not _go_came(wait_end):
@@ -318,8 +339,11 @@ def _unpack(image: ImageSpec, path: str, lock: int, wait_end: int) -> int:
         if room_problem(image, image.cache):  # other unpackings may have filled the disk since the run planned it
             return 1
         extraction.populate(image.cache, image.path, image.offset, image.size, unsquashfs=image.unpacker,
-                            root=False, checked=True)
+                            root=False, checked=True, key=_key(path))
         return 0
+    except ToolError as error:  # cache.populate turned a full disk's into a plain ImageError: not marked
+        _mark_failed(image.cache, _key(path), error)
+        return 1
     except Exception:  # noqa: BLE001 - nobody to tell: the next run mounts the image with FUSE again
         return 1
     finally:
@@ -341,7 +365,8 @@ def _go_came(wait_end: int) -> bool:
 
 
 def remove_stale_locks(cache: str) -> list[str]:
-    """Remove the background unpacking locks of `cache` that no live unpacking holds (`singpy cache clean`)."""
+    """Remove the background unpacking locks of `cache` that no live unpacking holds, and the marks of failed
+    unpackings (`singpy cache clean`: a new unsquashfs may do better)."""
     from singpy.image import cache as extraction
 
     try:
@@ -350,7 +375,13 @@ def remove_stale_locks(cache: str) -> list[str]:
         return []
     stale = []
     for name in names:
-        if name.startswith(".") and name.endswith(".warm"):
+        if name.startswith(".") and name.endswith(".failed"):
+            try:  # unlink never follows a link
+                os.unlink(f"{cache}/{extraction.INDEX}/{name}")
+                stale.append(f"{cache}/{extraction.INDEX}/{name}")
+            except OSError:
+                pass
+        elif name.startswith(".") and name.endswith(".warm"):
             lock = extraction.lock_file(f"{cache}/{extraction.INDEX}/{name}", wait=None, create=False)
             if lock is not None:
                 stale.append(f"{cache}/{extraction.INDEX}/{name}")

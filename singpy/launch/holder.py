@@ -180,7 +180,7 @@ def start(plan: LaunchPlan, bound: _socket.socket, instance: Instance | None = N
 def _holder(plan: LaunchPlan, listener: socket.socket, instance: Instance | None) -> NoReturn:
     with open("/proc/self/comm", "w") as comm:  # what ps shows: not the rank's own `python3`
         comm.write("singpy-instance" if instance else "singpy-shared")
-    _detach_stdio(listener.fileno(), instance)
+    _detach_stdio((listener.fileno(), plan.process.in_use[0]), instance)  # in_use: the cache's tree held (cache clean)
     # the startscript's orphans are found in the host's /proc at the end (with --pid, its PID 1 ends them all)
     proc = open_proc() if instance is not None and not plan.namespaces.pid else -1
     if instance is not None and instance.temporary >= 0:  # now: the package is out of reach once in the container
@@ -211,7 +211,7 @@ def _holder(plan: LaunchPlan, listener: socket.socket, instance: Instance | None
         os._exit(0)
 
 
-def _detach_stdio(keep: int, instance: Instance | None) -> None:
+def _detach_stdio(keep: tuple[int, ...], instance: Instance | None) -> None:
     """The rank's terminal or job pipes are not the holder's: it would hold srun's output open.
 
     An instance writes to its log files instead.
@@ -225,7 +225,7 @@ def _detach_stdio(keep: int, instance: Instance | None) -> None:
         for fd in (1,) if console.level() >= console.DEBUG else (1, 2):
             os.dup2(null, fd)
     os.close(null)
-    kept = sorted({keep, *((instance.records, instance.temporary, instance.report) if instance else ())} - {-1})
+    kept = sorted({*keep, *((instance.records, instance.temporary, instance.report) if instance else ())} - {-1})
     low = 3
     for fd in kept:
         os.closerange(low, fd)

@@ -1,12 +1,11 @@
 """Starting the payload inside the finished container, and supervising it.
 
-Without --pid the launcher *becomes* the payload (execve in place): its exit
-status, signals, terminal and file descriptors are the payload's with no
-process in between, and nothing can be left running. With --pid a process
-must stay outside (the new namespace's PID 1 is our child); see `supervise`.
+Without --pid the launcher *becomes* the payload (execve in place): its exit status, signals, terminal and
+file descriptors are the payload's with no process in between, and nothing can be left running (a tree of the
+cache stays held in use: ProcessSpec.in_use). With --pid a process must stay outside (the new namespace's PID 1
+is our child); see `supervise`.
 
-Two promises hold at every moment of the start-up, not only once the payload
-runs:
+Two promises hold at every moment of the start-up, not only once the payload runs:
 
 * No forwarded signal is lost. Until the payload exists it ends the start-up
   as it would have ended the payload (default action); a supervisor and init
@@ -31,7 +30,7 @@ from singpy.image.scripts import ImageScripts
 from singpy.kernel import caps
 from singpy.kernel import syscalls as k
 from singpy.launch.exitstatus import exit_code
-from singpy.plan import Privileges, ProcessSpec, SecuritySpec
+from singpy.plan import Privileges, ProcessSpec
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -111,10 +110,9 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     env_plan = process.env.replace(shell=argv[0]) if process.action == "shell" else process.env  # SHELL: the one run
     if (scripts.env or needs_shell(env_plan)) and os.access("/bin/sh", os.X_OK):
         console.debug("environment through /bin/sh: the image's env scripts, or values to evaluate")
-        _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(env_plan, scripts.env),
-                process.security, go_pipe=process.go_pipe)
+        _execve("/bin/sh", ["/bin/sh", "-c", ACTION_SCRIPT, "singpy", *argv], shell_env(env_plan, scripts.env), process)
     env = final_env(env_plan, run_ldconfig=process.security is None)  # no image program before the filter
-    _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env, process.security, go_pipe=process.go_pipe)
+    _execve(_find_executable(argv[0], env.get("PATH", "")), argv, env, process)
 
 
 def _security() -> ModuleType:
@@ -172,14 +170,14 @@ def _find_executable(name: str, path: str) -> str:
     return found
 
 
-def _execve(path: str, argv: list[str], env: dict[str, str], security: SecuritySpec | None = None, *,
-            go_pipe: tuple[int, int] = (-1, 0)) -> NoReturn:
+def _execve(path: str, argv: list[str], env: dict[str, str], process: ProcessSpec) -> NoReturn:
     console.debug(f"exec {argv}")
-    if go_pipe[0] >= 0:  # every check passed: the background unpacking may start (before SIGPIPE's default is back)
-        _send_go(*go_pipe)
+    if process.go_pipe[0] >= 0:  # every check passed: the background unpacking may start (before SIGPIPE's default)
+        _send_go(*process.go_pipe)
+    _keep_in_use(*process.in_use)
     _exec_signals()
-    if security is not None:  # the AppArmor/SELinux exec label, the seccomp filter: nothing of singpy's after it
-        _security().apply_last(security)
+    if process.security is not None:  # the AppArmor/SELinux exec label, the seccomp filter: nothing of ours after
+        _security().apply_last(process.security)
     try:
         os.execve(path, argv, env)
     except FileNotFoundError:
@@ -194,12 +192,20 @@ def _send_go(fd: int, inode: int) -> None:
     """The go byte of ProcessSpec.go_pipe, if `fd` still is that pipe (closed and reused, it is someone else's); an
     unpacking that is gone already is no error of the launch."""
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISFIFO(info.st_mode) or info.st_ino != inode:
-            return
-        os.write(fd, b"g")
+        if stat.S_ISFIFO((info := os.fstat(fd)).st_mode) and info.st_ino == inode:
+            os.write(fd, b"g")
     except OSError as error:  # EPIPE: it stopped waiting (singpy.image.warm.GO_TIMEOUT)
         console.debug(f"the background unpacking did not take its go: {error.strerror}")
+
+
+def _keep_in_use(fd: int, inode: int) -> None:
+    """ProcessSpec.in_use across the execve, if `fd` (-1: none) is still that file (a holder closes what it does
+    not know): the payload holds the cache's tree in use while it lives (a daemon closing it loses only that)."""
+    try:
+        if stat.S_ISREG((info := os.fstat(fd)).st_mode) and info.st_ino == inode:
+            os.set_inheritable(fd, True)
+    except OSError:
+        return
 
 
 def _exec_signals() -> None:

@@ -72,7 +72,7 @@ def test_lookup_of_a_removed_entry(tmp_path: Path, squashfs: Path) -> None:
     root = tmp_path / "cache"
     tree = populate(root, squashfs)
     digest = os.path.basename(tree)
-    assert cache.remove_entry(str(root), digest)
+    assert cache.remove_entry(str(root), digest) == cache.REMOVED
     assert cache.lookup(str(root), str(squashfs), 0, squashfs.stat().st_size) is None
     assert os.listdir(root / "rootfs") == [] and os.listdir(root / "index") == []
 
@@ -82,7 +82,7 @@ def test_busy_entry_is_left_alone(tmp_path: Path, squashfs: Path) -> None:
     digest = os.path.basename(populate(root, squashfs))
     with open(root / "rootfs" / f".{digest}.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        assert not cache.remove_entry(str(root), digest)
+        assert cache.remove_entry(str(root), digest) == cache.UNPACKING
     assert list(cache.entries(str(root))) == [digest]
 
 
