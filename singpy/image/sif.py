@@ -38,6 +38,7 @@ from singpy.constants import ARCHES
 from singpy.errors import SifError
 
 # Shared with the fast detector, which the start-up path loads anyway; re-exported for the reader's users.
+from singpy.image import sifscan
 from singpy.image.sifscan import arch_name as arch_name
 from singpy.image.sifscan import host_arch as host_arch
 from singpy.image.sifscan import overlay_partition as overlay_partition  # (offset, size) of the ext3 overlay
@@ -51,7 +52,8 @@ VERSION = b"01\0"
 ZERO_TIME = -62135596800  # Go's zero time.Time in Unix seconds: "no time"
 GROUP_MASK = 0xF0000000  # group IDs and group links carry this nibble
 ID_MASK = 0x0FFFFFFF
-MAX_DESCRIPTORS = 0xFFFFFFFF  # object IDs are uint32
+# At most 65536 slots (a 38 MB table; writers make 48): the header alone must not make a reader hold GBs.
+MAX_DESCRIPTORS = sifscan.MAX_DESCRIPTORS
 
 (DATA_DEFFILE, DATA_ENVVAR, DATA_LABELS, DATA_PARTITION, DATA_SIGNATURE, DATA_GENERIC_JSON,
  DATA_GENERIC, DATA_CRYPTO_MESSAGE, DATA_SBOM, DATA_OCI_ROOT_INDEX,
@@ -107,6 +109,8 @@ class RawDescriptor(NamedTuple):
     extra: bytes = b""
 
 
+_EMPTY = RawDescriptor()  # what a writer stores in a free slot (kept as is when the slots are written back)
+_ZERO_SLOT = bytes(DESCRIPTOR.size)
 ARCH_CODES = {name: b"%02d\0" % i for i, name in enumerate(ARCHES) if i}  # the codes a writer may store
 
 
@@ -211,10 +215,13 @@ class SifImage:
     descriptors: tuple[Descriptor, ...]
 
     def primary_partition(self) -> Descriptor:
-        for desc in self.descriptors:
-            if desc.is_primary:
-                return desc
-        raise SifError(f"no primary system partition in {self.path}")
+        found = [desc for desc in self.descriptors if desc.is_primary]
+        if len(found) > 1:  # Apptainer's GetDescriptor: "multiple objects found", no rootfs; slot order decides nothing
+            ids = ", ".join(str(desc.id) for desc in found)
+            raise SifError(f"corrupt SIF {self.path}: multiple primary system partitions (objects {ids})")
+        if not found:
+            raise SifError(f"no primary system partition in {self.path}")
+        return found[0]
 
     def find(self, datatype: int, name: str | None = None) -> tuple[Descriptor, ...]:
         """The objects of one type (and, optionally, one name)."""
@@ -285,7 +292,9 @@ def _check_header(path: str, head: bytes, size: int) -> RawHeader:
         version = "".join(chr(b) if 32 <= b < 127 else f"\\x{b:02x}" for b in hdr.version.rstrip(b"\0"))
         raise SifError(f'unsupported SIF version "{version}": {path} (only "01" is known)')
     total, table_size = hdr.descriptors_total, hdr.descriptors_size
-    if not 0 <= total <= MAX_DESCRIPTORS or table_size != total * DESCRIPTOR.size:
+    if total > MAX_DESCRIPTORS:
+        raise SifError(f"corrupt SIF {path}: {total} descriptors (at most {MAX_DESCRIPTORS})")
+    if total < 0 or table_size != total * DESCRIPTOR.size:
         raise SifError(f"corrupt SIF {path}: bad descriptor table size")
     if hdr.descriptors_offset < HEADER.size or hdr.descriptors_offset + table_size > size:
         raise SifError(f"corrupt SIF {path}: descriptor table lies outside the file")
@@ -295,13 +304,20 @@ def _check_header(path: str, head: bytes, size: int) -> RawHeader:
 
 
 def _read_slots(path: str, fd: int, hdr: RawHeader) -> list[RawDescriptor]:
-    try:
-        table = os.pread(fd, hdr.descriptors_size, hdr.descriptors_offset)
-    except OSError as e:
-        raise SifError(f"can't read SIF file {path}: {e.strerror}") from None
-    if len(table) != hdr.descriptors_size:
-        raise SifError(f"corrupt SIF {path}: descriptor table is truncated")
-    return [RawDescriptor._make(raw) for raw in DESCRIPTOR.iter_unpack(table)]
+    """Every slot, the table read 1 MiB at a time; the usual all-zero free slot is one shared object."""
+    per_chunk, slots = sifscan._CHUNK // DESCRIPTOR.size, []
+    for first in range(0, hdr.descriptors_total, per_chunk):
+        count = min(per_chunk, hdr.descriptors_total - first)
+        try:
+            chunk = os.pread(fd, count * DESCRIPTOR.size, hdr.descriptors_offset + first * DESCRIPTOR.size)
+        except OSError as e:
+            raise SifError(f"can't read SIF file {path}: {e.strerror}") from None
+        if len(chunk) != count * DESCRIPTOR.size:
+            raise SifError(f"corrupt SIF {path}: descriptor table is truncated")
+        for at in range(0, len(chunk), DESCRIPTOR.size):
+            free = chunk[at:at + DESCRIPTOR.size] == _ZERO_SLOT
+            slots.append(_EMPTY if free else RawDescriptor._make(DESCRIPTOR.unpack_from(chunk, at)))
+    return slots
 
 
 def _check_slots(path: str, slots: list[RawDescriptor], size: int) -> None:

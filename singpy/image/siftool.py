@@ -32,6 +32,7 @@ CRYPTO_MESSAGES = {0x100: "Clear Signature", 0x200: "RSA-OAEP"}
 SBOM_FORMATS = ("cyclonedx-json", "cyclonedx-xml", "github-json", "spdx-json", "spdx-rdf", "spdx-tag-value",
                 "spdx-yaml", "syft-json")  # stored as 1, 2, ...
 _INT = struct.Struct("<i")
+MAX_ALIGNMENT = 1 << 30  # siftool takes any int64; past 1 GiB an object would start beyond any file size (ValueError)
 _CRYPTO = struct.Struct("<ii")
 
 
@@ -205,8 +206,8 @@ def add_options(flags: AddFlags, source: str) -> SifObject:
     for name, value in (("--groupid", flags.groupid), ("--link", flags.link)):
         if not 0 <= value <= sif.ID_MASK:
             raise UsageError(f"{name} {value} is out of range (0 to {sif.ID_MASK})")
-    if flags.alignment < 0:
-        raise UsageError(f"--alignment {flags.alignment} must not be negative")
+    if not 0 <= flags.alignment <= MAX_ALIGNMENT:
+        raise UsageError(f"--alignment {flags.alignment} is out of range (0 to {MAX_ALIGNMENT})")
     # siftool's help says the name defaults to the input's, but it stores none unless --filename is given
     return SifObject(datatype=datatype, path=source, name=flags.filename,
                      group=flags.groupid, link=flags.link, extra=extra,

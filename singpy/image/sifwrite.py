@@ -1,6 +1,7 @@
 """Write SIF files byte for byte as the reference Go library (sylabs/sif) does.
 
-`create_sif` builds a new image atomically (temp file + rename, mode 0755);
+`create_sif` builds a new image atomically (temp file + rename, mode 0755
+less the umask, as the reference's os.OpenFile(..., 0755) gives);
 `add_object`, `delete_object` and `set_primary_partition` edit one in place,
 as `siftool add/del/setprim` do.  The allocation rules are the reference's:
 the first free slot takes a new object and its ID is slot + 1; data goes at
@@ -15,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -90,6 +91,7 @@ class _Image:
 
     def __init__(self, f: BinaryIO, hdr: RawHeader, slots: list[RawDescriptor]) -> None:
         self.f, self.hdr, self.slots = f, hdr, slots
+        self.flushed = False  # set once the table and header of an in-place edit are written (`_flush_held`)
 
     def data_end(self) -> int:
         return max([self.hdr.data_offset] + [d.offset + d.size for d in self.slots if d.used])
@@ -128,10 +130,11 @@ class _Image:
         self.f.seek(offset)
         if obj.path is None:
             self.f.write(obj.data)
-        else:
-            with _open_source(obj.path) as src:
-                shutil.copyfileobj(src, self.f, 1 << 20)
-        return self.f.tell() - offset
+            return len(obj.data)
+        fd, size = _open_source(obj.path, os.fstat(self.f.fileno()))
+        with os.fdopen(fd, "rb") as src:
+            _copy_exactly(src, self.f, size, os.fspath(obj.path))
+        return size
 
     def delete(self, object_id: int, t: int, *, zero: bool, compact: bool) -> None:
         i = self.index(object_id)
@@ -181,11 +184,56 @@ class _Image:
             self.f.truncate(table_end)
 
 
-def _open_source(path: str | os.PathLike[str]) -> BinaryIO:
+def _open_source(path: str | os.PathLike[str], target: os.stat_result) -> tuple[int, int]:
+    """An open fd on an object's source and its size: a regular file, not the image itself.
+
+    O_NONBLOCK, so that a FIFO is refused rather than waited on; the image
+    as its own source would grow while it is read, for ever.
+    """
+    shown = os.fspath(path)
     try:
-        return open(path, "rb")
-    except OSError as e:
-        raise ImageError(f"can't read {os.fspath(path)}: {e.strerror}") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, ValueError) as e:
+        raise ImageError(f"can't read {shown}: {getattr(e, 'strerror', None) or e}") from None
+    info = os.fstat(fd)
+    problem = ""
+    if not stat.S_ISREG(info.st_mode):
+        problem = f"can't add {shown}: not a regular file"
+    elif (info.st_dev, info.st_ino) == (target.st_dev, target.st_ino):
+        problem = f"can't add {shown} to itself"
+    if problem:
+        os.close(fd)
+        raise ImageError(problem)
+    return fd, info.st_size
+
+
+def _copy_exactly(src: BinaryIO, out: BinaryIO, size: int, shown: str) -> None:
+    """`size` bytes, the source's size when it was opened: a file that grows meanwhile adds nothing more."""
+    left = size
+    while left:
+        chunk = src.read(min(left, 1 << 20))
+        if not chunk:
+            raise ImageError(f"can't add {shown}: it shrank while it was read")
+        out.write(chunk)
+        left -= len(chunk)
+
+
+def sif_mode() -> int:
+    """0755 less the umask: a SIF is executable through its launch script, readable by whom the user lets read.
+
+    The umask is read from /proc/self/status (Linux 4.7+), without setting
+    it even for a moment (another thread could create a file then).
+    """
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return 0o755 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o755 & ~mask
 
 
 def _alignment(obj: SifObject) -> int:
@@ -205,7 +253,7 @@ def create_sif(
     deterministic: bool = False,
     capacity: int = DEFAULT_CAPACITY,
 ) -> None:
-    """Write a new SIF holding `objects` (IDs 1, 2, ...) atomically, mode 0755.
+    """Write a new SIF holding `objects` (IDs 1, 2, ...) atomically, mode 0755 less the umask.
 
     Times are Unix seconds; by default "now", or Go's zero time (sif.ZERO_TIME) and a
     nil UUID when `deterministic`.  Objects take `created` unless they set a time.
@@ -213,7 +261,7 @@ def create_sif(
     script = launch_script.encode()
     if len(script) >= 32:
         raise SifError("launch script is too long (31 bytes at most)")
-    if not 0 <= capacity < sif.MAX_DESCRIPTORS:
+    if not 0 <= capacity <= sif.MAX_DESCRIPTORS:
         raise SifError(f"unsupported descriptor capacity: {capacity}")
     if created is None:
         created = sif.ZERO_TIME if deterministic else int(time.time())
@@ -235,45 +283,88 @@ def create_sif(
 
 
 def _atomic_write(out: str, build: Callable[[BinaryIO], None]) -> None:
+    """A signal (SIGTERM, SIGHUP, SIGINT) removes the temporary file as an error does (Interrupted goes on up)."""
     directory, base = os.path.split(os.path.abspath(out))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-    except OSError as e:
-        raise ImageError(f"can't create SIF file {out}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "w+b") as f:
-            build(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)  # a SIF is executable through its launch script
-        os.replace(tmp, out)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise ImageError(f"can't write SIF file {out}: {e.strerror}") from None
-        raise
+    with _interruptible():
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+        except OSError as e:
+            raise ImageError(f"can't create SIF file {out}: {e.strerror}") from None
+        try:
+            with os.fdopen(fd, "w+b") as f:
+                build(f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, sif_mode())
+            os.replace(tmp, out)
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(e, OSError):
+                raise ImageError(f"can't write SIF file {out}: {e.strerror}") from None
+            raise
 
 
 def _edit(
     path: str | os.PathLike[str], when: int | None, edit: Callable[[_Image, int], None]
 ) -> None:
-    """Apply one in-place edit; `when` defaults as in the reference (zero time stays)."""
+    """Apply one in-place edit; `when` defaults as in the reference (zero time stays).
+
+    An error or a signal (SIGTERM, SIGHUP, SIGINT) before the table is
+    written truncates the data written so far; the table and the header are
+    then written with those signals held, so the image is the old or the new.
+    """
+    from singpy.image.tools import Interrupted
+
     hdr, slots, size = read_raw(path)
     if when is None:
         frozen = hdr.id == _NIL_ID and hdr.created == hdr.modified == sif.ZERO_TIME
         when = sif.ZERO_TIME if frozen else int(time.time())
+    shown = os.fspath(path)
+    image = None
     try:
-        with open(path, "r+b") as f:
+        with _interruptible(), open(path, "r+b") as f:
             image = _Image(f, hdr, slots)
             try:
                 edit(image, when)
             except BaseException:
                 f.truncate(size)  # drop the data of an object that was not recorded
                 raise
-            image.flush()
+            _flush_held(image)
     except OSError as e:
-        raise ImageError(f"can't write SIF file {os.fspath(path)}: {e.strerror}") from None
+        raise ImageError(f"can't write SIF file {shown}: {e.strerror}") from None
+    except (ValueError, OverflowError) as e:  # an offset past what a file can have (a huge --alignment)
+        raise ImageError(f"can't write SIF file {shown}: {e}") from None
+    except Interrupted as e:
+        after = image is not None and image.flushed  # the signal held during the flush arrives after it
+        raise Interrupted(f"editing {shown} {e.message}" + (" after the edit was written" if after
+                                                            else ": the image is as it was")) from None
+
+
+def _interruptible() -> contextlib.AbstractContextManager[None]:
+    """`tools.Interruptible()`, unless a caller's (a build's) is active already: leaving a nested one would re-arm
+    the caller's handler, which a first signal had set aside so that a second cannot cut its clean-up short."""
+    import signal
+
+    from singpy.image import tools
+
+    if signal.getsignal(signal.SIGTERM) is tools._raise_interrupted:
+        return contextlib.nullcontext()
+    return tools.Interruptible()
+
+
+def _flush_held(image: _Image) -> None:
+    """`image.flush()` with SIGTERM, SIGHUP and SIGINT held: half a table and an old header would disagree."""
+    import signal
+
+    held = {signal.SIGTERM, signal.SIGHUP, signal.SIGINT}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        image.flush()
+        image.f.flush()
+        image.flushed = True
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def add_object(path: str | os.PathLike[str], obj: SifObject, *, when: int | None = None) -> None:

@@ -431,7 +431,9 @@ def _copy(sif: str, target: str) -> None:
     try:
         with tools.Interruptible():
             shutil.copyfile(sif, tmp)
-            os.chmod(tmp, 0o755)
+            from singpy.image.sifwrite import sif_mode
+
+            os.chmod(tmp, sif_mode())  # 0755 less the umask, as Apptainer's pull
             os.replace(tmp, target)
     except OSError as error:
         problem = ImageError(f"can't write {target}: {error.strerror}")

@@ -360,7 +360,9 @@ def _move(path: str, target: str) -> None:
     try:
         with os.fdopen(fd, "wb") as out, open(path, "rb") as source:
             shutil.copyfileobj(source, out, 1 << 20)
-        os.chmod(partial, 0o755)
+        from singpy.image.sifwrite import sif_mode
+
+        os.chmod(partial, sif_mode())  # 0755 less the umask, as a SIF the build writes itself
         os.replace(partial, target)
     except BaseException:
         os.unlink(partial)

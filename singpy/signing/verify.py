@@ -118,6 +118,9 @@ def _tasks(image: SifObjects, groups: list[int], object_ids: list[int], legacy: 
                    and sif.PARTITION_EXTRA.unpack_from(d.extra)[1] == sif.PART_PRIMSYS]
         if not primary:
             raise SingpyError("integrity: no primary system partition to verify")
+        if len(primary) > 1:  # which one counts would hang on slot order alone (Apptainer: multiple objects found)
+            raise SingpyError(f"integrity: multiple primary system partitions (objects "
+                              f"{', '.join(str(d.id) for d in primary)})")
         object_ids = [primary[0].id]
     if not groups and not object_ids:
         groups = image.group_ids()

@@ -168,7 +168,8 @@ def test_a_tampered_signed_image_is_refused(singpy: Singpy, site: Site) -> None:
 
 def _with_ungrouped_partition(signed: Path, target: Path) -> Path:
     """`signed` with a copy of its system partition added outside every group, in the descriptor table's first
-    slot (where the launch looks for the root first): no signature covers it."""
+    slot: no signature covers it. A plain system partition: a second primary one is refused before any ECL check
+    (tests/integration/test_sif_malformed.py)."""
     from singpy.image import sif
 
     data = bytearray(signed.read_bytes())
@@ -177,7 +178,9 @@ def _with_ungrouped_partition(signed: Path, target: Path) -> Path:
     primary = next(slot for slot in used if slot.datatype == sif.DATA_PARTITION)
     offset = len(data)
     data += data[primary.offset:primary.offset + primary.size]
-    added = primary._replace(id=max(slot.id for slot in used) + 1, group_id=0, offset=offset)
+    fstype, _, arch = sif.PARTITION_EXTRA.unpack_from(primary.extra)
+    extra = sif.PARTITION_EXTRA.pack(fstype, sif.PART_SYSTEM, arch) + primary.extra[sif.PARTITION_EXTRA.size:]
+    added = primary._replace(id=max(slot.id for slot in used) + 1, group_id=0, offset=offset, extra=extra)
     table = b"".join(sif.DESCRIPTOR.pack(*slot) for slot in [added, *used])
     data[header.descriptors_offset:header.descriptors_offset + len(table)] = table
     fields = list(sif.HEADER.unpack(data[:sif.HEADER.size]))

@@ -374,3 +374,39 @@ def test_fuzz_numeric_fields(tmp_path: Path, source: bytes, field: tuple[int, st
     struct.pack_into(fmt, data, offset, value % 2**32 if fmt == "<I" else value)
     data[SLOT0 + 4] = 1  # make slot 0 "used" so that its fields matter
     parse_only_sif_errors(tmp_path / "fuzz.sif", bytes(data))
+
+
+def _two_primaries(tmp_path: Path) -> Path:
+    """one-group.sif with its primary partition's descriptor (slot 2) copied into slot 3, as object 3."""
+    data = bytearray((DATA / "one-group.sif").read_bytes())
+    table = struct.unpack_from("<q", data, 96)[0]
+    slot = bytearray(data[table + DESCRIPTOR.size:table + 2 * DESCRIPTOR.size])
+    struct.pack_into("<I", slot, 5, 3)
+    data[table + 2 * DESCRIPTOR.size:table + 3 * DESCRIPTOR.size] = slot
+    out = tmp_path / "two.sif"
+    out.write_bytes(bytes(data))
+    return out
+
+
+def test_two_primary_partitions_have_no_primary(tmp_path: Path) -> None:
+    """Apptainer's GetDescriptor(PartPrimSys) finds multiple objects: neither is the rootfs, whatever the slots."""
+    from singpy.image import detect
+
+    path = _two_primaries(tmp_path)
+    with pytest.raises(SifError, match=r"multiple primary system partitions \(objects 2, 3\)"):
+        read_sif(path).primary_partition()
+    assert detect._scan(detect._partitions(str(path))) is None
+
+
+@pytest.mark.parametrize("total", [(1 << 16) + 1, 0xFFFFFFFF, 1 << 62])
+def test_a_descriptor_count_past_65536_is_refused(tmp_path: Path, total: int) -> None:
+    from singpy.image import detect
+
+    data = bytearray((DATA / "one-group.sif").read_bytes())
+    struct.pack_into("<q", data, 88, total)
+    struct.pack_into("<q", data, 104, total * DESCRIPTOR.size if total < 1 << 32 else 0)
+    out = tmp_path / "huge.sif"
+    out.write_bytes(bytes(data))
+    with pytest.raises(SifError, match=f"corrupt SIF {out}: {total} descriptors \\(at most 65536\\)"):
+        read_sif(out)
+    assert detect._partitions(str(out)) is None

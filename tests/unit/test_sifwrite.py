@@ -407,3 +407,23 @@ def test_siftool_made_image_reproduced(tmp_path: Path) -> None:
         ours, objects, launch_script="", id=uuid.UUID(image.uuid), created=image.created, modified=image.modified
     )
     assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_an_offset_past_any_file_is_an_image_error(tmp_path: Path) -> None:
+    """--alignment 2**64 (through the API: the CLI bounds it) made seek() raise ValueError, a traceback."""
+    out = tmp_path / "t.sif"
+    create_det(out, [generic(b"data")])
+    before = out.read_bytes()
+    for alignment in (1 << 63, 1 << 64):
+        with pytest.raises(ImageError, match="can't write SIF file"):
+            add_object(out, generic(b"x", alignment=alignment))
+        assert out.read_bytes() == before
+
+
+def test_a_descriptor_table_of_65536_slots_is_the_most(tmp_path: Path) -> None:
+    """What singpy writes it must read back: the writer's capacity has the reader's bound."""
+    out = tmp_path / "t.sif"
+    create_det(out, [squash_prim(b"hsqs" + bytes(92))], capacity=1 << 16)
+    assert read_sif(out).descriptors_total == 1 << 16
+    with pytest.raises(SifError, match="unsupported descriptor capacity"):
+        create_det(tmp_path / "u.sif", [], capacity=(1 << 16) + 1)
