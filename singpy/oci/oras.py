@@ -227,7 +227,9 @@ def _linked(sif: str, target: str) -> bool:
     except OSError:  # another filesystem (EXDEV), or links refused: the caller copies
         return False
     try:
-        os.chmod(temporary, 0o755)  # as a copy would be; the mode is not part of the seal
+        from singpy.image.sifwrite import sif_mode
+
+        os.chmod(temporary, sif_mode())  # 0755 less the umask, as a copy would be; the mode is not part of the seal
         os.replace(temporary, target)
     except OSError as error:
         import contextlib  # here, not at the top: ~0.8 ms of every cached oras:// run (issue 31)

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import oras.client  # type: ignore[import-untyped]  # the SDK ships no type hints
 
-from tests.conftest import Singpy, assert_one_fatal
+from tests.conftest import SINGPY, Singpy, assert_one_fatal
 from tests.support.leftovers import settled, traces
 from tests.support.oci import busybox_image
 from tests.support.registry import RegistryServer, start_registry
@@ -104,6 +105,17 @@ def test_a_sif_pushed_by_the_oras_sdk_is_pulled_and_runs(singpy: Singpy, registr
     assert (ran.returncode, ran.stdout, ran.stderr) == (0, "from the cache\n", "")
     listing = singpy.ok("cache", "list", env=env)
     assert f"{registry_plain.host}/{repository}:v1" in listing
+
+
+def test_a_pulled_sif_takes_the_users_umask(singpy: Singpy, registry_plain: RegistryServer, workdir: Path) -> None:
+    """Under umask 077 the pulled SIF is 0700, not readable by others (it was always 0755)."""
+    _, reference = sdk_pushed(singpy, registry_plain, workdir, "umask", f"oras/umask-{singpy.profile}:v1")
+    out = user_dir(singpy, workdir, "umask-pull") / "private.sif"
+    done: subprocess.CompletedProcess[str] = subprocess.run(  # type: ignore[call-overload]  # switch(): user, group
+        [SINGPY, "pull", "--no-https", str(out), reference], env=cache_env(singpy, workdir, "umask"),
+        capture_output=True, text=True, timeout=120, umask=0o077, **singpy.switch())
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
 
 
 def test_default_name_and_exec_without_a_pull(singpy: Singpy, registry_plain: RegistryServer, workdir: Path) -> None:
