@@ -15,6 +15,8 @@ untrusted input, so:
 * a hard link names an earlier entry inside the root, and links that entry
   itself, even a symbolic link; one to nothing in the image is an error, as
   in umoci ([2] oci/layer/tar_extract.go) and Docker;
+* a file takes the disk its data takes: a GNU sparse member's holes, and
+  whole chunks of zeros (a compressed layer's cheapest bomb), stay holes;
 * nothing the layer creates is ever opened but its own new regular files:
   FIFOs are made with mkfifo and devices with mknod, never read;
 * every failure is one ImageError naming the layer (`source`), bounded in
@@ -22,10 +24,11 @@ untrusted input, so:
   header that claims gigabytes, millions of entries.
 
 As root (`ownership` None) owners, modes, set-id bits, device nodes and
-file capabilities (PAX SCHILY.xattr.*) are applied for real. As a user,
-files stay the user's and readable/writable by them (u+rw, directories
-u+rwx), device nodes are not made, and the image's real modes, owners and
-devices are recorded in an `Ownership` (singpy.oci.owners), for mksquashfs.
+file capabilities (PAX SCHILY.xattr.*, but for an SELinux label or an
+NFSv4 ACL, the host's own) are applied for real. As a user, files stay the
+user's and readable/writable by them (u+rw, directories u+rwx), device
+nodes are not made, and the image's real modes, owners and devices are
+recorded in an `Ownership` (singpy.oci.owners), for mksquashfs.
 
 Modification times are kept: files' as they are made, directories' once the
 layer is done (children change them), and a directory of a lower layer that
@@ -45,7 +48,7 @@ import tarfile
 from singpy.errors import ImageError, PathError
 from singpy.host.hostfiles import write_all
 from singpy.oci import whiteouts
-from singpy.oci.layertree import MAX_CACHED, OPEN_DIR, EntryError, LayerTree, clean, join, shown
+from singpy.oci.layertree import MAX_CACHED, OPEN_DIR, EntryError, LayerTree, clean, join, shown, sparse_regions
 from singpy.oci.owners import Ownership
 from singpy.oci.readahead import ReadAhead
 from singpy.oci.streams import CHUNK, BoundedTarInfo, Readable, reason
@@ -54,6 +57,10 @@ _TAR_BUFFER = 1 << 16  # tarfile's read size; larger only costs a copy of the re
 _MAX_NAME = 4096  # PATH_MAX: a longer entry name is no path mksquashfs or a process could use
 _DRAIN = 1 << 20  # decompressed bytes read after the end of the archive (the gzip trailer's check)
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to chown(2)
+_ZEROS = bytes(CHUNK)  # a chunk of a file's data that is all zeros is left a hole
+# the host's own attributes, never an image's: an SELinux label and an NFSv4 ACL (umoci's specialXattrs,
+# oci/layer/xattr.go, forbids the same two)
+_HOST_XATTRS = frozenset(("security.selinux", "system.nfs4_acl"))
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -95,6 +102,13 @@ def _drain(stream: Readable) -> None:
         if not data:
             return
         left -= len(data)
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written
 
 
 def _mtime_ns(member: tarfile.TarInfo) -> int | None:
@@ -324,9 +338,10 @@ class _Layer(LayerTree):
 
     def _xattrs(self, member: tarfile.TarInfo, fd: int) -> None:
         """PAX SCHILY.xattr.* (file capabilities: security.capability), as root only, after the owner
-        (chown clears capabilities). A filesystem without them loses them, as with umoci."""
+        (chown clears capabilities), but the host's own (_HOST_XATTRS). A filesystem without them loses
+        them, as with umoci."""
         for key, value in member.pax_headers.items():
-            if key.startswith("SCHILY.xattr."):
+            if key.startswith("SCHILY.xattr.") and key[len("SCHILY.xattr."):] not in _HOST_XATTRS:
                 with contextlib.suppress(OSError):
                     os.setxattr(fd, key[len("SCHILY.xattr."):], value.encode("utf-8", "surrogateescape"))
 
@@ -339,22 +354,40 @@ class _Layer(LayerTree):
 
     def _copy(self, member: tarfile.TarInfo, archive: tarfile.TarFile, fd: int) -> None:
         source: Readable = archive.fileobj  # type: ignore[assignment]
-        if member.sparse is not None:  # GNU sparse: tarfile knows where the holes are
-            extracted = archive.extractfile(member)
-            assert extracted is not None
-            source = extracted
+        if member.sparse is not None:  # GNU sparse: its data regions only, the holes left holes (as GNU tar)
+            self._copy_sparse(member, source, fd)
+            return
         left = member.size
+        holes = False
         while left > 0:
             data = source.read(min(left, CHUNK))
             if not data:
                 raise EntryError(f"the archive ends inside this file ({member.size - left} of {member.size} bytes)")
             left -= len(data)
-            write_all(fd, data)
+            if len(data) == CHUNK and data == _ZEROS:  # a hole: a layer of compressed zeros takes no disk
+                os.lseek(fd, CHUNK, os.SEEK_CUR)
+                holes = True
+            else:
+                write_all(fd, data)
+        if holes:
+            os.ftruncate(fd, member.size)  # a hole at the end is there once the size is
+
+    def _copy_sparse(self, member: tarfile.TarInfo, source: Readable, fd: int) -> None:
+        """A sparse member's regions (stored one after another) written where its map says; then its size."""
+        for offset, length in sparse_regions(member.sparse, member.size):  # type: ignore[arg-type]
+            left = length
+            while left > 0:
+                data = source.read(min(left, CHUNK))
+                if not data:
+                    raise EntryError(f"the archive ends inside this file (a region at {offset})")
+                _pwrite_all(fd, data, offset + length - left)
+                left -= len(data)
+        os.ftruncate(fd, member.size)
 
     def _skip_data(self, member: tarfile.TarInfo, archive: tarfile.TarFile) -> None:
         """Read past an entry's data here (tarfile would skip a truncated one block by block, at length)."""
-        if not member.isreg() or member.size <= 0:
-            return
+        if not member.isreg() or member.size <= 0 or member.sparse is not None:
+            return  # a sparse member's size is what it claims, not what it holds: tarfile skips what it holds
         source: Readable = archive.fileobj  # type: ignore[assignment]
         left = member.size
         while left > 0:

@@ -52,6 +52,22 @@ def shown(name: str) -> str:
     return text if text.isprintable() else repr(text)
 
 
+def sparse_regions(sparse: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """A GNU sparse member's data regions (offset, length), checked: in order, apart, inside the file's `size`
+    (tarfile takes the map as the archive says it). Empty regions, which hold nothing, dropped: GNU tar ends
+    its map with one, and tarfile reads an old GNU header's unused slots as (0, 0)."""
+    regions = []
+    end = 0
+    for offset, length in sparse:
+        if length == 0:
+            continue
+        if offset < end or length < 0 or offset + length > size:
+            raise EntryError(f"its sparse map is invalid (a region of {length} bytes at {offset})")
+        regions.append((offset, length))
+        end = offset + length
+    return regions
+
+
 def mode_at(directory: int, name: str) -> int | None:
     """The st_mode of `name` in the open `directory` (links not followed), None when there is none."""
     try:

@@ -9,7 +9,8 @@ header built directly when the path and link fit one (most entries;
 tarfile's PAX header otherwise, byte for byte what tarfile would write).
 Measured on the 2 GiB image: docs/pull.md, "One merged tar stream".
 
-The layer's digest is checked as it is read, to its end, as before: the data
+The layer's digest is checked as it is read, to its end (the compressed blob's end: past
+the tar's end marker only a bounded read is inflated, `drain`), as before: the data
 sent is the data the digest names, and the offsets come from the headers
 pass (a local source's blob checked on both passes; a registry's when it was
 downloaded, then on this pass).
@@ -25,6 +26,7 @@ from singpy.oci.tarmerge import Dir, File, Link, Node, Special, Unsupported
 
 _BLOCK = 512
 _CHUNK = 1 << 20
+DRAIN = 1 << 20  # decompressed bytes read past a layer's end marker (the tree path's singpy.oci.layers._DRAIN)
 _NO_OFFSET = -1  # a member whose data can't be copied as one range (not a regular file, or sparse)
 _TYPES = {"d": tarfile.DIRTYPE, "l": tarfile.SYMTYPE, "p": tarfile.FIFOTYPE, "c": tarfile.CHRTYPE,
           "b": tarfile.BLKTYPE, "f": tarfile.REGTYPE}
@@ -62,7 +64,7 @@ class Offsets:
 
 def send_ranges(out: Any, ranges: list[tuple[int, str, File]], layer: Any) -> None:
     """Each (offset, path, file) of `ranges` (sorted) copied from `layer` (a decompressed tar, read a chunk
-    ahead) into `out` behind its header; then the layer read to its end (its digest and gzip trailer)."""
+    ahead) into `out` behind its header; then a little past the tar's end (see drain)."""
     position = 0
     for offset, path, node in ranges:
         if offset < position:
@@ -71,8 +73,37 @@ def send_ranges(out: Any, ranges: list[tuple[int, str, File]], layer: Any) -> No
         out.write(header(path, node, node.size))
         copy_data(out, layer, node.size)
         position = offset + node.size
-    while layer.read(_CHUNK):
-        pass
+    drain(layer)
+
+
+def drain(layer: Any) -> None:
+    """Read a little past the tar's end marker, as the tree path does (singpy.oci.layers._DRAIN: a gzip
+    trailer's check), never all that follows it: a few KiB of zstd can inflate to gigabytes of zeros there.
+    The digest is checked on the compressed blob, which the caller reads to its end without inflating it."""
+    left = DRAIN
+    while left > 0:
+        data = layer.read(min(left, _CHUNK))
+        if not data:
+            return
+        left -= len(data)
+
+
+def send_sparse(out: Any, path: str, node: File, regions: list[tuple[int, int]], source: Any) -> None:
+    """A sparse file sent as one (PAX GNU.sparse 1.0, which tar2sqfs reads): its map, then its data regions
+    (read from `source`, one after another as the layer stores them); the holes never cross the pipe."""
+    listed = b"".join(b"%d\n%d\n" % region for region in regions)
+    sparse_map = b"%d\n" % len(regions) + listed
+    sparse_map += bytes(-len(sparse_map) % _BLOCK)
+    stored = sum(length for _, length in regions)
+    info = tarfile.TarInfo(path)
+    info.type, info.mode, info.uid, info.gid, info.mtime = tarfile.REGTYPE, node.mode, node.uid, node.gid, node.mtime
+    info.uname = info.gname = ""
+    info.size = len(sparse_map) + stored
+    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": path,
+                        "GNU.sparse.realsize": str(node.size)}
+    out.write(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+    out.write(sparse_map)
+    copy_data(out, source, stored)
 
 
 def copy_data(out: Any, source: Any, size: int) -> None:

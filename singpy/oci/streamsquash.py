@@ -33,7 +33,8 @@ from typing import Any
 
 from singpy import console
 from singpy.errors import ImageError
-from singpy.oci.streamdata import Offsets, copy_data, header, send_ranges
+from singpy.oci.layertree import EntryError, sparse_regions
+from singpy.oci.streamdata import Offsets, copy_data, drain, header, send_ranges, send_sparse
 from singpy.oci.tarmerge import File, Index, Node, Unsupported
 
 _BLOCK = 512
@@ -117,8 +118,7 @@ def _members(stream: Any) -> Any:
             for member in archive:
                 archive.members.clear()
                 yield member, archive
-            while ahead.read(_CHUNK):  # to the end: the digest and a gzip trailer are checked there
-                pass
+            drain(ahead)  # a gzip trailer; the digest is checked on the compressed blob (_layer_members)
     except (tarfile.TarError, ValueError, OverflowError, EOFError, RecursionError) as error:
         raise Unsupported(f"a layer's tar: {error}") from None
     except OSError as error:  # the tree path reads it again, and says what is wrong
@@ -298,7 +298,8 @@ def _send_ranges(out: Any, ranges: list[tuple[int, str, File]], blobs: Any, dige
 
 
 def _send_layer(out: Any, wanted: dict[int, tuple[str, File]], blobs: Any, digest: str, what: str) -> None:
-    """The data of layer `digest`'s entries that the image keeps, each under its final path."""
+    """The data of layer `digest`'s entries that the image keeps, each under its final path (a sparse file's
+    map forwarded: tar2sqfs makes its holes, a small layer claiming terabytes sends only what it holds)."""
     for ordinal, (member, archive) in enumerate(_layer_members(blobs, digest, what, again=True)):
         found = wanted.get(ordinal)
         if found is None:
@@ -306,11 +307,15 @@ def _send_layer(out: Any, wanted: dict[int, tuple[str, File]], blobs: Any, diges
         path, node = found
         if not member.isreg() or member.size != node.size:
             raise ImageError(f"can't convert {what}: it changed while it was read")
-        out.write(header(path, node, member.size))
-        source = archive.fileobj
-        if member.sparse is not None:
-            source = archive.extractfile(member)
-        copy_data(out, source, member.size)
+        if member.sparse is None:
+            out.write(header(path, node, member.size))
+            copy_data(out, archive.fileobj, member.size)
+            continue
+        try:
+            regions = sparse_regions(member.sparse, member.size)
+        except EntryError as error:  # the tree path refuses it, and says why
+            raise Unsupported(f"a sparse file: {error}") from None
+        send_sparse(out, path, node, regions, archive.fileobj)
 
 
 def _nearly_full(directory: str) -> bool:

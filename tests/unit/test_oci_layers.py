@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -722,3 +723,98 @@ def test_squash_options(tmp_path: Path) -> None:
     assert options == ["-pf", str(tmp_path / "pseudo"), "-root-mode", "700", "-root-uid", "0", "-root-gid", "0"]
     assert (tmp_path / "pseudo").read_text().splitlines() == [
         "/home m 755 0 0", "/home/u m 700 1000 1000", "/added-later m 640 0 0"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Resource bombs: what a small layer claims is not what it costs
+
+
+SPARSE_CLAIM = 512 << 20  # what the sparse member claims; the old applier wrote all of it
+
+
+def gnu_sparse_layer(scratch: Path, tar_format: str) -> bytes:
+    """A layer GNU tar (`--sparse`) wrote from a file of SPARSE_CLAIM bytes holding two short runs of data."""
+    source = Path(tempfile.mkdtemp(prefix="sparse-", dir=scratch))
+    with open(source / "big", "wb") as out:
+        out.seek(1 << 20)
+        out.write(b"middle\n")
+        out.truncate(SPARSE_CLAIM - 4)
+        out.seek(0, os.SEEK_END)
+        out.write(b"end\n")
+    done = subprocess.run(["tar", "--sparse", f"--format={tar_format}", "--numeric-owner", "--owner=0", "--group=0",
+                           "-C", str(source), "-cf", "-", "big"], capture_output=True, check=True)
+    shutil.rmtree(source)
+    assert len(done.stdout) < 1 << 20
+    return gzipped(done.stdout)
+
+
+@pytest.mark.parametrize("tar_format", ["gnu", "pax"])
+def test_a_sparse_member_takes_only_the_disk_its_data_takes(applier: Applier, tar_format: str) -> None:
+    """A sparse member's holes stay holes (as GNU tar extracts it): a small layer claiming gigabytes does not
+    fill the disk. The file reads as the one GNU tar archived."""
+    result = applier.ok(gnu_sparse_layer(applier.base, tar_format))
+    info = result.info("big")
+    assert info.st_size == SPARSE_CLAIM
+    assert info.st_blocks * 512 < 1 << 20, f"{info.st_blocks * 512} bytes on disk"
+    with open(result.path("big"), "rb") as written:
+        assert os.pread(written.fileno(), 8, 1 << 20) == b"middle\n\0"
+        assert os.pread(written.fileno(), 4, SPARSE_CLAIM - 4) == b"end\n"
+        assert os.pread(written.fileno(), 4096, 3 << 20) == bytes(4096)
+
+
+def test_a_file_of_zeros_takes_no_disk(applier: Applier) -> None:
+    """64 MiB of zeros is a few KiB of zstd: the chunks of zeros are left holes, the bytes the same."""
+    data = b"head" + bytes(64 << 20) + b"tail"
+    result = applier.ok(zstded(archive(entry("zeros", data=data), entry("after", data=b"after\n"))))
+    info = result.info("zeros")
+    assert info.st_size == len(data) and info.st_blocks * 512 < 8 << 20, f"{info.st_blocks * 512} bytes on disk"
+    assert hashlib.sha256(result.path("zeros").read_bytes()).digest() == hashlib.sha256(data).digest()
+    assert result.path("after").read_bytes() == b"after\n"
+
+
+def test_a_sparse_map_out_of_its_file_is_refused(applier: Applier) -> None:
+    """A map whose region lies past the size the member claims: one error naming it, nothing written past."""
+    info = tarfile.TarInfo("bad")
+    info.size = 4
+    info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.name": "bad",
+                        "GNU.sparse.realsize": "8"}
+    body = b"1\n100\n4\n".ljust(512, b"\0") + b"data"
+    info.size = len(body)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(body))
+    error = applier.fails(buffer.getvalue())
+    assert "bad: its sparse map is invalid (a region of 4 bytes at 100)" in error
+
+
+def test_the_hosts_own_attributes_are_not_applied(applier: Applier) -> None:
+    """As root, an SELinux label and an NFSv4 ACL of a layer are skipped (umoci's specialXattrs), the image's
+    other attributes applied."""
+    pax = {"SCHILY.xattr.security.selinux": "system_u:object_r:shadow_t:s0",
+           "SCHILY.xattr.system.nfs4_acl": "\x00\x00\x00\x00", "SCHILY.xattr.user.kept": "yes"}
+    result = applier.ok(archive(entry("labelled", data=b"l", pax=pax), entry("dir", "dir", pax=pax)))
+    if applier.profile != "root":
+        return  # a user applies no attribute at all
+    for guest in ("labelled", "dir"):
+        try:
+            assert os.getxattr(result.path(guest), "user.kept") == b"yes"
+        except OSError as error:  # a filesystem without xattrs: nothing to check
+            pytest.skip(f"no xattrs here: {error.strerror}")
+        labels = os.listxattr(result.path(guest))  # an SELinux host labels every file: never with the image's
+        assert "security.selinux" not in labels or os.getxattr(result.path(guest), "security.selinux") != (
+            b"system_u:object_r:shadow_t:s0"), guest
+
+
+def test_an_opaque_deep_chain_is_pruned_in_one_walk(applier: Applier) -> None:
+    """A whiteout over a chain of 1500 directories this layer also writes under: the chain is walked down once,
+    by descriptors (it was re-resolved from the root at every level: 20 s here), and only the lower file goes."""
+    chain = "/".join(["a"] * 1500)  # its path on the host stays under PATH_MAX
+    try:
+        applier.ok(archive(entry(f"{chain}/lower", data=b"l")))
+        started = time.monotonic()
+        result = applier.ok(archive(entry(f"{chain}/upper", data=b"u"), entry(".wh.a")))
+        took = time.monotonic() - started
+        assert took < 8, f"the whiteout took {took:.0f} s"
+        assert result.exists(f"{chain}/upper") and not result.exists(f"{chain}/lower")
+    finally:  # shutil.rmtree recurses: rm does not
+        subprocess.run(["rm", "-rf", str(applier.base / "root" / "a")], check=True)
