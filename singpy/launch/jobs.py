@@ -45,18 +45,37 @@ class JobStep(Record):
 
 
 def detect(env: Mapping[str, str]) -> JobStep | None:
-    """The job step of this rank, or None when singpy was not started by srun or an MPI launcher."""
+    """The job step of this rank, or None when singpy was not started by srun or an MPI launcher of more than
+    one task: `srun --pty bash`, a salloc shell or `mpirun -n 1` start no parallel job (Apptainer knows none)."""
+    tasks = _tasks(env)
+    if tasks == 1:
+        return None
     pmix = "PMIX_NAMESPACE" in env and "PMIX_RANK" in env
     if pmix:  # the most precise: an mpirun inside an srun step has a namespace of its own
         return JobStep(key=f"pmix:{env['PMIX_NAMESPACE']}", origin=f"PMIx namespace {env['PMIX_NAMESPACE']}",
                        pmix=True)
     job, step = env.get("SLURM_JOB_ID"), env.get("SLURM_STEP_ID")
-    if job and step:
+    if job and step and tasks > 1:
         return JobStep(key=f"slurm:{job}.{step}", origin=f"Slurm job step {job}.{step}", pmix=False)
     ompi_job = env.get("OMPI_MCA_ess_base_jobid") or env.get("OMPI_MCA_orte_ess_jobid")
-    if ompi_job and "OMPI_COMM_WORLD_SIZE" in env:
+    if ompi_job and _count(env.get("OMPI_COMM_WORLD_SIZE")) > 1:
         return JobStep(key=f"ompi:{ompi_job}", origin=f"mpirun job {ompi_job}", pmix=False)
     return None
+
+
+def _tasks(env: Mapping[str, str]) -> int:
+    """How many tasks the launch has (0: not said): mpirun's count (set in each rank, PMIx or not), else the
+    Slurm step's (srun sets both counts, with or without PMIx; a batch script or salloc shell only the job's,
+    which a step of its own then overrides). PMIx itself sets no count."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"):
+        if name in env:
+            return _count(env[name])
+    return 0
+
+
+def _count(text: str | None) -> int:
+    """A task count, 0 when it is none (absent, not a number)."""
+    return int(text) if text and text.isascii() and text.isdigit() and len(text) < 10 else 0
 
 
 def is_job_variable(name: str) -> bool:
@@ -122,6 +141,18 @@ def without_single_copy(env_plan: EnvPlan, host_env: Mapping[str, str], request:
     chosen = {*host_env, *(name for name, _ in request.env), *(name for name, _ in request.env_file)}
     added = tuple((name, "none") for name in SINGLE_COPY_VARIABLES if name not in chosen)
     return env_plan.replace(injected=(*added, *env_plan.injected))
+
+
+def unshared(plan: LaunchPlan, host_env: Mapping[str, str]) -> LaunchPlan:
+    """`plan` for a rank that could not share its container (singpy.launch.shared: another user holds its
+    name): a plain launch, with single-copy off in a job as `without_single_copy` turns it off (the variables
+    the user set, from the host or with --env, kept)."""
+    env = plan.process.env
+    if detect(host_env) is not None:
+        chosen = {*host_env, *(name for name, _ in env.injected)}
+        env = env.replace(injected=(*((name, "none") for name in SINGLE_COPY_VARIABLES if name not in chosen),
+                                    *env.injected))
+    return plan.replace(share=None, process=plan.process.replace(env=env))
 
 
 def share_spec(plan: LaunchPlan, key: tuple[str, str]) -> ShareSpec:

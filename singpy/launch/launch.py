@@ -96,7 +96,7 @@ def run(request: LaunchRequest, config: SysConfig, host: HostInfo, *, dry_run: b
     if planned.plan.share is not None:
         from singpy.launch import shared
 
-        return shared.run(planned.plan)
+        return shared.run(planned.plan, launch)  # launch: a rank that can't share runs alone
     return launch(planned.plan)
 
 

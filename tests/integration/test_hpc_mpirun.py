@@ -10,6 +10,7 @@ mpirun killed (tests/support/mpi.py).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,10 @@ def image(mpi_image: Path) -> Path:
     return mpi_image
 
 
-def run(singpy: Singpy, command: list[str], *, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
-    return mpirun(command, env=singpy.env(**(env or {})), switch=singpy.switch(), as_root=singpy.profile == "root",
-                  cwd=singpy.workdir, timeout=TIMEOUT)
+def run(singpy: Singpy, command: list[str], *, env: dict[str, str] | None = None,  # type: ignore[no-untyped-def]
+        size: int = 2):
+    return mpirun(command, size=size, env=singpy.env(**(env or {})), switch=singpy.switch(),
+                  as_root=singpy.profile == "root", cwd=singpy.workdir, timeout=TIMEOUT)
 
 
 def exec_args(image: Path, *flags: str) -> list[str]:
@@ -76,3 +78,15 @@ def test_mpirun_environment_reaches_the_payload(singpy: Singpy, mpi_images: MpiI
     assert lines_of(result.stdout, "OMPI_MCA_foo_bar=") == ["OMPI_MCA_foo_bar=from-the-test"] * 2, result
     assert lines_of(result.stdout, "SINGPY_TEST_OTHER=") == [], result
     assert result.stdout.splitlines().count("pmixdir-ok") == 2, result
+
+
+def test_mpirun_of_one_rank_is_no_parallel_job(singpy: Singpy, mpi_images: MpiImages) -> None:
+    """`mpirun -n 1` starts no parallel job (Apptainer knows none): --containall keeps its PID namespace and --net
+    works, as outside a job, without a warning."""
+    script = "readlink /proc/self/ns/pid /proc/self/ns/net"
+    result = run(singpy, [*exec_args(mpi_images.sandbox, "--containall", "--net", "--network", "none"), "sh", "-c",
+                          script], size=1)
+    assert result.returncode == 0, result
+    assert len(result.stdout.split()) == 2 and "WARNING" not in result.stderr, result
+    pid, net = result.stdout.split()
+    assert pid != os.readlink("/proc/self/ns/pid") and net != os.readlink("/proc/self/ns/net"), result

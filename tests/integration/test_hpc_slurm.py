@@ -69,6 +69,19 @@ def test_mpitest_runs_under_plain_srun(slurm_cluster: SlurmCluster, singpy: Sing
     assert found[0].mntns == found[1].mntns
 
 
+def test_a_step_of_one_task_is_no_parallel_job(slurm_cluster: SlurmCluster, singpy: Singpy,
+                                               mpi_images: MpiImages) -> None:
+    """srun -n 1 (as `srun --pty bash` or salloc's interactive step) starts no parallel job (Apptainer knows
+    none): --containall keeps its PID namespace and --net works, as outside a job, without a warning."""
+    script = "readlink /proc/self/ns/pid /proc/self/ns/net"
+    job = srun(slurm_cluster, singpy, ["--mpi=pmix", "-n", "1", *exec_args(mpi_images.sandbox, "--containall", "--net",
+                                                                            "--network", "none"), "sh", "-c", script])
+    assert job.returncode == 0, job
+    assert len(job.stdout.split()) == 2 and "WARNING" not in job.stderr, job
+    pid, net = job.stdout.split()
+    assert pid != os.readlink("/proc/self/ns/pid") and net != os.readlink("/proc/self/ns/net"), job
+
+
 # --- ranks in containers ------------------------------------------------------------------------------------------
 
 

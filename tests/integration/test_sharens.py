@@ -174,7 +174,7 @@ def pmix(rank: int, namespace: str) -> dict[str, str]:
 
 
 def slurm(rank: int, job: str) -> dict[str, str]:
-    return {"SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank)}
+    return {"SLURM_JOB_ID": job, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_STEP_NUM_TASKS": "2"}
 
 
 @pytest.mark.parametrize("variables", [pmix, slurm], ids=["pmix", "slurm"])
@@ -226,7 +226,8 @@ def test_shared_ranks_keep_single_copy(singpy: Singpy, image: Path) -> None:
 
 
 @pytest.mark.parametrize(("flags", "variables", "message"), [
-    (["--net"], {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}, "--net can't be used in Slurm job step 7.0"),
+    (["--net"], {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2"},
+     "--net can't be used in Slurm job step 7.0"),
     (["--fakeroot"], {"PMIX_NAMESPACE": "ns", "PMIX_RANK": "0"}, "PMIx"),
 ], ids=["net", "fakeroot-pmix"])
 def test_what_cannot_work_in_a_job_fails(singpy: Singpy, image: Path, flags: list[str], variables: dict[str, str],

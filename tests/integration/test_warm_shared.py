@@ -65,7 +65,8 @@ def ranks(singpy: Singpy, conf: Path, cache: Path, sif: Path, how: str, count: i
     payload = PAYLOAD.format(dir=meet, count=count)
     launches = []
     for rank in range(count):
-        variables = {"SLURM_JOB_ID": step, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank)} if how == "slurm" else {}
+        variables = {"SLURM_JOB_ID": step, "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
+                     "SLURM_STEP_NUM_TASKS": str(count)} if how == "slurm" else {}
         flags = ["--sharens"] if how == "sharens" else []
         launches.append(singpy.popen(
             ["--config", str(conf), "-v", "exec", *flags, "-B", str(meet), str(sif), "sh", "-c", payload],

@@ -18,7 +18,7 @@ from singpy.mounts.parse import parse_bind_list
 from singpy.plan import ImageSpec
 
 PMIX = {"PMIX_NAMESPACE": "slurm.pmix.42.0", "PMIX_RANK": "3"}
-SLURM = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}
+SLURM = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2"}
 OMPI = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_ess_base_jobid": "3315"}
 SINGLE_COPY = {name: "none" for name in jobs.SINGLE_COPY_VARIABLES}
 
@@ -56,14 +56,57 @@ def test_pmix_wins_over_slurm_an_mpirun_inside_a_step_has_its_own_namespace() ->
 
 @pytest.mark.parametrize("env", [
     {"SLURM_JOB_ID": "42"},  # salloc's shell, or sbatch's script: not a step
-    {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": ""},
+    {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "", "SLURM_STEP_NUM_TASKS": "2"},
+    {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"},  # no count: not srun's
     {"PMIX_NAMESPACE": "x"},  # no rank
     {"PMIX_RANK": "0"},
     {"OMPI_MCA_ess_base_jobid": "3315"},  # an MCA parameter set by hand, no launcher
     {"OMPI_COMM_WORLD_SIZE": "2"},
-], ids=["job-only", "empty-step", "pmix-no-rank", "pmix-no-namespace", "ompi-no-size", "ompi-no-jobid"])
+], ids=["job-only", "empty-step", "step-no-count", "pmix-no-rank", "pmix-no-namespace", "ompi-no-size",
+        "ompi-no-jobid"])
 def test_incomplete_variables_are_no_job(env: dict[str, str]) -> None:
     assert jobs.detect(env) is None
+
+
+# What the real launchers set (Slurm 23 with MpiDefault=pmix, Open MPI 4.1's mpirun): one task is no parallel job.
+SRUN_1 = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1",
+          "PMIX_NAMESPACE": "slurm.pmix.42.0", "PMIX_RANK": "0"}
+MPIRUN_1 = {"OMPI_COMM_WORLD_SIZE": "1", "OMPI_MCA_ess_base_jobid": "3315", "PMIX_NAMESPACE": "3315",
+            "PMIX_RANK": "0"}
+
+
+@pytest.mark.parametrize("env", [
+    SRUN_1,  # srun -n 1 (--pty bash)
+    {key: value for key, value in SRUN_1.items() if not key.startswith("PMIX")},  # srun --mpi=none -n 1
+    {**SRUN_1, "SLURM_NTASKS": "4"},  # salloc -n 4, its interactive step of one task
+    MPIRUN_1,  # mpirun -n 1
+    {key: value for key, value in MPIRUN_1.items() if not key.startswith("PMIX")},
+    {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "x"},  # not a count: not srun's
+], ids=["srun-1", "srun-1-no-pmix", "salloc-step", "mpirun-1", "mpirun-1-no-pmix", "bad-count"])
+def test_a_launch_of_one_task_is_no_job(env: dict[str, str]) -> None:
+    assert jobs.detect(env) is None
+
+
+@pytest.mark.parametrize(("env", "key"), [
+    ({**SRUN_1, "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2"}, "pmix:slurm.pmix.42.0"),
+    ({**SRUN_1, **MPIRUN_1, "OMPI_COMM_WORLD_SIZE": "2"}, "pmix:3315"),  # mpirun -n 2 in srun -n 1
+    ({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "3"}, "slurm:42.0"),  # an older srun
+    ({**MPIRUN_1, "OMPI_COMM_WORLD_SIZE": "2"}, "pmix:3315"),
+], ids=["srun-2", "mpirun-in-srun-1", "ntasks-only", "mpirun-2"])
+def test_a_launch_of_more_tasks_is_a_job(env: dict[str, str], key: str) -> None:
+    step = jobs.detect(env)
+    assert step is not None and step.key == key
+
+
+def test_a_rank_that_cannot_share_runs_a_plain_launch_without_single_copy(image: ImageSpec) -> None:
+    """singpy.launch.shared: a name another user holds; the variables the user set are kept."""
+    name, other = jobs.SINGLE_COPY_VARIABLES
+    plan = planned(image, {**PMIX, name: "cma"}).plan
+    alone = jobs.unshared(plan, {**PMIX, name: "cma"})
+    assert alone.share is None and alone.replace(process=plan.process) == plan.replace(share=None)
+    assert dict(alone.process.env.injected)[other] == "none" and name not in dict(alone.process.env.injected)
+    sharens = planned(image, {}, sharens=True).plan  # not a job: nothing added
+    assert jobs.unshared(sharens, {}).process.env == sharens.process.env
 
 
 @pytest.mark.parametrize(("name", "expected"), [
