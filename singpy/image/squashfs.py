@@ -211,7 +211,9 @@ def hold(cache: str, digest: str) -> tuple[int, int] | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:  # a removal has it: wait for it (bounded); the tree is most likely gone then
-            if not _shared_within(fd, HOLD_WAIT):
+            from singpy.host.cachefiles import locked_within
+
+            if not locked_within(fd, HOLD_WAIT):
                 os.close(fd)
                 return None
         except OSError as error:  # no locks on this filesystem (ENOLCK)
@@ -229,23 +231,6 @@ def hold(cache: str, digest: str) -> tuple[int, int] | None:
 def _unheld(entry: str, error: OSError) -> tuple[int, int]:
     console.verbose(f"can't mark {entry} in use, `singpy cache clean` could remove it: {error.strerror}")
     return -1, 0
-
-
-def _shared_within(fd: int, seconds: float) -> bool:
-    """Whether a shared flock on `fd` was had within `seconds`: polled, as a blocking flock has no timeout."""
-    import fcntl
-    import time
-
-    deadline, pause = time.monotonic() + seconds, 0.002
-    while time.monotonic() < deadline:
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            continue
-    return False
 
 
 def attach(image: ImageSpec, uid: int, gid: int) -> tuple[str, tuple[int, ...]]:

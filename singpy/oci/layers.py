@@ -51,11 +51,10 @@ from singpy.oci import whiteouts
 from singpy.oci.layertree import MAX_CACHED, OPEN_DIR, EntryError, LayerTree, clean, join, shown, sparse_regions
 from singpy.oci.owners import Ownership
 from singpy.oci.readahead import ReadAhead
-from singpy.oci.streams import CHUNK, BoundedTarInfo, Readable, reason
+from singpy.oci.streams import CHUNK, BoundedTarInfo, Readable, drain, reason
 
 _TAR_BUFFER = 1 << 16  # tarfile's read size; larger only costs a copy of the rest on every header
 _MAX_NAME = 4096  # PATH_MAX: a longer entry name is no path mksquashfs or a process could use
-_DRAIN = 1 << 20  # decompressed bytes read after the end of the archive (the gzip trailer's check)
 _MAX_ID = (1 << 32) - 2  # (uid_t)-1 means "unchanged" to chown(2)
 _ZEROS = bytes(CHUNK)  # a chunk of a file's data that is all zeros is left a hole
 # the host's own attributes, never an image's: an SELinux label and an NFSv4 ACL (umoci's specialXattrs,
@@ -82,7 +81,7 @@ def apply_layer(root: str, stream: Readable, *, ownership: Ownership | None, sou
                 for member in archive:
                     archive.members.clear()  # a stream's members are kept in a list nobody here reads
                     layer.apply(member, archive)
-                _drain(ahead)
+                drain(ahead)
         except (tarfile.TarError, ValueError, OverflowError, EOFError, RecursionError) as error:
             # tarfile's own errors, and what its parsing lets through on hostile headers: a bad number in a
             # GNU sparse map (ValueError), a chain of hundreds of extended headers (read recursively)
@@ -93,15 +92,6 @@ def apply_layer(root: str, stream: Readable, *, ownership: Ownership | None, sou
     finally:
         layer.close()
 
-
-def _drain(stream: Readable) -> None:
-    """Read a little past the archive's end marker: a gzip stream's checksum is at its very end."""
-    left = _DRAIN
-    while left > 0:
-        data = stream.read(min(left, CHUNK))
-        if not data:
-            return
-        left -= len(data)
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:

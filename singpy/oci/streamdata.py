@@ -10,7 +10,7 @@ tarfile's PAX header otherwise, byte for byte what tarfile would write).
 Measured on the 2 GiB image: docs/pull.md, "One merged tar stream".
 
 The layer's digest is checked as it is read, to its end (the compressed blob's end: past
-the tar's end marker only a bounded read is inflated, `drain`), as before: the data
+the tar's end marker only a bounded read is inflated, singpy.oci.streams.drain), as before: the data
 sent is the data the digest names, and the offsets come from the headers
 pass (a local source's blob checked on both passes; a registry's when it was
 downloaded, then on this pass).
@@ -22,11 +22,11 @@ import tarfile
 from array import array
 from typing import Any
 
+from singpy.oci.streams import drain
 from singpy.oci.tarmerge import Dir, File, Link, Node, Special, Unsupported
 
 _BLOCK = 512
 _CHUNK = 1 << 20
-DRAIN = 1 << 20  # decompressed bytes read past a layer's end marker (the tree path's singpy.oci.layers._DRAIN)
 _NO_OFFSET = -1  # a member whose data can't be copied as one range (not a regular file, or sparse)
 _TYPES = {"d": tarfile.DIRTYPE, "l": tarfile.SYMTYPE, "p": tarfile.FIFOTYPE, "c": tarfile.CHRTYPE,
           "b": tarfile.BLKTYPE, "f": tarfile.REGTYPE}
@@ -64,7 +64,7 @@ class Offsets:
 
 def send_ranges(out: Any, ranges: list[tuple[int, str, File]], layer: Any) -> None:
     """Each (offset, path, file) of `ranges` (sorted) copied from `layer` (a decompressed tar, read a chunk
-    ahead) into `out` behind its header; then a little past the tar's end (see drain)."""
+    ahead) into `out` behind its header; then a little past the tar's end (streams.drain)."""
     position = 0
     for offset, path, node in ranges:
         if offset < position:
@@ -75,17 +75,6 @@ def send_ranges(out: Any, ranges: list[tuple[int, str, File]], layer: Any) -> No
         position = offset + node.size
     drain(layer)
 
-
-def drain(layer: Any) -> None:
-    """Read a little past the tar's end marker, as the tree path does (singpy.oci.layers._DRAIN: a gzip
-    trailer's check), never all that follows it: a few KiB of zstd can inflate to gigabytes of zeros there.
-    The digest is checked on the compressed blob, which the caller reads to its end without inflating it."""
-    left = DRAIN
-    while left > 0:
-        data = layer.read(min(left, _CHUNK))
-        if not data:
-            return
-        left -= len(data)
 
 
 def send_sparse(out: Any, path: str, node: File, regions: list[tuple[int, int]], source: Any) -> None:

@@ -34,6 +34,21 @@ class Readable(Protocol):
     def read(self, size: int = -1, /) -> bytes: ...
 
 
+DRAIN = 1 << 20  # decompressed bytes read past a layer's tar end marker
+
+
+def drain(stream: Readable) -> None:
+    """Read a little past a tar's end marker (a gzip stream's checksum is at its very end), never all that
+    follows it: a few KiB of zstd can inflate to gigabytes of zeros there. The digest is checked on the
+    compressed blob, which the caller reads to its end without inflating it."""
+    left = DRAIN
+    while left > 0:
+        data = stream.read(min(left, CHUNK))
+        if not data:
+            return
+        left -= len(data)
+
+
 class VerifyingReader:
     """A stream whose bytes are hashed as they are read; at its end, a digest mismatch is an ImageError.
 

@@ -34,7 +34,8 @@ from typing import Any
 from singpy import console
 from singpy.errors import ImageError
 from singpy.oci.layertree import EntryError, sparse_regions
-from singpy.oci.streamdata import Offsets, copy_data, drain, header, send_ranges, send_sparse
+from singpy.oci.streamdata import Offsets, copy_data, header, send_ranges, send_sparse
+from singpy.oci.streams import drain
 from singpy.oci.tarmerge import File, Index, Node, Unsupported
 
 _BLOCK = 512
