@@ -66,7 +66,8 @@ DIRECTIVES: tuple[Directive, ...] = (
     Directive("user bind control", BOOL, True, "allow users to ask for their own binds (--bind)"),
     Directive("allow pid ns", BOOL, True, "allow --pid (a new PID namespace)"),
     Directive("config passwd", BOOL, True, "add the user to the container's /etc/passwd"),
-    Directive("config group", BOOL, True, "add the user's group to the container's /etc/group"),
+    Directive("config group", BOOL, True, "add the user's groups (primary and supplementary) to the container's "
+              "/etc/group"),
     Directive("config resolv_conf", BOOL, True, "bind the host /etc/resolv.conf"),
     Directive("always use nv", BOOL, False, "act as if --nv were given on every run"),
     Directive("always use rocm", BOOL, False, "act as if --rocm were given on every run"),

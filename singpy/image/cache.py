@@ -30,10 +30,8 @@ Populating is atomic: the tree is unpacked into a hidden temporary
 directory and renamed into place only when complete, so no run ever sees a
 half-written tree. An exclusive `flock` on the entry's lock file makes
 concurrent first runs of one image extract once: the others wait (for a
-bounded time: cachefiles.wait_bound), then find the entry. A killed
-extraction leaves only a hidden temporary directory and releases its lock
-with its file descriptor; the next extraction of that
-digest (holding the lock, so none is live) removes it.
+bounded time: cachefiles.wait_bound), then find the entry. A killed extraction leaves only a hidden temporary
+directory and releases its lock with its file descriptor; the next extraction of that digest removes it.
 
 A container run from a tree holds a shared flock on the entry's record (its `.json`, written before the tree is
 renamed into place) for its whole life (singpy.image.squashfs.hold); `cache clean` (`remove_entry`) keeps an
@@ -52,9 +50,7 @@ import os
 
 from singpy import console
 from singpy.errors import ImageError
-from singpy.host.cachefiles import check_owned, identity, make_private_dirs, publish, read_private
-from singpy.host.cachefiles import filesystem_of as filesystem_of  # where singpy.recipe and the tests find them
-from singpy.host.cachefiles import filesystem_type as filesystem_type
+from singpy.host.cachefiles import check_owned, filesystem_of, identity, make_private_dirs, publish, read_private
 
 TYPE_CHECKING = False  # see singpy.record: `collections` is not loaded on a SIF launch (issue 31)
 if TYPE_CHECKING:
@@ -111,17 +107,13 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
              suffix: str = "", checked: bool = False, key: str | None = None) -> str:
     """Unpack the partition into the cache unless an identical one is there; return the tree.
 
-    The tree is `kind/DIGEST` + `suffix` (see `lookup`); `checked`: the
-    caller made those directories and checked them (see `lookup`). `key`:
-    the index key of the file the caller locked (singpy.image.warm): another
-    file at `path` by now is an ImageError, nothing done.
-
-    The file is opened once and never again by its path (see the module's
-    docstring); one that changed while it was read is an ImageError, nothing
-    kept. Every failure is one `ImageError` (unsquashfs's own: a ToolError);
-    a full filesystem says so, naming the cache directory and how to choose
-    another. SIGTERM, SIGHUP and SIGINT during the extraction stop unsquashfs
-    and remove the temporary tree.
+    The tree is `kind/DIGEST` + `suffix` (see `lookup`); `checked`: the caller made those directories and
+    checked them (see `lookup`). `key`: the index key of the file the caller locked (singpy.image.warm): another
+    file at `path` by now is an ImageError, nothing done. The file is opened once and never again by its path
+    (the module's docstring); one that changed while it was read leaves nothing (read again, twice at most,
+    without `key`). Every failure is one `ImageError` (unsquashfs's own: a ToolError); a full filesystem says
+    so, naming the cache and how to choose another. SIGTERM, SIGHUP and SIGINT during the extraction stop
+    unsquashfs and remove the temporary tree.
     """
     from singpy.host.hostfiles import open_regular
 
@@ -130,20 +122,30 @@ def populate(cache: str, path: str, offset: int, length: int, *, unsquashfs: str
     # The image's path may be a link the user made (as Apptainer allows): followed once, here; the descriptor
     # then stands for the file wherever it was found (no O_NOFOLLOW: it would refuse that link, and protect nothing
     # the descriptor does not).
-    fd = open_regular(path, what="image", error=ImageError)
-    try:
-        first = os.fstat(fd)
-        found = index_key(path, offset, length, first)
-        if key is not None and found != key:
-            raise ImageError(f"can't unpack {path}: it is no longer the file whose unpacking was planned")
-        image = Opened(path, fd, first)
-        digest = _populate_opened(cache, image, offset, length, unsquashfs=unsquashfs, root=root, kind=kind,
-                                  suffix=suffix)
-        image.check_unchanged()  # the digest read (and the tree unpacked) was this file's: index it
-    finally:
-        os.close(fd)
-    _write_index(cache, found, digest)  # under the identity of the file read, never a new stat(path)
-    return f"{cache}/{kind}/{digest}{suffix}"
+    for attempt in range(3):  # a file renamed over meanwhile (a concurrent pull of the same name): read the new one
+        fd = open_regular(path, what="image", error=ImageError)
+        try:
+            first = os.fstat(fd)
+            found = index_key(path, offset, length, first)
+            if key is not None and found != key:
+                raise ImageError(f"can't unpack {path}: it is no longer the file whose unpacking was planned")
+            image = Opened(path, fd, first)
+            digest = _populate_opened(cache, image, offset, length, unsquashfs=unsquashfs, root=root, kind=kind,
+                                      suffix=suffix)
+            image.check_unchanged()  # the digest read (and the tree unpacked) was this file's: index it
+        except Changed:
+            if key is not None or attempt == 2:
+                raise
+            continue  # (after the finally below)
+        finally:
+            os.close(fd)
+        _write_index(cache, found, digest)  # under the identity of the file read, never a new stat(path)
+        return f"{cache}/{kind}/{digest}{suffix}"
+    raise AssertionError("unreachable")
+
+
+class Changed(ImageError):  # the image changed (or was renamed over) while it was read: nothing of it was kept
+    pass
 
 
 class Opened:
@@ -157,8 +159,8 @@ class Opened:
         changes its ctime too: its link count drops)."""
         now = os.fstat(self.fd)
         if identity(now, ctime=True) != identity(self.info, ctime=True):
-            raise ImageError(f"can't unpack {self.path} into the cache: it was replaced or changed while it was "
-                             "read; nothing was kept")
+            raise Changed(f"can't unpack {self.path} into the cache: it was replaced or changed while it was "
+                          "read; nothing was kept")
 
     @property
     def proc_path(self) -> str:

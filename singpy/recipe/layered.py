@@ -161,7 +161,7 @@ def plan(idmap: IdMap | None, env: Mapping[str, str], home: str) -> Layers | Non
     from singpy.image.tools import find_tool
 
     location = cachefiles.cache_dir(env, home)
-    kind = cache.filesystem_of(location)
+    kind = cachefiles.filesystem_of(location)
     if kind in cache.NETWORK_FS_TYPES:
         console.verbose(f"the cache {location} is on {kind}: the base image is unpacked in the work directory")
         return None

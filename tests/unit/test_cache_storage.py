@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from singpy.image.cache import LARGE_EXTRACTION, filesystem_type, shared_storage_warning
+from singpy.host.cachefiles import filesystem_type
+from singpy.image.cache import LARGE_EXTRACTION, shared_storage_warning
 
 MOUNTINFO = """\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw
