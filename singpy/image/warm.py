@@ -91,7 +91,9 @@ def plan(image: ImageSpec, *, cache: str, limit: int, env: Mapping[str, str]) ->
         console.verbose(f"not unpacking {image.path} in the background: {length} bytes, over `unsquash in "
                         f"background max size`")
         return image
-    if length >= extraction.LARGE_EXTRACTION and extraction.filesystem_of(cache) in extraction.NETWORK_FS_TYPES:
+    from singpy.host.cachefiles import filesystem_of
+
+    if length >= extraction.LARGE_EXTRACTION and filesystem_of(cache) in extraction.NETWORK_FS_TYPES:
         # no one would see the warning a foreground unpacking gives (cache.shared_storage_warning): not there
         console.verbose(f"not unpacking {image.path} in the background: the cache {cache} is on network storage")
         return image
