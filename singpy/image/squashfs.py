@@ -79,13 +79,13 @@ def choose(image: ImageSpec, *, uid: int, unsquash: bool, allow_kernel: bool, en
     tool = next((path for name in FUSE_TOOLS if (path := find_tool(name, env))), None)
     usable = os.access(FUSE_DEVICE, os.R_OK | os.W_OK)
     if tool is not None and usable:
-        open_checked(image)
         image = image.replace(strategy="fuse", tool=tool)
         if background is not None and uid != 0:
             from singpy.image import warm
 
             image = warm.plan(image, cache=cache, limit=background, env=env)  # the tree unpacked, if there is one
-        if image.strategy == "fuse":
+        if image.strategy == "fuse":  # (a tree of the cache: the image itself is not opened)
+            open_checked(image)
             console.verbose(f"mounting it with {os.path.basename(tool)} (FUSE)")
         return image
     why = "squashfuse is not installed" if tool is None else f"{FUSE_DEVICE} is not readable and writable by you"

@@ -202,7 +202,7 @@ def _keep_in_use(fd: int, inode: int) -> None:
     """ProcessSpec.in_use across the execve, if `fd` (-1: none) is still that file (a holder closes what it does
     not know): the payload holds the cache's tree in use while it lives (a daemon closing it loses only that)."""
     try:
-        if stat.S_ISREG((info := os.fstat(fd)).st_mode) and info.st_ino == inode:
+        if fd >= 0 and stat.S_ISREG((info := os.fstat(fd)).st_mode) and info.st_ino == inode:  # -1: no syscall
             os.set_inheritable(fd, True)
     except OSError:
         return

@@ -29,8 +29,8 @@ import zstandard
 
 from tests.conftest import Singpy
 from tests.support import oci
-from tests.support.oci import busybox_image, write_layout
-from tests.support.sifs import new_cache
+from tests.support.oci import busybox_image, readable_layout
+from tests.support.sifs import new_cache, owned_dir
 
 CLAIM = 1 << 30  # what the sparse member says its file holds
 TAIL_GIB = 256  # GiB of zeros after the tar's end marker: minutes to inflate, twice
@@ -74,19 +74,11 @@ def tailed_layer() -> oci.Layer:
 @pytest.fixture(scope="module")
 def layout(workdir: Path) -> Path:
     images = {"sparse": busybox_image(layers=[sparse_layer(workdir)]), "tailed": busybox_image(layers=[tailed_layer()])}
-    path = write_layout(workdir / "bombs-layout", images)
-    for where, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            os.chmod(os.path.join(where, name), 0o755 if name in dirs else 0o644)
-    return path
+    return readable_layout(workdir / "bombs-layout", images)
 
 
 def own_dir(singpy: Singpy, workdir: Path, name: str) -> Path:
-    path = workdir / "bombs-out" / f"{singpy.profile}-{name}"
-    path.mkdir(parents=True)
-    (workdir / "bombs-out").chmod(0o755)
-    os.chown(path, singpy.uid, singpy.gid)
-    return path
+    return owned_dir(singpy, workdir / "bombs-out", name)
 
 
 def listed(sif: Path) -> str:

@@ -32,11 +32,11 @@ from tests.support.oci import (
     file,
     hardlink,
     opaque,
+    readable_layout,
     symlink,
     whiteout,
-    write_layout,
 )
-from tests.support.sifs import new_cache
+from tests.support.sifs import new_cache, owned_dir
 
 STREAMED = "tar2sqfs"  # in the `-d` output: the command run
 FELL_BACK = "is converted through a tree"
@@ -158,19 +158,11 @@ def layout(workdir: Path) -> Path:
     images = {"tricky": tricky_image(), "linked-etc": linked_etc_image(), "fallback": fallback_image(),
               "escape": escape_image(), "truncated": truncated_image(), "nul": nul_image(),
               **{f"sparse-{form}": sparse_image(workdir, form) for form in ("gnu", "pax")}}
-    path = write_layout(workdir / "stream-layout", images)
-    for where, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            os.chmod(os.path.join(where, name), 0o755 if name in dirs else 0o644)
-    return path
+    return readable_layout(workdir / "stream-layout", images)
 
 
 def out_dir(singpy: Singpy, workdir: Path, name: str) -> Path:
-    path = workdir / "stream-out" / f"{singpy.profile}-{name}"
-    path.mkdir(parents=True)
-    (workdir / "stream-out").chmod(0o755)
-    os.chown(path, singpy.uid, singpy.gid)
-    return path
+    return owned_dir(singpy, workdir / "stream-out", name)
 
 
 def pull(singpy: Singpy, workdir: Path, layout: Path, tag: str, *, tree: bool) -> tuple[Path, str]:

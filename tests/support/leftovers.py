@@ -160,9 +160,17 @@ def _wait_for_unpackings(names: tuple[str, ...]) -> None:
     from singpy.image.warm import PROCESS_NAME
 
     deadline = time.monotonic() + UNPACKING_WAIT
-    while time.monotonic() < deadline and any(_comm(line.split(" ", 1)[0]) == PROCESS_NAME
-                                              for line in _processes(names)):
+    while time.monotonic() < deadline:
+        unpacking = [pid for pid in _pids() if _comm(str(pid)) == PROCESS_NAME]  # one small read each: cheap
+        if not any(_names_one(pid, names, _arguments(pid) or []) for pid in unpacking):
+            return
         time.sleep(0.05)
+
+
+def _names_one(pid: int, names: tuple[str, ...], arguments: list[str]) -> bool:
+    """Whether process `pid` (its `arguments`) names one of `names`: in its arguments, or a file it holds open."""
+    return any(_names(argument, names, _IN_ARGUMENT) for argument in arguments) or \
+        any(_names(target, names, _IN_PATH) for target in _open_files(pid))
 
 
 def _comm(pid: str) -> str | None:
@@ -243,8 +251,7 @@ def _processes(names: tuple[str, ...]) -> list[str]:
         if pid in ours:
             continue
         arguments = _arguments(pid)
-        if arguments and (any(_names(argument, names, _IN_ARGUMENT) for argument in arguments)
-                          or any(_names(target, names, _IN_PATH) for target in _open_files(pid))):
+        if arguments and _names_one(pid, names, arguments):
             found.append(f"{pid} {' '.join(arguments)}")
     return found
 

@@ -107,7 +107,7 @@ from tests.support.oci_images import (
     platform_marker,
     sha256,
 )
-from tests.support.oci_layouts import REF_NAME, write_docker_archive, write_layout, write_oci_archive
+from tests.support.oci_layouts import REF_NAME, readable_layout, write_docker_archive, write_layout, write_oci_archive
 
 __all__ = [
     "COMPRESSIONS", "DEFAULT_PATH", "DOCKER_CONFIG", "DOCKER_LAYER", "DOCKER_LIST", "DOCKER_MANIFEST", "IN_TOTO",
@@ -115,5 +115,5 @@ __all__ = [
     "Index", "Layer", "attestation", "block_device", "busybox_entries", "busybox_image", "busybox_layer",
     "canonical_json", "char_device", "compress", "directory", "fifo", "file", "hardlink", "multiarch_index",
     "opaque", "platform_marker", "sha256", "symlink", "tar_bytes", "tree", "whiteout", "write_docker_archive",
-    "write_layout", "write_oci_archive",
+    "readable_layout", "write_layout", "write_oci_archive",
 ]

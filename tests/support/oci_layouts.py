@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import tarfile
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -54,6 +55,15 @@ def write_layout(path: Path, tags: Mapping[str, Image | Index] | None = None, *,
         index["manifests"].append(entry)
     index["manifests"].extend(item.descriptor() for item in untagged)
     index_file.write_text(json.dumps(index, indent=2))
+    return path
+
+
+def readable_layout(path: Path, tags: Mapping[str, Image | Index]) -> Path:
+    """`write_layout`, readable by every profile's user (directories 0755, files 0644)."""
+    write_layout(path, tags)
+    for where, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            os.chmod(os.path.join(where, name), 0o755 if name in dirs else 0o644)
     return path
 
 

@@ -139,6 +139,15 @@ def fuse_mode(state: str) -> Iterator[str]:
         yield state
 
 
+def owned_dir(singpy: Singpy, parent: Path, name: str) -> Path:
+    """A new directory `parent/PROFILE-name` the profile's user owns (`parent` made 0755 if missing)."""
+    path = parent / f"{singpy.profile}-{name}"
+    path.mkdir(parents=True)
+    parent.chmod(0o755)
+    os.chown(path, singpy.uid, singpy.gid)
+    return path
+
+
 def new_cache(singpy: Singpy, workdir: Path, name: str) -> Path:
     """An empty extraction cache owned by the profile's user."""
     path = workdir / "caches" / f"{singpy.profile}-{name}"
