@@ -29,6 +29,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,14 +49,33 @@ _STARTED: list[subprocess.Popen[str]] = []  # singpy processes started by the cu
 def pytest_configure(config: pytest.Config) -> None:
     """One directory per session, made before anything else: pytest's tmp_path goes there too.
 
-    (pytest's default base, /tmp/pytest-of-USER, is shared by every session of the same user.)
+    (pytest's default base, /tmp/pytest-of-USER, is shared by every session of the same user.) `make test`
+    runs the suite in two pytest-xdist workers: each gets a directory of its own inside the controller's
+    (WORKER, and PREFIX + N for its tmp_path: no longer than a lone session's, as messages shorten paths
+    over 80 characters), all removed with the controller's at the end, even a worker's it stopped early.
     """
-    path = Path(tempfile.mkdtemp(prefix="singpy-tests-", dir="/tmp"))
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        controller, name = Path(worker[_WORKDIR_KEY]), worker["workerid"]
+        path, tmp = controller / name, controller / f"p{name.removeprefix('gw')}"
+        path.mkdir()
+    else:
+        path = Path(tempfile.mkdtemp(prefix="singpy-tests-", dir="/tmp"))
+        tmp = path / "pytest"
     path.chmod(0o755)  # pytest's own tmp dirs are private to their owner; the test user must reach ours
     _SESSION["workdir"] = path
-    if config.option.basetemp is None:
-        config.option.basetemp = str(path / "pytest")
+    if config.option.basetemp is None or worker is not None:
+        config.option.basetemp = str(tmp)
     _signals_as_in_a_shell()
+
+
+_WORKDIR_KEY = "singpy_workdir"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist, in the controller: where a worker makes its directory (pytest_configure)."""
+    node.workerinput[_WORKDIR_KEY] = str(_SESSION["workdir"])
 
 
 def _signals_as_in_a_shell() -> None:
