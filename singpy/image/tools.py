@@ -60,11 +60,48 @@ def die_with(parent: int, mask: set[int | signal.Signals]) -> None:
 class Interrupted(ImageError):
     """SIGTERM, SIGHUP or SIGINT arrived inside `with Interruptible()`."""
 
+    number = 0  # the signal, when the handler raised it (0: a caller's re-worded copy)
+
 
 def _raise_interrupted(number: int, frame: object) -> None:
     for other in _SIGNALS:  # a second signal must not cut the clean-up short
         signal.signal(other, signal.SIG_IGN)
-    raise Interrupted(f"interrupted by {_NAMES.get(number, number)}")
+    interrupted = Interrupted(f"interrupted by {_NAMES.get(number, number)}")
+    interrupted.number = number
+    raise interrupted
+
+
+def _deliver_again(unraisable: Any) -> None:
+    """sys.unraisablehook inside Interruptible: an Interrupted that Python could not raise is delivered again.
+
+    Python runs a signal's handler at whatever bytecode the main thread is at; when that is a callback whose
+    exceptions it can only print ("Exception ignored in": a weakref's callback such as importlib's module
+    lock's, a __del__), the Interrupted would go to the terminal as a traceback and the signal be lost (the
+    pull went on to its end). The signal is raised again instead, and taken in the code the callback cut into.
+    """
+    error = unraisable.exc_value
+    if isinstance(error, Interrupted) and error.number:
+        import _thread  # raised here, the signal would be taken in this hook, whose exception is printed too
+
+        signal.signal(error.number, _raise_interrupted)
+        _thread.start_new_thread(_send_later, (_thread.get_ident(), error.number))
+        return
+    _previous_hooks[-1](unraisable)
+
+
+def _send_later(main: int, number: int) -> None:
+    """The signal again to the main thread, once it is out of the callback (taken there too, it comes back
+    here: a few round trips at most, as a callback is short)."""
+    import time
+
+    time.sleep(_AGAIN_AFTER)
+    signal.pthread_kill(main, number)
+
+
+_AGAIN_AFTER = 0.01  # seconds before a signal taken in a callback is sent again
+
+
+_previous_hooks: list[Any] = []  # the unraisable hooks that Interruptible blocks replaced, innermost last
 
 
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
@@ -83,11 +120,14 @@ class Interruptible:
     """
 
     def __enter__(self) -> None:
+        _previous_hooks.append(sys.unraisablehook)
+        sys.unraisablehook = _deliver_again
         self.previous = {number: signal.signal(number, _raise_interrupted) for number in _SIGNALS}
 
     def __exit__(self, *exc: object) -> None:
         for number, handler in self.previous.items():
             signal.signal(number, handler)
+        sys.unraisablehook = _previous_hooks.pop()
 
 
 def show_progress() -> bool:

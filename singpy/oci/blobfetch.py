@@ -317,6 +317,7 @@ class _HashThread:
         self.todo: _queue.SimpleQueue[tuple[Buffer, int] | None] = _queue.SimpleQueue()
         self.free: _queue.SimpleQueue[Buffer] = _queue.SimpleQueue()
         self.made = 0  # buffers made so far (at most _BUFFERS)
+        self.error: BaseException | None = None  # what ended the thread: raised on the reader's side
         self.thread = threading.Thread(target=self._run, name="singpy-hash", daemon=True)
         self.thread.start()
 
@@ -335,21 +336,33 @@ class _HashThread:
             except _queue.Empty:
                 self.made += 1
                 return mmap.mmap(-1, CHUNK)
-        return self.free.get()
+        buffer = self.free.get()
+        self._raise_error()
+        return buffer
 
     def add(self, buffer: Buffer, count: int) -> None:
+        self._raise_error()
         self.todo.put((buffer, count))
 
     def finish(self) -> None:
         self.todo.put(None)
         self.thread.join()
+        self._raise_error()
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise self.error
 
     def _run(self) -> None:
-        while (item := self.todo.get()) is not None:
-            buffer, count = item
-            with memoryview(buffer) as view:
-                self.hasher.update(view[:count])
-            self.free.put(buffer)
+        try:
+            while (item := self.todo.get()) is not None:
+                buffer, count = item
+                with memoryview(buffer) as view:
+                    self.hasher.update(view[:count])
+                self.free.put(buffer)
+        except BaseException as error:  # the reader raises it (else threading would print a traceback and the
+            self.error = error  # reader wait for a buffer forever): its FATAL is the main thread's
+            self.free.put(bytearray())  # wakes a reader waiting in free_buffer, which raises the error
 
 
 def _start_writeback(fd: int) -> None:

@@ -359,11 +359,14 @@ class _Messages:
         self.thread.start()
 
     def _read(self) -> None:
-        with self.stream:
-            while chunk := self.stream.read1(1 << 16):
-                if self.size < 1 << 16:
-                    self.kept.append(chunk)
-                    self.size += len(chunk)
+        try:
+            with self.stream:
+                while chunk := self.stream.read1(1 << 16):
+                    if self.size < 1 << 16:
+                        self.kept.append(chunk)
+                        self.size += len(chunk)
+        except (OSError, ValueError):  # the pipe closed under the read (a pull torn down by a signal): the
+            pass  # messages end here; tar2sqfs's status says the rest (no thread traceback on the terminal)
 
     def join(self) -> None:
         self.thread.join()
