@@ -50,9 +50,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """One directory per session, made before anything else: pytest's tmp_path goes there too.
 
     (pytest's default base, /tmp/pytest-of-USER, is shared by every session of the same user.) `make test`
-    runs the suite in two pytest-xdist workers: each gets a directory of its own inside the controller's
-    (WORKER, and PREFIX + N for its tmp_path: no longer than a lone session's, as messages shorten paths
-    over 80 characters), all removed with the controller's at the end, even a worker's it stopped early.
+    runs the suite in two pytest-xdist workers: worker gwN works in gwN/ inside the controller's directory and
+    its tmp_path goes under pN/ there (no longer than a lone session's: messages shorten paths over 80
+    characters); the controller removes all of it at the end, even a worker's it stopped early.
     """
     worker = getattr(config, "workerinput", None)
     if worker is not None:
