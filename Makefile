@@ -85,10 +85,11 @@ lint: test-packages setup
 # Through tests/support/reachable.py: from a clone the test user can't reach (root's 0700 home), the suite
 # runs from a copy in /tmp that it can. In TEST_WORKERS pytest-xdist workers (0: one process), a test file
 # per worker at a time (its module fixtures are shared by its tests): most of the suite waits on programs,
-# servers and the kernel, so two workers halve it even on two cores (tests/conftest.py: their directories).
+# servers and the kernel, so two workers halve it even on two cores (tests/conftest.py: their directories,
+# and the slowest files started first).
 TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m tests.support.reachable -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile tests
+	$(BIN)/python -m tests.support.reachable -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 bench: bench-packages setup
 	$(BIN)/python benchmarks/startup.py

@@ -78,6 +78,19 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput[_WORKDIR_KEY] = str(_SESSION["workdir"])
 
 
+# The slowest test files (a module fixture or a test of minutes each): first in the collection, so that in
+# `make test`'s workers (`--no-loadscope-reorder` keeps this order) none is left to run alone at the end.
+_SLOWEST_FIRST = ("test_cwl_conformance.py", "test_build_agents.py", "test_install.py", "test_pull_memory.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slowest files first (_SLOWEST_FIRST); the sort is stable, so each file's tests keep their order."""
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return _SLOWEST_FIRST.index(name) if name in _SLOWEST_FIRST else len(_SLOWEST_FIRST)
+    items.sort(key=rank)
+
+
 def _signals_as_in_a_shell() -> None:
     """The programs the tests start get the signal dispositions of a command typed in a shell.
 
