@@ -13,7 +13,7 @@ BIN := $(VENV)/bin
 # The CWL conformance comparison adds mmdebstrap (its images) and rootless podman with runc (crun refuses
 # hybrid cgroup hosts).
 # The benchmark adds the tools it compares with: bubblewrap and Charliecloud.
-DEMO_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev busybox-static squashfs-tools \
+DEMO_PACKAGES := python3-venv python3-dev gcc libc6-dev libcap-dev libssl-dev busybox-static squashfs-tools \
 	squashfs-tools-ng squashfuse fuse3 uidmap util-linux gpgv
 TEST_PACKAGES := $(DEMO_PACKAGES) fuse-overlayfs e2fsprogs fuse2fs pipx siftool iproute2 docker-registry skopeo python3-seccomp \
 	umoci apache2-utils openssl ca-certificates slurm-wlm munge openmpi-bin libopenmpi-dev \

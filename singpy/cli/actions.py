@@ -53,6 +53,10 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
         console.warning("parameters to shell command are ignored")
         positionals = positionals[:1]
 
+    if positionals[0].startswith(("docker://", "oras://")) and not values.get("disable_cache"):
+        from singpy.oci import tagcheck  # its TLS context begun first: the set-up below overlaps it
+
+        tagcheck.prepare(positionals[0], _pull_options(values), env)
     from singpy.config import sysconf
     from singpy.host import host as host_module
 

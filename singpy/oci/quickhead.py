@@ -3,8 +3,8 @@
 `singpy exec docker://X:TAG` (and `oras://`) of a cached image asks the registry one thing: the digest
 its tag names now. singpy.oci.registry would ask it through http.client, whose import (with `email`,
 `urllib.parse` and `socket`) costs more than the rest of the run; this module sends that one request
-itself, on the C socket module (and the C TLS module `_ssl` for an https registry only), and reads the answer's status
-line and headers. It answers only what it is sure of: a 200 with a valid Docker-Content-Digest. Every
+itself, on the C socket module (over TLS: singpy.oci.quicktls), and reads the answer's status line and
+headers. It answers only what it is sure of: a 200 with a valid Docker-Content-Digest. Every
 other case is left to the full client (`None`): a challenge (401: credentials, tokens), a redirect,
 another status, a malformed or oversized answer, a proxy in the environment, a dropped connection (which
 the full client tries again). The rules stay the client's:
@@ -21,10 +21,10 @@ the full client tries again). The rules stay the client's:
 The request can be sent ahead (`send`, then `expect`: singpy.oci.tagcheck, as soon as the command line is
 parsed): the connection is opened, the TLS handshake begun and the request sent as far as they go without
 waiting, and `cached_top` later waits for the rest of the same exchange instead of making one. The launcher
-imports and prepares meanwhile, on the one thread it has (a thread for the check was measured, over TLS
-too, and so was a forked child: each lost more than it saved, docs/pull.md "Speed"); the registry's side
-(its handshake, its time to answer) is what overlaps. Nothing is decided before the answer: a moved tag is
-seen on this run, as before.
+imports and prepares meanwhile: the registry's side (its handshake, its time to answer) overlaps it, and over
+TLS so does OpenSSL's own work where it runs on a thread of its own (singpy.oci.quicktls.threaded; a Python
+thread and a forked child were measured and lost, docs/pull.md "Speed"). Nothing is decided before the
+answer: a moved tag is seen on this run, as before.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from __future__ import annotations
 import _socket
 import time
 
+from singpy.oci import quicktls
 from singpy.oci.limits import Limits
 from singpy.oci.ref import Reference, valid_digest, valid_tag
 
@@ -162,6 +163,7 @@ class _Early:
         self.unsent = memoryview(_request(ref, reference, https=https))
         self.sock: Any = None
         self.tls: Any = None  # the _ssl object over sock
+        self.threaded: Any = None  # or the whole TLS exchange on its own thread (singpy.oci._tlscheck)
         self.connecting = self.shaking = self.redo = False
 
     def begin(self) -> None:
@@ -177,19 +179,27 @@ class _Early:
             self.connecting = error != 0
             self.sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)  # as _connect, for the same reason
             if self.https:
-                self.tls, self.shaking = _tls_object(self.sock, self.host, self.ref.endpoint, self.env), True
+                self.threaded = quicktls.threaded(self.sock.fileno(), self.host, bytes(self.unsent), self.ref.endpoint,
+                                                  self.env, left=self.deadline - time.monotonic(),
+                                                  waits=(CONNECT_TIMEOUT, READ_TIMEOUT), limit=HEADER_LIMIT)
+                if self.threaded is not None:
+                    return
+                self.tls, self.shaking = quicktls.tls_object(self.sock, self.host, self.ref.endpoint, self.env), True
             self._step(send=False)
         except Exception:  # anything: asked again from the start, where it is said as tag_digest says it
             self._fail()
 
     def advance(self) -> None:
         """The handshake and the request, as far as the registry's answers so far allow."""
+        if self.threaded is not None and not self.redo:
+            self.threaded.go()
+            return
         self._step(send=True)
 
     def _step(self, *, send: bool) -> None:
         if self.redo:
             return
-        would_block: tuple[type[BaseException], ...] = (BlockingIOError, InterruptedError, *_ssl_waits())
+        would_block: tuple[type[BaseException], ...] = (BlockingIOError, InterruptedError, *quicktls.ssl_waits())
         try:
             if self.connecting:
                 if self.sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR):
@@ -214,7 +224,7 @@ class _Early:
         """What tag_digest would answer, from this exchange."""
         if not self.redo:
             try:
-                return _decided(self.ref, self.reference, self._head)
+                return _decided(self.ref, self.reference, self._threaded_head if self.threaded else self._head)
             except _Redo:
                 pass
         return tag_digest(self.ref, self.reference, https=self.https, env=self.env)
@@ -227,7 +237,7 @@ class _Early:
             self.sock.settimeout(_left(self.deadline, CONNECT_TIMEOUT, endpoint))
             if self.shaking:
                 self.tls.do_handshake()
-            stream: Any = _TLS(self.sock, self.tls) if self.https else self.sock
+            stream: Any = quicktls.TLSStream(self.sock, self.tls) if self.https else self.sock
             stream.settimeout(_left(self.deadline, READ_TIMEOUT, endpoint))
             stream.sendall(bytes(self.unsent))
             return _read_head(stream, self.deadline, endpoint)
@@ -237,6 +247,25 @@ class _Early:
             raise _Undecided(f"{type(error).__name__}: {error}") from None
         finally:
             self.close()
+
+    def _threaded_head(self) -> bytes:
+        """_head's answer from the exchange on its own thread (its errors mapped as _head maps them)."""
+        try:
+            received: bytes = self.threaded.result()
+        except TimeoutError as error:
+            raise _too_slow(self.ref.endpoint, str(error)) from None
+        except ConnectionError as error:
+            raise _Redo(str(error)) from None
+        except OSError as error:  # TLS, the certificate...: the full client asks and says what is wrong
+            raise _Undecided(f"TLS: {error}") from None
+        finally:
+            self.close()
+        head, end, _ = received.partition(b"\r\n\r\n")
+        if not end:  # as _read_head
+            too_long = len(received) > HEADER_LIMIT
+            raise _Undecided(f"more than {HEADER_LIMIT} bytes of headers" if too_long else
+                             "the connection closed before the end of the headers")
+        return head
 
     def _connected(self) -> None:
         """Wait for the connection begun (at most CONNECT_TIMEOUT); _Redo if it failed."""
@@ -254,45 +283,13 @@ class _Early:
         self.redo = True
 
     def close(self) -> None:
+        if self.threaded is not None:  # its thread stopped and joined before the socket it uses is closed
+            self.threaded.close()
         if self.sock is not None:
             self.sock.close()
 
 
 _EINPROGRESS, _ENOTCONN = 115, 107  # Linux's errno values (`errno` is not imported for two numbers)
-
-
-def _ssl_waits() -> tuple[type[BaseException], ...]:
-    """_ssl's want-read and want-write errors where _ssl is loaded (an https check), else none."""
-    import sys
-
-    ssl_module = sys.modules.get("_ssl")
-    return (ssl_module.SSLWantReadError, ssl_module.SSLWantWriteError) if ssl_module else ()
-
-
-def _tls_object(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str]) -> Any:
-    """The `_ssl` object over `sock`, verifying as _wrap's."""
-    from singpy.oci.tlsconf import host_ca_files, quick_context
-
-    context = quick_context(trust_env(env), host_ca_files(endpoint.removesuffix(":443")))
-    return context._wrap_socket(sock, False, host)  # type: ignore[attr-defined]  # see _wrap
-
-
-def trust_env(env: Mapping[str, str]) -> Mapping[str, str]:
-    """`env` for the quick context's trust: without SSL_CERT_FILE where it names the system's own bundle (as
-    many sites' and CI's environments do): the system's hashed directory, which quick_context loads anyway,
-    holds the same certificates, looked up by name when needed, where parsing the bundle costs ~20 ms of CPU
-    (~140 CAs) on every run. A certificate the directory lacks fails the quick check; the full client, which
-    loads the whole bundle, then asks again (and is the one to refuse a certificate)."""
-    import _ssl
-    import os
-
-    bundle = env.get("SSL_CERT_FILE", "")
-    if not bundle:
-        return env
-    _, system_file, _, system_dir = _ssl.get_default_verify_paths()
-    if not os.path.isdir(system_dir) or os.path.realpath(bundle) != os.path.realpath(system_file):
-        return env
-    return {name: value for name, value in env.items() if name != "SSL_CERT_FILE"}
 
 
 def split_endpoint(endpoint: str, *, https: bool) -> tuple[str | None, int]:
@@ -376,36 +373,14 @@ def _wrap(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str]
     """
     from singpy.oci.tlsconf import host_ca_files, quick_context
 
-    context = quick_context(trust_env(env), host_ca_files(endpoint.removesuffix(":443")))
+    context = quick_context(quicktls.trust_env(env), host_ca_files(endpoint.removesuffix(":443")))
     sock.settimeout(_left(deadline, CONNECT_TIMEOUT, endpoint))
     try:
         tls = context._wrap_socket(sock, False, host)  # type: ignore[attr-defined]  # not in typeshed
     except (AttributeError, TypeError) as error:  # another Python's _ssl: the full client (through `ssl`)
         raise _Undecided(f"_ssl: {error}") from None
     tls.do_handshake()
-    return _TLS(sock, tls)
-
-
-class _TLS:
-    """The socket calls _exchange and _read_head make, over TLS (`_ssl` reads and writes; the TCP socket's
-    timeout bounds each)."""
-
-    def __init__(self, sock: _socket.socket, tls: Any) -> None:
-        self._sock, self._tls = sock, tls
-
-    def settimeout(self, seconds: float) -> None:
-        self._sock.settimeout(seconds)
-
-    def sendall(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[self._tls.write(view):]
-
-    def recv(self, size: int) -> bytes:
-        return bytes(self._tls.read(size))
-
-    def close(self) -> None:
-        self._sock.close()
+    return quicktls.TLSStream(sock, tls)
 
 
 def _read_head(sock: _socket.socket, deadline: float, endpoint: str) -> bytes:

@@ -21,6 +21,19 @@ if TYPE_CHECKING:
     from singpy.oci.ref import Reference
 
 
+def prepare(text: str, options: PullOptions, env: Mapping[str, str]) -> None:
+    """Over TLS, the check's context begun now, on a thread of its own (singpy.oci._tlscheck.prepare: OpenSSL
+    loaded and set up, ~5 ms of CPU on the other core), when the command line names an image by tag that
+    `send_ahead` would check over https; `send_ahead` hands it to its check, or releases it."""
+    if options.login or not text.startswith(("docker://", "oras://")) or "@" in text or not _https(options, env):
+        return  # no check, or none over TLS ("@": by digest, or a reference the check would not take)
+    try:
+        from singpy.oci import _tlscheck  # type: ignore[attr-defined]  # a C extension, built by make setup
+    except ImportError:
+        return
+    _tlscheck.prepare()
+
+
 def send_ahead(text: str, options: PullOptions, env: Mapping[str, str], home: str) -> bool:
     """Start the check of image `text` (docker:// or oras://, by tag) if the cache holds the image and the quick
     check would be asked (not with --docker-login: it asks for a password first); whether it started."""
@@ -45,6 +58,7 @@ def send_ahead(text: str, options: PullOptions, env: Mapping[str, str], home: st
     finally:
         if early is not None:  # begun, not expected
             early.close()
+        _release()
 
 
 def settle() -> None:
@@ -52,6 +66,16 @@ def settle() -> None:
     from singpy.oci import quickhead
 
     quickhead.abandon()
+    _release()
+
+
+def _release() -> None:
+    """A context `prepare` began and no check took: its thread joined (the launch's unshare needs one thread)."""
+    import sys
+
+    threaded = sys.modules.get("singpy.oci._tlscheck")
+    if threaded is not None:
+        threaded.release()
 
 
 def _parsed(text: str) -> tuple[Reference, str]:

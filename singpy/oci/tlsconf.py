@@ -1,22 +1,23 @@
 """The TLS trust of registry connections: which CA certificates verify a registry (singpy.oci.transport's rule).
 
 Apart from transport.py so that singpy.oci.quickhead (a cached tag's check) verifies a registry exactly as
-a pull does without importing http.client. Built on `_ssl` (the C module `ssl` wraps): importing `ssl` costs
+a pull does without importing http.client. Built on `_ssl` (the C module `ssl` wraps), imported only where a
+context is made (a cached tag's check over TLS may run on singpy.oci._tlscheck instead): importing `ssl` costs
 ~9 ms of Python (its enums, `socket`, `base64`) that a cached tag's check would otherwise spend on every run;
 `ssl.SSLContext` is `_ssl._SSLContext` with Python methods added, so both verify alike.
 """
 
 from __future__ import annotations
 
-import _ssl
 import os
-from collections.abc import Mapping
 
 from singpy.errors import ImageError
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
+    import _ssl
     import ssl
+    from collections.abc import Mapping
 
 _CERTS_DIRS = ("/etc/containers/certs.d", "/etc/docker/certs.d")
 
@@ -33,6 +34,8 @@ def tls_context(env: Mapping[str, str], extra_files: tuple[str, ...] = ()) -> ss
 def quick_context(env: Mapping[str, str], extra_files: tuple[str, ...] = ()) -> _ssl._SSLContext:
     """The same verification as tls_context's on a bare `_ssl` context (no `ssl` import), with the system
     store's hashed directory alone (see trust's `system_dir_only`): for singpy.oci.quickhead."""
+    import _ssl
+
     context = _ssl._SSLContext(_ssl.PROTOCOL_TLS_CLIENT)
     context.verify_mode = _ssl.CERT_REQUIRED  # PROTOCOL_TLS_CLIENT's own defaults, said where they are relied on
     context.check_hostname = True
@@ -48,7 +51,10 @@ def trust(context: _ssl._SSLContext, env: Mapping[str, str], extra_files: tuple[
     (parsing the bundle costs 25-40 ms; OpenSSL looks the directory up lazily, by the issuer's name hash).
     Debian's holds the same certificates; elsewhere it may hold fewer, never more: a caller that gets a
     verification failure asks again with the whole store (singpy.oci.quickhead leaves it to the full client).
+    singpy/oci/_tlscheck.c's `trust` loads the same on its thread: a change here is a change there.
     """
+    import _ssl
+
     _, default_file, _, default_dir = _ssl.get_default_verify_paths()  # OpenSSL's built-in paths
     system_file = default_file if os.path.isfile(default_file) else None
     system_dir = default_dir if os.path.isdir(default_dir) else None

@@ -1,5 +1,5 @@
 """Two savings of a cached tag's check (issue 31): the quick check's trust without parsing the system bundle
-when SSL_CERT_FILE names it (singpy.oci.quickhead.trust_env), and the cache looked up once a run
+when SSL_CERT_FILE names it (singpy.oci.quicktls.trust_env), and the cache looked up once a run
 (singpy.oci.lookedup). Real TLS servers on 127.0.0.1 and a real cache directory."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from singpy.oci import lookedup, quickhead, store
+from singpy.oci import lookedup, quickhead, quicktls, store
 from singpy.oci.ref import parse
 from tests.support.answering import Answering
 from tests.support.registry_tls import make_tls
@@ -41,12 +41,12 @@ def test_the_system_bundle_is_left_to_the_hashed_directory(system_bundle: str, t
     link = tmp_path / "bundle.pem"
     link.symlink_to(system_bundle)
     for named in (system_bundle, str(link)):
-        trusted = quickhead.trust_env({"SSL_CERT_FILE": named, "SSL_CERT_DIR": "/x", "HOME": "/h"})
+        trusted = quicktls.trust_env({"SSL_CERT_FILE": named, "SSL_CERT_DIR": "/x", "HOME": "/h"})
         assert trusted == {"SSL_CERT_DIR": "/x", "HOME": "/h"}
     private = tmp_path / "private-ca.pem"
     private.write_bytes(Path(system_bundle).read_bytes())  # the same bytes, but not the system's file
     for env in ({"SSL_CERT_FILE": str(private)}, {"HOME": "/h"}, {"SSL_CERT_FILE": ""}):
-        assert quickhead.trust_env(env) == env
+        assert quicktls.trust_env(env) == env
 
 
 def tls_server(tmp_path: Path) -> tuple[Answering, str]:

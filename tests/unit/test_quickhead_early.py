@@ -8,6 +8,7 @@ cached. Real sockets on 127.0.0.1 answer as each case says (tests.support.answer
 
 from __future__ import annotations
 
+import os
 import socket
 import ssl
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from singpy.oci import quickhead, store, tagcheck
+from singpy.oci import quickhead, quicktls, store, tagcheck
 from singpy.oci.pull import PullOptions
 from singpy.oci.ref import parse
 from singpy.oci.regerrors import Unreachable
@@ -104,6 +105,17 @@ def test_a_refused_connection_is_unreachable_in_the_full_clients_words(home: str
         ask_early(home, port, early_ok=False)
 
 
+@pytest.fixture(params=["thread", "_ssl"])
+def tls_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The TLS exchange on its own thread (singpy.oci._tlscheck, built by make setup), or through `_ssl` on the
+    launcher's thread as where that module was not built: both answer alike."""
+    if request.param == "_ssl":
+        monkeypatch.setattr(quicktls, "threaded", lambda *args, **keywords: None)
+    else:
+        pytest.importorskip("singpy.oci._tlscheck", reason="the C extension is built by make setup")
+    return str(request.param)
+
+
 def tls_answering(tls_files: tuple[str, str, str], answer: bytes = OK) -> Answering:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(tls_files[1], tls_files[2])
@@ -111,7 +123,8 @@ def tls_answering(tls_files: tuple[str, str, str], answer: bytes = OK) -> Answer
 
 
 @pytest.mark.parametrize("pause", [0.0, 0.05])
-def test_over_tls_a_trusted_registry_answers(home: str, tls_files: tuple[str, str, str], pause: float) -> None:
+def test_over_tls_a_trusted_registry_answers(home: str, tls_files: tuple[str, str, str], pause: float,
+                                            tls_backend: str) -> None:
     server = tls_answering(tls_files)
     try:
         assert ask_early(home, server.port, https=True, pause=pause, SSL_CERT_FILE=tls_files[0]) == DIGEST
@@ -122,7 +135,8 @@ def test_over_tls_a_trusted_registry_answers(home: str, tls_files: tuple[str, st
     assert len(server.requests) == 2 and server.requests[0].startswith(b"HEAD /v2/some/image/manifests/v1 ")
 
 
-def test_over_tls_an_untrusted_certificate_is_never_answered(home: str, tls_files: tuple[str, str, str]) -> None:
+def test_over_tls_an_untrusted_certificate_is_never_answered(home: str, tls_files: tuple[str, str, str],
+                                                             tls_backend: str) -> None:
     """Without its CA the handshake fails (early or late): no request is sent, the full client asks again."""
     server = tls_answering(tls_files)
     try:
@@ -183,6 +197,25 @@ def test_only_a_cached_image_by_tag_is_checked_ahead(home: str, tmp_path: Path) 
         tagcheck.settle()
         server.stop()
     assert len([request for request in server.requests if request]) == 1  # the one HEAD, sent ahead
+
+
+def test_a_tls_context_prepared_for_an_image_the_cache_lacks_leaves_no_thread(home: str, tmp_path: Path) -> None:
+    """tagcheck.prepare begins the TLS context on a thread as soon as the command line is parsed; send_ahead, finding
+    nothing cached, releases it: the launch's unshare() that follows needs a process of one thread."""
+    threaded = pytest.importorskip("singpy.oci._tlscheck", reason="the C extension is built by make setup")
+    reference = "docker://127.0.0.1:9/some/image:v1"
+    env = {**environment(home), "SINGPY_CACHEDIR": str(tmp_path / "cache")}
+    before = set(os.listdir("/proc/self/task"))
+    tagcheck.prepare(reference, PullOptions(), env)
+    assert threaded.pending()
+    assert not tagcheck.send_ahead(reference, PullOptions(), env, home)
+    assert not threaded.pending()  # released: its thread joined
+    assert set(os.listdir("/proc/self/task")) == before
+    for text, options in ((reference, PullOptions(https=False)), (reference, PullOptions(login=True)),
+                          (f"docker://127.0.0.1:9/some/image@{DIGEST}", PullOptions()),
+                          ("/some/image.sif", PullOptions())):
+        tagcheck.prepare(text, options, env)  # no check over TLS would come
+        assert not threaded.pending(), text
 
 
 def remember_cached(cache: str, reference: str, env: dict[str, str], home: str) -> None:

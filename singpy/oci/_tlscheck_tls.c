@@ -1,0 +1,305 @@
+/* singpy.oci._tlscheck, the thread's side: libssl loaded, the context made and trusted as `_ssl`'s would be,
+ * the exchange driven on the non-blocking socket with every wait bounded (see _tlscheck.c). Nothing here
+ * touches a Python object: this code runs without the interpreter's lock. */
+#include "_tlscheck.h"
+
+struct ssl_api ssl_api;
+pthread_once_t api_once = PTHREAD_ONCE_INIT;
+char api_error[160];
+
+void load_api(void) {
+    void *library = dlopen(LIBSSL, RTLD_NOW | RTLD_LOCAL); /* never closed: _ssl may load it later too */
+    if (library == NULL) {
+        snprintf(api_error, sizeof api_error, "dlopen %s: %s", LIBSSL, dlerror());
+        return;
+    }
+#define RESOLVE(name)                                                                                        \
+    if ((ssl_api.name = (__typeof__(&name))dlsym(library, #name)) == NULL) {                                 \
+        snprintf(api_error, sizeof api_error, "%s: no symbol %s", LIBSSL, #name);                            \
+        return;                                                                                              \
+    }
+    API(RESOLVE)
+}
+
+double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static enum outcome say(Check *c, enum outcome outcome, const char *what) {
+    unsigned long code = ssl_api.ERR_get_error ? ssl_api.ERR_get_error() : 0;
+    char reason[160] = "";
+    if (code != 0)
+        ssl_api.ERR_error_string_n(code, reason, sizeof reason);
+    snprintf(c->message, sizeof c->message, "%s%s%s", what, reason[0] ? ": " : "", reason);
+    return outcome;
+}
+
+/* Wait until `fd` is ready for `events` (fd < 0: until the caller says go): at most `most` seconds and never
+ * past the deadline. The caller's 'g' on the control pipe is remembered (c->go); anything else stops. */
+static enum outcome wait_for(Check *c, int fd, short events, double most, const char *slow) {
+    double started = now();
+    for (;;) {
+        double left = c->deadline - now(), waited = now() - started;
+        if (left <= 0) {
+            snprintf(c->message, sizeof c->message, "the answer took longer than SINGPY_PULL_DOCUMENT_TIMEOUT");
+            return OUT_TIMEOUT;
+        }
+        if (waited >= most) {
+            snprintf(c->message, sizeof c->message, "%s", slow);
+            return OUT_TIMEOUT;
+        }
+        double wait = left < most - waited ? left : most - waited;
+        wait = wait < 3600 ? wait : 3600; /* poll's milliseconds are an int: longer waits are taken in turns */
+        struct pollfd fds[2] = {{c->control[0], c->go ? 0 : POLLIN, 0}, {fd, events, 0}};
+        int ready = poll(fds, fd < 0 ? 1 : 2, (int)(wait * 1000) + 1);
+        if (ready < 0 && errno == EINTR)
+            continue;
+        if (ready < 0)
+            return say(c, OUT_ERROR, "poll");
+        if (fds[0].revents) {
+            char byte = 0;
+            if (read(c->control[0], &byte, 1) != 1 || byte != 'g')
+                return snprintf(c->message, sizeof c->message, "stopped"), OUT_STOPPED;
+            c->go = 1;
+        }
+        if (fd < 0 ? c->go : fds[1].revents != 0)
+            return OUT_OK;
+    }
+}
+
+static enum outcome connected(Check *c) {
+    enum outcome out = wait_for(c, c->fd, POLLOUT, c->connect_timeout, "the connection timed out");
+    if (out != OUT_OK)
+        return out;
+    int error = 0;
+    socklen_t size = sizeof error;
+    struct sockaddr_storage peer;
+    socklen_t peer_size = sizeof peer;
+    if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0 || error != 0 ||
+        getpeername(c->fd, (struct sockaddr *)&peer, &peer_size) != 0) { /* ENOTCONN: a connect that failed */
+        snprintf(c->message, sizeof c->message, "connect: %s", strerror(error ? error : errno));
+        return OUT_AGAIN;
+    }
+    return OUT_OK;
+}
+
+static int is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* singpy.oci.tlsconf.trust(system_dir_only=True) over quicktls.trust_env, in two parts. This one: the system
+ * store's hashed directory, else its bundle file, else OpenSSL's defaults. */
+static int system_trust(Check *c, SSL_CTX *ctx) {
+    const char *system_file = ssl_api.X509_get_default_cert_file();
+    const char *system_dir = ssl_api.X509_get_default_cert_dir();
+    int have_file = is_file(system_file), have_dir = is_dir(system_dir);
+    if (have_file || have_dir) {
+        if (!ssl_api.SSL_CTX_load_verify_locations(ctx, have_dir ? NULL : system_file, have_dir ? system_dir : NULL))
+            return say(c, OUT_ERROR, "the system's CA certificates"), 0;
+    } else if (!ssl_api.SSL_CTX_set_default_verify_paths(ctx)) {
+        return say(c, OUT_ERROR, "OpenSSL's default CA certificates"), 0;
+    }
+    return 1;
+}
+
+/* And this one: SSL_CERT_FILE unless it is the system's bundle (its directory, loaded above, holds the same),
+ * every directory of SSL_CERT_DIR, the registry's certs.d files. A file that can't be loaded: an error. */
+static int request_trust(Check *c, SSL_CTX *ctx) {
+    if (c->cert_file[0]) {
+        char mine[PATH_MAX], system[PATH_MAX];
+        int same = is_dir(ssl_api.X509_get_default_cert_dir()) && realpath(c->cert_file, mine) &&
+                   realpath(ssl_api.X509_get_default_cert_file(), system) && !strcmp(mine, system);
+        if (!same && !ssl_api.SSL_CTX_load_verify_locations(ctx, c->cert_file, NULL))
+            return say(c, OUT_ERROR, "SSL_CERT_FILE"), 0;
+    }
+    for (char *dir = c->cert_dir; *dir;) { /* colon-separated; an entry that is not a directory is skipped */
+        char *end = strchr(dir, ':');
+        if (end)
+            *end = '\0';
+        if (*dir && is_dir(dir) && !ssl_api.SSL_CTX_load_verify_locations(ctx, NULL, dir))
+            return say(c, OUT_ERROR, "SSL_CERT_DIR"), 0;
+        if (!end)
+            break;
+        dir = end + 1;
+    }
+    for (char *file = c->extra_files; *file; file += strlen(file) + 1)
+        if (!ssl_api.SSL_CTX_load_verify_locations(ctx, file, NULL))
+            return say(c, OUT_ERROR, "a certs.d file"), 0;
+    return 1;
+}
+
+SSL_CTX *make_context(Check *c) {
+    SSL_CTX *ctx = ssl_api.SSL_CTX_new(ssl_api.TLS_client_method());
+    if (ctx == NULL)
+        return say(c, OUT_ERROR, "SSL_CTX_new"), NULL;
+    ssl_api.SSL_CTX_set_options(ctx, OPTIONS);
+    X509_VERIFY_PARAM *param = ssl_api.SSL_CTX_get0_param(ctx);
+    if ((strcmp(PY_CIPHERS, SSL_DEFAULT_CIPHER_LIST) != 0 && !ssl_api.SSL_CTX_set_cipher_list(ctx, PY_CIPHERS)) ||
+        !ssl_api.SSL_CTX_ctrl(ctx, SSL_CTRL_SET_MIN_PROTO_VERSION, TLS1_2_VERSION, NULL) ||
+        !ssl_api.X509_VERIFY_PARAM_set_flags(param, X509_V_FLAG_TRUSTED_FIRST)) {
+        ssl_api.SSL_CTX_free(ctx);
+        return say(c, OUT_ERROR, "the TLS context"), NULL;
+    }
+    ssl_api.X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+    ssl_api.SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL); /* CERT_REQUIRED */
+    return ctx;
+}
+
+/* One TLS call driven to completion on the non-blocking socket: `step` returns what SSL_connect, SSL_write
+ * or SSL_read return; its wants are waited for. *done is that call's positive result, 0 for a clean end. */
+static enum outcome drive(Check *c, SSL *ssl, int (*step)(Check *, SSL *), double most, const char *slow, int *done) {
+    for (;;) {
+        ssl_api.ERR_clear_error();
+        int result = step(c, ssl);
+        if (result > 0) {
+            *done = result;
+            return OUT_OK;
+        }
+        int error = ssl_api.SSL_get_error(ssl, result);
+        enum outcome out;
+        if (error == SSL_ERROR_WANT_READ)
+            out = wait_for(c, c->fd, POLLIN, most, slow);
+        else if (error == SSL_ERROR_WANT_WRITE)
+            out = wait_for(c, c->fd, POLLOUT, most, slow);
+        else if (error == SSL_ERROR_ZERO_RETURN) {
+            *done = 0;
+            return OUT_OK;
+        } else {
+            long verified = ssl_api.SSL_get_verify_result(ssl);
+            if (verified != X509_V_OK)
+                return snprintf(c->message, sizeof c->message, "certificate verify failed: %s",
+                                ssl_api.X509_verify_cert_error_string(verified)), OUT_ERROR;
+            return say(c, OUT_ERROR, error == SSL_ERROR_SYSCALL ? "TLS: the connection ended" : "TLS");
+        }
+        if (out != OUT_OK)
+            return out;
+    }
+}
+
+static int handshake_step(Check *c, SSL *ssl) { return ssl_api.SSL_connect(ssl); }
+
+static int write_step(Check *c, SSL *ssl) { return ssl_api.SSL_write(ssl, c->request, (int)c->request_len); }
+
+static int read_step(Check *c, SSL *ssl) {
+    return ssl_api.SSL_read(ssl, c->data + c->data_len, (int)(c->limit + 4096 - c->data_len));
+}
+
+/* The request once the caller says go; then the answer until the end of its head, its end, or past the
+ * limit: quickhead reads what came (a head cut short, or too long, is the full client's). */
+static enum outcome ask(Check *c, SSL *ssl) {
+    enum outcome out = c->go ? OUT_OK : wait_for(c, -1, 0, 1e9, ""); /* a go may have come already */
+    int done = 0;
+    if (out == OUT_OK)
+        out = drive(c, ssl, write_step, c->read_timeout, "no data within the read timeout", &done);
+    while (out == OUT_OK && !memmem(c->data, c->data_len, "\r\n\r\n", 4) && c->data_len <= c->limit) {
+        out = drive(c, ssl, read_step, c->read_timeout, "no data within the read timeout", &done);
+        if (out != OUT_OK || done == 0)
+            break;
+        c->data_len += (size_t)done;
+    }
+    return out;
+}
+
+/* The context with the system's trust (made on the check's thread, or ahead: `prepare`); NULL, *out saying
+ * why, where it can't be. */
+static SSL_CTX *system_context(Check *c, enum outcome *out) {
+    pthread_once(&api_once, load_api);
+    if (api_error[0]) {
+        snprintf(c->message, sizeof c->message, "%s", api_error);
+        *out = OUT_AGAIN;
+        return NULL;
+    }
+    *out = OUT_ERROR;
+    SSL_CTX *ctx = make_context(c);
+    if (ctx != NULL && !system_trust(c, ctx)) {
+        ssl_api.SSL_CTX_free(ctx);
+        ctx = NULL;
+    }
+    return ctx;
+}
+
+void *prepare_run(void *argument) {
+    Prepared *prepared = argument;
+    prepared->ctx = system_context(&prepared->why, &prepared->outcome);
+    return NULL;
+}
+
+/* The prepared context, its thread joined and its record freed; NULL, *out and the message saying why. */
+SSL_CTX *take(Prepared *prepared, Check *c, enum outcome *out) {
+    pthread_join(prepared->thread, NULL);
+    SSL_CTX *ctx = prepared->ctx;
+    *out = prepared->outcome;
+    snprintf(c->message, sizeof c->message, "%s", prepared->why.message);
+    free(prepared);
+    return ctx;
+}
+
+static enum outcome exchange(Check *c) {
+    enum outcome out;
+    SSL_CTX *ctx;
+    if (c->ahead != NULL) {
+        ctx = take(c->ahead, c, &out);
+        c->ahead = NULL;
+    } else {
+        ctx = system_context(c, &out);
+    }
+    if (ctx == NULL)
+        return out;
+    SSL *ssl = NULL;
+    out = OUT_ERROR;
+    if (!request_trust(c, ctx) || (out = connected(c)) != OUT_OK)
+        goto end;
+    out = OUT_ERROR;
+    if ((ssl = ssl_api.SSL_new(ctx)) == NULL || !ssl_api.SSL_set_fd(ssl, c->fd)) {
+        say(c, OUT_ERROR, "SSL_new");
+        goto end;
+    }
+    X509_VERIFY_PARAM *param = ssl_api.SSL_get0_param(ssl);
+    if (ssl_api.X509_VERIFY_PARAM_set1_ip_asc(param, c->host) != 1) { /* a name, not an address: _ssl's way */
+        ssl_api.ERR_clear_error();
+        if (!ssl_api.SSL_ctrl(ssl, SSL_CTRL_SET_TLSEXT_HOSTNAME, TLSEXT_NAMETYPE_host_name, c->host) ||
+            !ssl_api.X509_VERIFY_PARAM_set1_host(param, c->host, 0)) {
+            say(c, OUT_ERROR, "the host name");
+            goto end;
+        }
+    }
+    int done = 0;
+    out = drive(c, ssl, handshake_step, c->connect_timeout, "the connection timed out", &done);
+    if (out == OUT_OK && (done == 0 || ssl_api.SSL_get_verify_result(ssl) != X509_V_OK ||
+                          ssl_api.SSL_get0_peer_certificate(ssl) == NULL)) {
+        snprintf(c->message, sizeof c->message, "the handshake ended unverified");
+        out = OUT_ERROR;
+    }
+    if (out == OUT_OK)
+        out = ask(c, ssl);
+end:
+    if (ssl != NULL)
+        ssl_api.SSL_free(ssl); /* the socket stays the caller's: SSL_set_fd's BIO does not close it */
+    ssl_api.SSL_CTX_free(ctx);
+    return out;
+}
+
+void *run(void *argument) {
+    Check *c = argument;
+    c->outcome = exchange(c);
+    return NULL;
+}
+
+/* A thread that takes no signal (they stay the interpreter's main thread's); pthread_create's result. */
+int spawn(pthread_t *thread, void *(*function)(void *), void *argument) {
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int error = pthread_create(thread, NULL, function, argument);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return error;
+}
+

@@ -1,0 +1,265 @@
+"""singpy.oci._tlscheck: a cached tag's HEAD request over TLS on a thread of its own (issue 31).
+
+The thread must verify as `_ssl` verifies (the same context, the same trust), ask nothing before it is told
+to, end every wait at the caller's limits, take no signal, and be gone once closed: the launch that follows
+unshares a user namespace, which a process of two threads can't. Real TLS servers on 127.0.0.1
+(tests.support.answering) with a CA made for the test (tests.support.registry_tls).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.answering import Answering
+from tests.support.registry_tls import make_tls
+
+_tlscheck: Any = pytest.importorskip("singpy.oci._tlscheck", reason="the C extension is built by make setup")
+
+DIGEST = "sha256:" + "ab" * 32
+OK = f"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDocker-Content-Digest: {DIGEST}\r\n\r\n".encode()
+REQUEST = b"HEAD /v2/some/image/manifests/v1 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS, X509_CHECK_FLAG_NEVER_CHECK_SUBJECT = 0x4, 0x20
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
+    return make_tls(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def server(tls_files: tuple[str, str, str]) -> Iterator[Answering]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls_files[1], tls_files[2])
+    started = Answering(OK, tls=context)
+    yield started
+    started.stop()
+
+
+def connecting(port: int) -> socket.socket:
+    """A socket whose connect() to 127.0.0.1:port is under way, as quickhead hands it over."""
+    sock = socket.socket()
+    sock.setblocking(False)
+    sock.connect_ex(("127.0.0.1", port))
+    return sock
+
+
+def start(sock: socket.socket, *, host: bytes = b"127.0.0.1", cert_file: str = "", extra: bytes = b"",
+          timeout: float = 5.0, left: float = 10.0) -> Any:
+    return _tlscheck.start(sock.fileno(), host, REQUEST, cert_file.encode(), b"", extra, timeout, timeout, left,
+                           64 << 10)
+
+
+def threads() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+def test_the_context_is_the_one_ssl_makes_for_a_client() -> None:
+    """The options, verify flags, host flags and ciphers of `ssl.SSLContext(PROTOCOL_TLS_CLIENT)` in this very
+    interpreter; the minimum version TLS 1.2 (Debian's _ssl leaves it to OpenSSL's configuration, which says the
+    same; others set TLS 1.2)."""
+    ours, theirs = _tlscheck.settings(), ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    assert ours["options"] == int(theirs.options)
+    assert ours["verify_flags"] == int(theirs.verify_flags)
+    assert ours["ciphers"] == [cipher["name"] for cipher in theirs.get_ciphers()]
+    assert ours["hostflags"] & X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS
+    assert not ours["hostflags"] & X509_CHECK_FLAG_NEVER_CHECK_SUBJECT  # hostname_checks_common_name, as theirs
+    assert theirs.hostname_checks_common_name
+    assert ours["minimum_version"] == ssl.TLSVersion.TLSv1_2 >= theirs.minimum_version
+
+
+@pytest.mark.parametrize("host", [b"127.0.0.1", b"localhost"])
+def test_a_trusted_registry_answers_once_told_to_go(server: Answering, tls_files: tuple[str, str, str],
+                                                    host: bytes) -> None:
+    sock = connecting(server.port)
+    try:
+        check = start(sock, host=host, cert_file=tls_files[0])
+        time.sleep(0.2)
+        assert server.requests == []  # connected, the handshake done: nothing asked before `go`
+        check.go()
+        assert check.result() == OK
+        check.close()
+    finally:
+        sock.close()
+    assert server.requests == [REQUEST]
+
+
+def test_a_registry_ca_from_certs_d_is_trusted(server: Answering, tls_files: tuple[str, str, str]) -> None:
+    """The registry's own CA files (certs.d/HOST:PORT/*.crt), handed over NUL-separated, as quickhead does."""
+    sock = connecting(server.port)
+    try:
+        check = start(sock, extra=tls_files[1].encode() + b"\0" + tls_files[0].encode())  # a certificate, the CA
+        check.go()
+        assert check.result() == OK
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize(("host", "cert_file", "reason"), [
+    (b"127.0.0.1", "", "certificate verify failed: unable to get local issuer certificate"),
+    (b"registry.example", "CA", "certificate verify failed: hostname mismatch"),
+    (b"127.0.0.2", "CA", "certificate verify failed: IP address mismatch"),
+])
+def test_an_untrusted_or_misnamed_certificate_is_refused_before_anything_is_asked(
+        server: Answering, tls_files: tuple[str, str, str], host: bytes, cert_file: str, reason: str) -> None:
+    sock = connecting(server.port)
+    try:
+        check = start(sock, host=host, cert_file=tls_files[0] if cert_file else "")
+        check.go()
+        with pytest.raises(OSError, match=reason):
+            check.result()
+    finally:
+        sock.close()
+    assert server.requests == []
+
+
+def test_a_missing_ca_file_is_an_error_for_the_full_client(server: Answering, tmp_path: Path) -> None:
+    sock = connecting(server.port)
+    try:
+        check = start(sock, cert_file=str(tmp_path / "absent.crt"))
+        check.go()
+        with pytest.raises(OSError, match="SSL_CERT_FILE"):
+            check.result()
+    finally:
+        sock.close()
+
+
+def test_a_refused_connection_is_asked_again_from_the_start() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()
+    sock = connecting(port)
+    try:
+        with pytest.raises(ConnectionError, match="connect: Connection refused"):
+            start(sock).result()
+    finally:
+        sock.close()
+
+
+def test_a_silent_server_ends_at_the_wait_limit_and_close_stops_at_once() -> None:
+    """A listener that accepts and never answers the handshake: the wait ends at the limit given (TimeoutError,
+    quickhead's "too slow"); with long limits, close() ends the thread at once and nothing is left running."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port, before = listener.getsockname()[1], threads()
+    try:
+        sock = connecting(port)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="the connection timed out"):
+            start(sock, timeout=0.5).result()
+        assert 0.4 < time.monotonic() - started < 3
+        sock.close()
+        sock = connecting(port)
+        check = start(sock, timeout=60, left=120)
+        time.sleep(0.2)
+        assert len(threads() - before) == 1  # the check's thread, waiting
+        started = time.monotonic()
+        check.close()
+        assert time.monotonic() - started < 1
+        assert threads() == before
+        sock.close()
+    finally:
+        listener.close()
+
+
+def test_the_answers_deadline_bounds_every_wait() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    sock = connecting(listener.getsockname()[1])
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="SINGPY_PULL_DOCUMENT_TIMEOUT"):
+            start(sock, timeout=30, left=0.5).result()
+        assert time.monotonic() - started < 3
+    finally:
+        sock.close()
+        listener.close()
+
+
+def test_the_thread_takes_no_signal() -> None:
+    """Every signal blocked on the check's thread: the launcher's handlers (SIGTERM, SIGINT...) run on its main
+    thread, which the kernel would otherwise be free to pass over."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    before = threads()
+    sock = connecting(listener.getsockname()[1])
+    try:
+        check = start(sock, timeout=60, left=120)
+        time.sleep(0.2)
+        (task,) = threads() - before
+        status = Path(f"/proc/self/task/{task}/status").read_text()
+        blocked = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
+        unblockable = 1 << (9 - 1) | 1 << (19 - 1)  # SIGKILL, SIGSTOP
+        assert blocked & ((1 << 31) - 1) == ((1 << 31) - 1) & ~unblockable  # signals 1-31
+        check.close()
+    finally:
+        sock.close()
+        listener.close()
+
+
+def test_a_context_prepared_ahead_is_taken_by_the_next_check(server: Answering,
+                                                             tls_files: tuple[str, str, str]) -> None:
+    """`prepare` (as soon as the command line is parsed) makes the context on a thread; the check started next
+    takes it, and joins that thread: nothing of either is left once the answer is read."""
+    before = threads()
+    _tlscheck.prepare()
+    _tlscheck.prepare()  # one at a time: this one is the same
+    assert _tlscheck.pending()
+    sock = connecting(server.port)
+    try:
+        check = start(sock, cert_file=tls_files[0])
+        assert not _tlscheck.pending()  # handed to the check
+        check.go()
+        assert check.result() == OK
+        _tlscheck.release()  # nothing to release: the check took it
+    finally:
+        sock.close()
+    assert threads() == before
+    assert server.requests == [REQUEST]
+
+
+def test_a_context_prepared_and_not_used_is_released(server: Answering, tls_files: tuple[str, str, str]) -> None:
+    before = threads()
+    _tlscheck.prepare()
+    _tlscheck.release()
+    assert not _tlscheck.pending()
+    assert threads() == before  # joined: the launch that follows unshares a user namespace
+    sock = connecting(server.port)
+    try:
+        check = start(sock, cert_file=tls_files[0])  # its own context, made on its thread
+        check.go()
+        assert check.result() == OK
+    finally:
+        sock.close()
+
+
+def test_a_forked_child_neither_waits_for_nor_stops_the_parents_thread() -> None:
+    """After fork() the check's thread is the parent's alone: closing the check in the child returns at once
+    (nothing to join there) and writes nothing on the control pipe the parent's thread reads."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    before = threads()
+    sock = connecting(listener.getsockname()[1])
+    try:
+        check = start(sock, timeout=60, left=120)
+        child = os.fork()
+        if child == 0:
+            check.close()
+            os._exit(0)
+        deadline = time.monotonic() + 5
+        while (ended := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if ended[0] == 0:
+            os.kill(child, 9)
+            os.waitpid(child, 0)
+        assert ended[0] == child and os.waitstatus_to_exitcode(ended[1]) == 0, "the child hung on the parent's thread"
+        time.sleep(0.1)
+        assert len(threads() - before) == 1  # the parent's thread still waits: not stopped by the child
+        check.close()
+        assert threads() == before
+    finally:
+        sock.close()
+        listener.close()
