@@ -43,9 +43,9 @@ ENTRY_MODULES = ("singpy.cli.main", "singpy.cli.actions", "singpy.launch.launch"
 # tag's check, the cache's records) import on top, lazily: the bundle's second part (~18 modules, 0.3 MB), read
 # only by the launches that import them (tests/unit/test_hot_path_imports.py checks both lists).
 IMAGE_ENTRY_MODULES = ("singpy.image.squashfs", "singpy.image.cache", "singpy.image.tools", "singpy.image.warm",
-                       "singpy.oci.tagcheck", "singpy.oci.pull", "singpy.oci.quickhead", "singpy.oci.tlsconf",
-                       "singpy.oci.oras", "singpy.oci.regfiles", "singpy.oci.mirrors", "singpy.oci.manifest",
-                       "singpy.oci.platform")
+                       "singpy.oci.tagcheck", "singpy.oci.pull", "singpy.oci.quickhead", "singpy.oci.quicktls",
+                       "singpy.oci.tlsconf", "singpy.oci.oras", "singpy.oci.regfiles", "singpy.oci.mirrors",
+                       "singpy.oci.manifest", "singpy.oci.platform")
 _LIMIT = 16 << 20  # the bundle is ~0.8 MB; anything far larger is not one we wrote
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _S_IFMT, _S_IFREG = 0o170000, 0o100000  # stat's, without importing it

@@ -32,7 +32,6 @@ from __future__ import annotations
 import _socket
 import time
 
-from singpy.oci import quicktls
 from singpy.oci.limits import Limits
 from singpy.oci.ref import Reference, valid_digest, valid_tag
 
@@ -179,6 +178,8 @@ class _Early:
             self.connecting = error != 0
             self.sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)  # as _connect, for the same reason
             if self.https:
+                from singpy.oci import quicktls  # over TLS only: a plain-HTTP check loads nothing more
+
                 self.threaded = quicktls.threaded(self.sock.fileno(), self.host, bytes(self.unsent), self.ref.endpoint,
                                                   self.env, left=self.deadline - time.monotonic(),
                                                   waits=(CONNECT_TIMEOUT, READ_TIMEOUT), limit=HEADER_LIMIT)
@@ -199,7 +200,11 @@ class _Early:
     def _step(self, *, send: bool) -> None:
         if self.redo:
             return
-        would_block: tuple[type[BaseException], ...] = (BlockingIOError, InterruptedError, *quicktls.ssl_waits())
+        would_block: tuple[type[BaseException], ...] = (BlockingIOError, InterruptedError)
+        if self.https:
+            from singpy.oci import quicktls
+
+            would_block += quicktls.ssl_waits()
         try:
             if self.connecting:
                 if self.sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_ERROR):
@@ -237,7 +242,11 @@ class _Early:
             self.sock.settimeout(_left(self.deadline, CONNECT_TIMEOUT, endpoint))
             if self.shaking:
                 self.tls.do_handshake()
-            stream: Any = quicktls.TLSStream(self.sock, self.tls) if self.https else self.sock
+            stream: Any = self.sock
+            if self.https:
+                from singpy.oci import quicktls
+
+                stream = quicktls.TLSStream(self.sock, self.tls)
             stream.settimeout(_left(self.deadline, READ_TIMEOUT, endpoint))
             stream.sendall(bytes(self.unsent))
             return _read_head(stream, self.deadline, endpoint)
@@ -371,6 +380,7 @@ def _wrap(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str]
     calls; the C object verifies the chain and, given server_hostname, the name or IP address (OpenSSL's
     X509_VERIFY_PARAM host check) during do_handshake, bounded by the socket's timeout as every read is.
     """
+    from singpy.oci import quicktls
     from singpy.oci.tlsconf import host_ca_files, quick_context
 
     context = quick_context(quicktls.trust_env(env), host_ca_files(endpoint.removesuffix(":443")))
