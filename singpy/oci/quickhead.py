@@ -381,12 +381,10 @@ def _wrap(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str]
     X509_VERIFY_PARAM host check) during do_handshake, bounded by the socket's timeout as every read is.
     """
     from singpy.oci import quicktls
-    from singpy.oci.tlsconf import host_ca_files, quick_context
 
-    context = quick_context(quicktls.trust_env(env), host_ca_files(endpoint.removesuffix(":443")))
     sock.settimeout(_left(deadline, CONNECT_TIMEOUT, endpoint))
     try:
-        tls = context._wrap_socket(sock, False, host)  # type: ignore[attr-defined]  # not in typeshed
+        tls = quicktls.tls_object(sock, host, endpoint, env)
     except (AttributeError, TypeError) as error:  # another Python's _ssl: the full client (through `ssl`)
         raise _Undecided(f"_ssl: {error}") from None
     tls.do_handshake()

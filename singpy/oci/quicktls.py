@@ -47,11 +47,12 @@ def threaded(fd: int, host: str, request: bytes, endpoint: str, env: Mapping[str
 
 
 def tls_object(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str]) -> Any:
-    """The `_ssl` object over `sock`, verifying as a pull does (singpy.oci.quickhead._wrap says how)."""
+    """The `_ssl` object over `sock`, verifying as a pull does (singpy.oci.quickhead._wrap says how; its
+    handshake is the caller's)."""
     from singpy.oci.tlsconf import host_ca_files, quick_context
 
     context = quick_context(trust_env(env), host_ca_files(endpoint.removesuffix(":443")))
-    return context._wrap_socket(sock, False, host)  # type: ignore[attr-defined]  # see quickhead._wrap
+    return context._wrap_socket(sock, False, host)  # type: ignore[attr-defined]  # not in typeshed
 
 
 def trust_env(env: Mapping[str, str]) -> Mapping[str, str]:
