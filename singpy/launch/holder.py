@@ -23,6 +23,7 @@ from singpy.errors import SingpyError
 from singpy.image.scripts import ImageScripts
 from singpy.launch import holdernet
 from singpy.launch.peers import Peer, become_subreaper, children, open_peer, open_proc
+from singpy.launch.pidns import STOP_SIGNALS
 from singpy.launch.rendezvous import (
     ERROR,
     JOIN_TIMEOUT,
@@ -352,8 +353,6 @@ def _serve(listener: socket.socket, fds: list[tuple[str, int]], ready: bytes) ->
         members.close()
 
 
-# What `instance stop --signal` may send; the holder gets signals from nobody else.
-_STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 # Seconds the instance's processes get to exit after the signal `instance stop` sent: less than stop's --timeout
 # (10 s by default), after which `instance stop` kills them all itself (singpy.launch.stoptree), as with a shorter one.
 _STOP_GRACE = 7.0
@@ -365,15 +364,15 @@ def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[s
 
     Signals reach the loop through a wakeup pipe (a handler would run between
     two bytecodes, possibly after poll() went to sleep). A signal is passed on
-    to the startscript's process group, to the orphans it left (ours: the
-    holder is a child subreaper) and to every process that joined, and ends
-    the instance once they have gone; after _STOP_GRACE seconds they are
-    killed. (Past its --timeout, `instance stop` kills the holder and all of them itself: singpy.launch.stoptree.)
+    to everything of the instance (`_pass_on`), and ends the instance once
+    they have gone; after _STOP_GRACE seconds they are killed. (Past its
+    --timeout, `instance stop` kills the holder and all of them itself:
+    singpy.launch.stoptree.)
     """
     members = _Members(listener, fds, ready)
     wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wakeup_write)
-    for signum in (*_STOPPING, signal.SIGCHLD):
+    for signum in (*STOP_SIGNALS, signal.SIGCHLD):  # `instance stop`'s: the holder gets signals from nobody else
         signal.signal(signum, lambda *_: None)
     members.poller.register(wakeup_read, select.POLLIN)
     if proc >= 0:
@@ -391,15 +390,26 @@ def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[s
                         if not _INIT and plan.namespaces.pid:  # its PID 1 died: nothing runs in it any more
                             stop_at = stop_at or time.monotonic() + _STOP_GRACE
                         continue
-                    _kill_group(child, number)
-                    _kill_orphans(proc, child, number)
-                    members.kill(number)
+                    _pass_on(number, child, members, proc)
                     stop_at = stop_at or time.monotonic() + _STOP_GRACE
     finally:
         _kill_group(child, signal.SIGKILL)
         members.kill(signal.SIGKILL)
         _end_children(proc)
         members.close(child)
+
+
+def _pass_on(number: int, child: int | None, members: _Members, proc: int) -> None:
+    """The stop signal to the instance's processes, once each. In a PID namespace, to its PID 1, which passes it
+    on to all in it (singpy.launch.pidns: what a joiner left there is its child, out of our reach); otherwise to
+    the startscript's group, its orphans (ours: the holder is a child subreaper) and every process that joined."""
+    if not _INIT:
+        _kill_group(child, number)
+        members.kill(number)
+    for pid in _INIT or _others(proc):  # our children, reaped by us alone: each pid still its own
+        if pid != child:  # (the startscript has it from its group)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, number)
 
 
 def _others(proc: int) -> list[int]:
@@ -409,14 +419,6 @@ def _others(proc: int) -> list[int]:
 
 def _running(child: int | None, members: _Members, proc: int) -> bool:
     return child is not None or bool(members.connections) or bool(_others(proc))
-
-
-def _kill_orphans(proc: int, child: int | None, number: int) -> None:
-    """The stop signal to what the startscript left running (its group has it already)."""
-    for pid in _others(proc):
-        if pid != child:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, number)  # our child, reaped by us alone: the pid is still its own
 
 
 def _end_children(proc: int) -> None:

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from singpy.plan import LaunchPlan
 
 _REPORT_LIMIT = 1 << 16  # bytes of PID 1's report: "" (built) or the error's message
+# What `instance stop --signal` may send. The holder sends it to the namespace's PID 1 too, which passes it on to
+# every process in the namespace: the orphans a joiner left there are nobody else's children.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def start(plan: LaunchPlan, root: PreparedRoot) -> tuple[int, int]:
@@ -105,22 +108,29 @@ def _init(plan: LaunchPlan, root: PreparedRoot, go: int, report: int) -> NoRetur
 
 
 def _reap_orphans() -> NoReturn:
-    """Reap what is reparented to PID 1 (the children of a joiner or a startscript that ended), until killed.
+    """Reap what is reparented to PID 1 (the children of a joiner or a startscript that ended), and pass a stop
+    signal from outside the namespace (the holder's: `instance stop`) on to every process in it, until killed.
 
-    SIGCHLD is blocked and taken with sigwaitinfo: one that comes between the
-    wait and the sleep stays pending (singpy.launch.process's rule). Nothing else is
-    waited for: the kernel delivers to PID 1 no signal sent from inside the
-    namespace that it has no handler for, and the holder ends it with SIGKILL.
+    SIGCHLD and the stop signals are blocked and taken with sigwaitinfo: one
+    that comes between the wait and the sleep stays pending (singpy.launch.process's
+    rule), and a blocked signal is queued where the kernel would drop it for a
+    namespace's PID 1 without a handler. One sent from inside the namespace
+    (its si_pid is a pid there; the holder's is 0) is ignored, as the kernel
+    ignores it without a handler; the holder ends PID 1 with SIGKILL.
     """
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an ignored SIGCHLD would not be pending
-    signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGCHLD,))
+    waited = (signal.SIGCHLD, *STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     while True:
         try:
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
         except ChildProcessError:
             pass
-        signal.sigwaitinfo((signal.SIGCHLD,))
+        info = signal.sigwaitinfo(waited)
+        if info.si_signo != signal.SIGCHLD and info.si_pid == 0:
+            with contextlib.suppress(ProcessLookupError):  # nothing in the namespace but PID 1
+                os.kill(-1, info.si_signo)  # every process of the namespace but PID 1
 
 
 def end(pid: int, startscript: int | None) -> None:
