@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from singpy import console
 from singpy.cli.parse import action_help, parse_action
@@ -57,6 +58,10 @@ def run_action(action: str, argv: list[str], global_values: Mapping[str, Any]) -
         from singpy.oci import tagcheck  # its TLS context begun first: the set-up below overlaps it
 
         tagcheck.prepare(positionals[0], _pull_options(values), env)
+    elif "singpy.oci.tagcheck" in sys.modules:  # one begun early (singpy.cli.main) on a word the parse did not
+        from singpy.oci import tagcheck  # take for the image: released, as a launch needs one thread
+
+        tagcheck.release()
     from singpy.config import sysconf
     from singpy.host import host as host_module
 

@@ -82,6 +82,10 @@ def _dispatch(args: list[str]) -> int:
         print(version_line())
         return 0
     if rest and rest[0] in FAST_COMMANDS:
+        if any(word.startswith(("docker://", "oras://")) for word in rest):  # its TLS context begun at once
+            from singpy.oci import tagcheck
+
+            tagcheck.prepare_early(rest[1:], os.environ)
         from singpy.cli.actions import run_action
 
         _exit_now(run_action(rest[0], rest[1:], global_values))

@@ -15,17 +15,31 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
 
     from singpy.oci.pull import PullOptions
     from singpy.oci.ref import Reference
 
 
+def prepare_early(words: Sequence[str], env: Mapping[str, str]) -> None:
+    """`prepare` as soon as singpy.cli.main knows the command is run, exec, shell or test, before the parser
+    and its table of options are loaded (~2 ms sooner, which the check waited for): on the first docker:// or
+    oras:// word of the command, with the flags that rule out a check over TLS as they are written. A guess:
+    `prepare` with the parsed command line confirms it, or releases what it began (singpy.cli.actions)."""
+    from singpy.oci.pull import PullOptions
+
+    text = next((word for word in words if word.startswith(("docker://", "oras://"))), "")
+    if text and not {"--docker-login", "--no-https", "--nohttps"}.intersection(words):
+        prepare(text, PullOptions(login=False, authfile="", https=True), env)
+
+
 def prepare(text: str, options: PullOptions, env: Mapping[str, str]) -> None:
     """Over TLS, the check's context begun now, on a thread of its own (singpy.oci._tlscheck.prepare: OpenSSL
     loaded and set up, ~5 ms of CPU on the other core), when the command line names an image by tag that
-    `send_ahead` would check over https; `send_ahead` hands it to its check, or releases it."""
+    `send_ahead` would check over https; `send_ahead` hands it to its check, or releases it. Where it would not,
+    one begun by `prepare_early` is released now: the launch's unshare needs a process of one thread."""
     if options.login or not text.startswith(("docker://", "oras://")) or "@" in text or not _https(options, env):
+        release()
         return  # no check, or none over TLS ("@": by digest, or a reference the check would not take)
     try:
         from singpy.oci import _tlscheck  # type: ignore[attr-defined]  # a C extension, built by make setup
@@ -58,7 +72,7 @@ def send_ahead(text: str, options: PullOptions, env: Mapping[str, str], home: st
     finally:
         if early is not None:  # begun, not expected
             early.close()
-        _release()
+        release()
 
 
 def settle() -> None:
@@ -66,15 +80,18 @@ def settle() -> None:
     from singpy.oci import quickhead
 
     quickhead.abandon()
-    _release()
+    release()
 
 
-def _release() -> None:
+def release() -> None:
     """A context `prepare` began and no check took: its thread joined (the launch's unshare needs one thread)."""
     import sys
 
     threaded = sys.modules.get("singpy.oci._tlscheck")
-    if threaded is not None:
+    if threaded is not None and threaded.pending():
+        from singpy import console
+
+        console.debug("the TLS context begun ahead is not used: released")
         threaded.release()
 
 

@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SINGPY, Singpy, assert_one_fatal
+from tests.conftest import SINGPY, Singpy, assert_one_fatal, readable_by_all
 from tests.support.answering import Answering
+from tests.support.images import build_busybox_rootfs
 from tests.support.oci import Image, busybox_image, file
 from tests.support.registry import RegistryServer, start_registry
 from tests.support.sifs import new_cache, siftool_sif
 
 AHEAD = "sent ahead"  # the -d line of a check sent ahead (singpy.oci.quickhead.expect)
 QUICK = "quick check of"  # the -d line of its answer
+RELEASED = "the TLS context begun ahead is not used: released"  # the -d line of singpy.oci.tagcheck.release
 
 
 def marked(text: str) -> Image:
@@ -249,3 +251,20 @@ def test_an_error_right_after_the_tls_context_is_begun_is_one_fatal_line(singpy:
     for _ in range(20):
         result = singpy.run("--config", str(missing), "exec", "docker://127.0.0.1:9/some/image:v1", "true")
         assert_one_fatal(result, "can't read configuration")
+
+
+def test_a_docker_word_that_is_not_the_image_is_no_reason_to_keep_a_thread(singpy: Singpy, workdir: Path) -> None:
+    """The TLS context is begun on the first docker:// word of a run, exec or shell, before the parser is loaded
+    (singpy.oci.tagcheck.prepare_early). Here that word is an argument of the command: the parsed command line
+    releases the context, its thread joined, and the launch (whose unshare needs a process of one thread) runs."""
+    sandbox = workdir / "tag-ahead-word"
+    if not sandbox.exists():
+        build_busybox_rootfs(sandbox)
+        readable_by_all(sandbox)
+    for word in ("docker://127.0.0.1:9/some/image:v1", "oras://127.0.0.1:9/some/image:v1"):
+        result = singpy.run("exec", str(sandbox), "echo", word)
+        assert (result.returncode, result.stdout, result.stderr) == (0, f"{word}\n", "")
+        debug = singpy.run("-d", "exec", str(sandbox), "true")
+        assert debug.returncode == 0 and RELEASED not in debug.stderr, debug.stderr  # no docker:// word: none
+        debug = singpy.run("-d", "exec", str(sandbox), "echo", word)
+        assert debug.returncode == 0 and RELEASED in debug.stderr, debug.stderr

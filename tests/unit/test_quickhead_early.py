@@ -218,6 +218,31 @@ def test_a_tls_context_prepared_for_an_image_the_cache_lacks_leaves_no_thread(ho
         assert not threaded.pending(), text
 
 
+def test_a_context_begun_early_is_kept_or_released_by_the_parsed_command_line(home: str, tmp_path: Path) -> None:
+    """prepare_early (singpy.cli.main, before the parser loads) begins the context on the first docker:// or
+    oras:// word; unless a flag as written rules a check over TLS out. `prepare` with what the parser found then
+    keeps it, or releases it, its thread joined."""
+    threaded = pytest.importorskip("singpy.oci._tlscheck", reason="the C extension is built by make setup")
+    reference = "docker://127.0.0.1:9/some/image:v1"
+    env = {**environment(home), "SINGPY_CACHEDIR": str(tmp_path / "cache")}
+    before = set(os.listdir("/proc/self/task"))
+    try:
+        for words in (["--no-https", reference, "true"], ["--nohttps", reference, "true"],
+                      ["--docker-login", reference, "true"], [f"docker://127.0.0.1:9/some/image@{DIGEST}", "true"],
+                      ["/some/image.sif", "true"]):
+            tagcheck.prepare_early(words, env)
+            assert not threaded.pending(), words
+        tagcheck.prepare_early(["-B", "/a:/b", reference, "true"], env)
+        assert threaded.pending()
+        tagcheck.prepare(reference, PullOptions(), env)  # the parser agrees: kept, for send_ahead
+        assert threaded.pending()
+        tagcheck.prepare(reference, PullOptions(https=False), env)  # it does not (a variable said --no-https)
+        assert not threaded.pending()
+        assert set(os.listdir("/proc/self/task")) == before
+    finally:
+        tagcheck.release()
+
+
 def remember_cached(cache: str, reference: str, env: dict[str, str], home: str) -> None:
     """A SIF in the cache for `reference`, sealed and remembered as a pull leaves it (its bytes do not matter
     here: the check only asks whether there is one)."""
