@@ -9,7 +9,8 @@
  * context is the one `_ssl` makes for PROTOCOL_TLS_CLIENT (its options, ciphers and host flags, TLS 1.2 at
  * least: `settings` shows them, tests/unit/test_tlscheck.py compares them with `ssl`'s) and trusts what
  * singpy.oci.tlsconf.quick_context trusts (the rules are repeated in _tlscheck_tls.c: system_trust and
- * request_trust). Its context can be begun earlier still (`prepare`, as soon as the command line is parsed).
+ * env_trust, host_trust). Its context can be begun earlier still (`prepare`, as soon as the command names an
+ * image), with the variables' trust: the check takes it if its own variables are the same.
  *
  * The protocol is quickhead's `_Early`: `start` takes a socket whose connect() is under way, the thread
  * waits for it and does the handshake; the request leaves only after `go` (an image that is not cached is
@@ -190,15 +191,26 @@ static PyObject *tls_start(PyObject *module, PyObject *args) {
     return (PyObject *)c;
 }
 
-/* prepare(): a context made ahead, on a thread of its own (see Prepared), for the next check to start. */
-static PyObject *tls_prepare(PyObject *module, PyObject *unused) {
+/* prepare(cert_file=b"", cert_dir=b""): a context made ahead, on a thread of its own (see Prepared), for the
+ * next check to start: the system's trust and that of SSL_CERT_FILE and SSL_CERT_DIR as given (the check's
+ * own if they are the same, else the check makes a context of its own). */
+static PyObject *tls_prepare(PyObject *module, PyObject *args) {
+    const char *file = "", *dir = "";
+    Py_ssize_t file_size = 0, dir_size = 0;
+    if (!PyArg_ParseTuple(args, "|y#y#:prepare", &file, &file_size, &dir, &dir_size))
+        return NULL;
     if (ahead != NULL)
         Py_RETURN_NONE;
     Prepared *prepared = calloc(1, sizeof *prepared);
     if (prepared == NULL)
         return PyErr_NoMemory();
-    int error = spawn(&prepared->thread, prepare_run, prepared);
+    prepared->why.cert_file = copy(file, file_size);
+    prepared->why.cert_dir = copy(dir, dir_size);
+    int error = prepared->why.cert_file && prepared->why.cert_dir ? spawn(&prepared->thread, prepare_run, prepared)
+                                                                  : ENOMEM;
     if (error != 0) {
+        free(prepared->why.cert_file);
+        free(prepared->why.cert_dir);
         free(prepared);
         errno = error;
         return PyErr_SetFromErrno(PyExc_OSError);
@@ -257,7 +269,7 @@ static PyObject *tls_settings(PyObject *module, PyObject *unused) {
 
 static PyMethodDef methods[] = {
     {"start", tls_start, METH_VARARGS, "start(...): a Check, its thread started (see the module's doc)."},
-    {"prepare", tls_prepare, METH_NOARGS, "prepare(): the next check's context begun on a thread, once a process."},
+    {"prepare", tls_prepare, METH_VARARGS, "prepare(cert_file, cert_dir): the next check's context begun on a thread."},
     {"release", tls_release, METH_NOARGS, "release(): the context prepared and not used, its thread joined."},
     {"pending", tls_pending, METH_NOARGS, "pending(): whether a prepared context waits for a check or release."},
     {"settings", tls_settings, METH_NOARGS, "settings(): the context's settings, as a dict."},

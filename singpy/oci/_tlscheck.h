@@ -84,12 +84,13 @@ typedef struct check {
 /* A context made ahead, on a thread of its own (`prepare`), from as soon as the command line says that a
  * check over TLS may come: by the time the check starts, the launcher is a few milliseconds further and so
  * is OpenSSL's set-up. Its fields are the preparing thread's until that thread is joined: by the check it is
- * handed to (`start`, which then frees it), else by `release`. */
+ * handed to (`start`, which then frees it), else by `release`; but `why`'s cert_file and cert_dir, set before
+ * the thread starts and only read by it. */
 typedef struct {
     pthread_t thread;
     SSL_CTX *ctx;
     enum outcome outcome;
-    Check why; /* its message only: why there is no context */
+    Check why; /* why there is no context (its message), and the variables' trust it loads (cert_file, cert_dir) */
 } Prepared;
 
 double now(void);

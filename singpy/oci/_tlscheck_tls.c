@@ -111,8 +111,9 @@ static int system_trust(Check *c, SSL_CTX *ctx) {
 }
 
 /* And this one: SSL_CERT_FILE unless it is the system's bundle (its directory, loaded above, holds the same),
- * every directory of SSL_CERT_DIR, the registry's certs.d files. A file that can't be loaded: an error. */
-static int request_trust(Check *c, SSL_CTX *ctx) {
+ * every directory of SSL_CERT_DIR (c's copies of them: a prepared context loads them ahead too), then the
+ * registry's certs.d files (host_trust). A file that can't be loaded: an error. */
+static int env_trust(Check *c, SSL_CTX *ctx) {
     if (c->cert_file[0]) {
         char mine[PATH_MAX], system[PATH_MAX];
         int same = is_dir(ssl_api.X509_get_default_cert_dir()) && realpath(c->cert_file, mine) &&
@@ -120,16 +121,23 @@ static int request_trust(Check *c, SSL_CTX *ctx) {
         if (!same && !ssl_api.SSL_CTX_load_verify_locations(ctx, c->cert_file, NULL))
             return say(c, OUT_ERROR, "SSL_CERT_FILE"), 0;
     }
-    for (char *dir = c->cert_dir; *dir;) { /* colon-separated; an entry that is not a directory is skipped */
-        char *end = strchr(dir, ':');
-        if (end)
-            *end = '\0';
-        if (*dir && is_dir(dir) && !ssl_api.SSL_CTX_load_verify_locations(ctx, NULL, dir))
+    /* Colon-separated; an entry that is not a directory is skipped. Each is copied out: the string is never
+     * written (a prepared context's is compared with the check's while its thread may read it: exchange). */
+    for (const char *dir = c->cert_dir; *dir;) {
+        const char *end = strchrnul(dir, ':');
+        char one[PATH_MAX] = ""; /* one too long for a path is no directory: skipped */
+        if (end - dir < (ptrdiff_t)sizeof one) {
+            memcpy(one, dir, (size_t)(end - dir));
+            one[end - dir] = '\0';
+        }
+        if (one[0] && is_dir(one) && !ssl_api.SSL_CTX_load_verify_locations(ctx, NULL, one))
             return say(c, OUT_ERROR, "SSL_CERT_DIR"), 0;
-        if (!end)
-            break;
-        dir = end + 1;
+        dir = *end ? end + 1 : end;
     }
+    return 1;
+}
+
+static int host_trust(Check *c, SSL_CTX *ctx) {
     for (char *file = c->extra_files; *file; file += strlen(file) + 1)
         if (!ssl_api.SSL_CTX_load_verify_locations(ctx, file, NULL))
             return say(c, OUT_ERROR, "a certs.d file"), 0;
@@ -226,9 +234,15 @@ static SSL_CTX *system_context(Check *c, enum outcome *out) {
     return ctx;
 }
 
+/* A prepared context: the system's trust and the variables' (SSL_CERT_FILE, SSL_CERT_DIR as `prepare` read them). */
 void *prepare_run(void *argument) {
     Prepared *prepared = argument;
-    prepared->ctx = system_context(&prepared->why, &prepared->outcome);
+    SSL_CTX *ctx = system_context(&prepared->why, &prepared->outcome);
+    if (ctx != NULL && !env_trust(&prepared->why, ctx)) {
+        ssl_api.SSL_CTX_free(ctx);
+        ctx = NULL;
+    }
+    prepared->ctx = ctx;
     return NULL;
 }
 
@@ -238,16 +252,29 @@ SSL_CTX *take(Prepared *prepared, Check *c, enum outcome *out) {
     SSL_CTX *ctx = prepared->ctx;
     *out = prepared->outcome;
     snprintf(c->message, sizeof c->message, "%s", prepared->why.message);
+    free(prepared->why.cert_file);
+    free(prepared->why.cert_dir);
     free(prepared);
     return ctx;
 }
 
+static int same_text(const char *one, const char *other) { return one && other && !strcmp(one, other); }
+
 static enum outcome exchange(Check *c) {
     enum outcome out;
     SSL_CTX *ctx;
+    int env_trusted = 0; /* the variables' trust loaded already: a prepared context made from the same ones */
     if (c->ahead != NULL) {
-        ctx = take(c->ahead, c, &out);
+        Prepared *prepared = c->ahead; /* its strings are read-only for its thread: compared before the join */
+        env_trusted = same_text(prepared->why.cert_file, c->cert_file) &&
+                      same_text(prepared->why.cert_dir, c->cert_dir);
+        ctx = take(prepared, c, &out);
         c->ahead = NULL;
+        if (!env_trusted) { /* made for other variables: it may trust what this check must not */
+            if (ctx != NULL)
+                ssl_api.SSL_CTX_free(ctx);
+            ctx = system_context(c, &out);
+        }
     } else {
         ctx = system_context(c, &out);
     }
@@ -255,7 +282,7 @@ static enum outcome exchange(Check *c) {
         return out;
     SSL *ssl = NULL;
     out = OUT_ERROR;
-    if (!request_trust(c, ctx) || (out = connected(c)) != OUT_OK)
+    if (!(env_trusted || env_trust(c, ctx)) || !host_trust(c, ctx) || (out = connected(c)) != OUT_OK)
         goto end;
     out = OUT_ERROR;
     if ((ssl = ssl_api.SSL_new(ctx)) == NULL || !ssl_api.SSL_set_fd(ssl, c->fd)) {

@@ -42,8 +42,15 @@ def threaded(fd: int, host: str, request: bytes, endpoint: str, env: Mapping[str
     from singpy.oci.tlsconf import host_ca_files
 
     extra = b"\0".join(map(os.fsencode, host_ca_files(endpoint.removesuffix(":443"))))
-    cert_file, cert_dir = (os.fsencode(env.get(name, "")) for name in ("SSL_CERT_FILE", "SSL_CERT_DIR"))
-    return _tlscheck.start(fd, host.encode("ascii"), request, cert_file, cert_dir, extra, *waits, left, limit)
+    return _tlscheck.start(fd, host.encode("ascii"), request, *trust_variables(env), extra, *waits, left, limit)
+
+
+def trust_variables(env: Mapping[str, str]) -> tuple[bytes, bytes]:
+    """SSL_CERT_FILE and SSL_CERT_DIR of `env`, for the C thread (which applies trust_env's rule itself); a
+    context prepared ahead (singpy.oci.tagcheck.prepare) loads them too, and is taken only for the same ones."""
+    import os
+
+    return os.fsencode(env.get("SSL_CERT_FILE", "")), os.fsencode(env.get("SSL_CERT_DIR", ""))
 
 
 def tls_object(sock: _socket.socket, host: str, endpoint: str, env: Mapping[str, str]) -> Any:

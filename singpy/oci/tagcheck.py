@@ -45,7 +45,9 @@ def prepare(text: str, options: PullOptions, env: Mapping[str, str]) -> None:
         from singpy.oci import _tlscheck  # type: ignore[attr-defined]  # a C extension, built by make setup
     except ImportError:
         return
-    _tlscheck.prepare()
+    from singpy.oci.quicktls import trust_variables
+
+    _tlscheck.prepare(*trust_variables(env))
 
 
 def send_ahead(text: str, options: PullOptions, env: Mapping[str, str], home: str) -> bool:
