@@ -25,6 +25,7 @@ import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal, readable_by_all
 from tests.support.images import build_busybox_rootfs
+from tests.support.instances import forget_instance
 
 SESSION = f"p{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -47,12 +48,7 @@ def name(singpy: Singpy) -> Iterator[str]:
         pytest.skip("a user's PID namespace comes with a user namespace, where /home belongs to nobody")
     made = f"{SESSION}-{uuid.uuid4().hex[:6]}"
     yield made
-    singpy.run("instance", "stop", "--force", made)
-    base = Path(singpy.home, ".singpy", "instances")
-    for path in (base / "logs" / os.uname().nodename / singpy.user / f"{made}.out",
-                 base / "logs" / os.uname().nodename / singpy.user / f"{made}.err",
-                 base / "app" / os.uname().nodename / singpy.user / f"{made}.json"):
-        path.unlink(missing_ok=True)
+    forget_instance(singpy, made)
 
 
 def _unshare() -> list[str]:

@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import Singpy, readable_by_all
 from tests.support.images import build_busybox_rootfs
+from tests.support.instances import forget_instance
 
 SESSION = f"s{os.getpid()}-{uuid.uuid4().hex[:6]}"
 # Left running by the joiner: says so, then waits; on SIGTERM it says that too and ends.
@@ -41,12 +42,7 @@ def name(singpy: Singpy) -> Iterator[str]:
     """An instance name of this test; stopped (SIGKILL) and its files removed at the end, whatever happened."""
     made = f"{SESSION}-{uuid.uuid4().hex[:6]}"
     yield made
-    singpy.run("instance", "stop", "--force", made)
-    base = Path(singpy.home, ".singpy", "instances")
-    for path in (base / "logs" / os.uname().nodename / singpy.user / f"{made}.out",
-                 base / "logs" / os.uname().nodename / singpy.user / f"{made}.err",
-                 base / "app" / os.uname().nodename / singpy.user / f"{made}.json"):
-        path.unlink(missing_ok=True)
+    forget_instance(singpy, made)
 
 
 @pytest.mark.parametrize("flag", ["--pid", "--containall"])
