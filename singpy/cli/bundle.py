@@ -4,8 +4,9 @@
 search of `sys.path`, a stat of the source, an open, fstat and read of its `.pyc`:
 ~0.1 ms a module before its code runs (benchmarks/README.md, "Where the time goes").
 `python -m singpy.cli.launcher` (make setup) writes the code of those modules into
-one file beside them (`bundle_path`); the tuned console script installs a finder
-that serves a module from it only when
+one file beside them (`bundle_path`; the writer is launcher.py's: this module's
+code, read at every launch, holds only what a launch runs); the tuned console
+script installs a finder that serves a module from it only when
 
 - the bundle is trusted: owned by root or by the user running singpy, neither it
   nor its directory writable by anyone else (ssh's rule for ~/.ssh), read without
@@ -17,6 +18,16 @@ that serves a module from it only when
 Anything else (no bundle, a stale or foreign one, a module not in it) falls back
 to the normal import, module by module. Tracebacks name the real source files.
 
+The bundle also serves `singpy` and `singpy.cli`, and the script reads this
+module's code from its `.pyc` itself (launcher.TEMPLATE): no directory of the
+tree is searched or listed before the bundle serves (~1 ms). `singpy` comes
+from the bundle only while no sys.path entry before the tree's provides one
+(probed name by name; when unsure, the normal import's own search of those
+entries decides). The bundle's code runs
+without its `from __future__ import annotations` (compiled with the flag
+instead): nothing on the launch path imports `__future__` (~0.2 ms); this
+module quotes its annotations for the same reason.
+
 The file has two parts: the plain launch's modules, read at start-up, and those
 that only an image file or a cached docker:// or oras:// reference adds, read
 with one more `pread` the first time one of them is imported, from the file
@@ -24,31 +35,23 @@ read first (same inode, size and mtime, still trusted): a sandbox's launch
 reads no more than its own modules (~0.5 MB: ~0.3 ms, most of it page faults).
 """
 
-from __future__ import annotations
-
+import _imp
 import marshal
 import os
 import sys
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Sequence
+    from collections.abc import Sequence
     from importlib.machinery import ModuleSpec
     from types import CodeType, ModuleType
 
-# The modules the exec path imports are those these import at module level (the same 40 as `-X importtime` of a
-# plain `singpy exec` lists); what an option imports later comes through the normal import.
-ENTRY_MODULES = ("singpy.cli.main", "singpy.cli.actions", "singpy.launch.launch")
-# What an image file (a SIF: its mount, the extraction cache) and a cached docker:// or oras:// reference (the
-# tag's check, the cache's records) import on top, lazily: the bundle's second part (~18 modules, 0.3 MB), read
-# only by the launches that import them (tests/unit/test_hot_path_imports.py checks both lists).
-IMAGE_ENTRY_MODULES = ("singpy.image.squashfs", "singpy.image.cache", "singpy.image.tools", "singpy.image.warm",
-                       "singpy.oci.tagcheck", "singpy.oci.pull", "singpy.oci.quickhead", "singpy.oci.quicktls",
-                       "singpy.oci.tlsconf", "singpy.oci.oras", "singpy.oci.regfiles", "singpy.oci.mirrors",
-                       "singpy.oci.manifest", "singpy.oci.platform")
 _LIMIT = 16 << 20  # the bundle is ~0.8 MB; anything far larger is not one we wrote
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-_S_IFMT, _S_IFREG = 0o170000, 0o100000  # stat's, without importing it
+_S_IFMT, _S_IFREG, _S_IFDIR = 0o170000, 0o100000, 0o040000  # stat's, without importing it
+# What the normal import looks for in a directory, beside a package's directory: extension modules, then source,
+# then a bare .pyc (FileFinder's loaders, in order)
+_SUFFIXES = (*_imp.extension_suffixes(), ".py", ".pyc")
 
 
 def bundle_path(package_dir: str) -> str:
@@ -84,9 +87,10 @@ class BundleFinder:
     def __init__(self, entries: dict[str, _Entry], later: _Later | None = None) -> None:
         self.entries, self.later = entries, later
 
-    def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
+    def find_spec(self, name: str, path: "Sequence[str] | None",
+                  target: "ModuleType | None" = None) -> "ModuleSpec | None":
         entry = self.entries.get(name)
-        if entry is None or path is None or entry.directory not in path:
+        if entry is None or (entry.directory not in path if path is not None else not _first_on_path(name, entry)):
             return None
         if entry.code is None and not self._read_later():
             return None
@@ -133,15 +137,52 @@ class BundleFinder:
                 entry.code = view[entry.at - later.start:entry.at - later.start + entry.length]
         return True
 
-    def create_module(self, spec: ModuleSpec) -> None:
+    def create_module(self, spec: "ModuleSpec") -> None:
         return None
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: "ModuleType") -> None:
         entry = self.entries[module.__name__]
         assert entry.code is not None  # find_spec read it
         code: CodeType = marshal.loads(entry.code)
         module.__file__ = entry.source  # the real source: tracebacks and __file__ read as with the normal import
         exec(code, module.__dict__)
+
+
+def _first_on_path(name: str, entry: _Entry) -> bool:
+    """Whether the normal import would find top-level `name` where it was bundled from: its directory is on
+    sys.path and no entry before it provides that name (a PYTHONPATH's singpy wins)."""
+    try:
+        index = sys.path.index(entry.directory)
+    except ValueError:
+        return False
+    earlier = sys.path[:index]
+    if all(_absent(name, directory) for directory in earlier):
+        return True
+    # Something of that name, or an entry the probe can't judge: the normal import's own search of those entries
+    return sys.modules["_frozen_importlib_external"].PathFinder.find_spec(name, earlier) is None
+
+
+def _absent(name: str, directory: object) -> bool:
+    """Whether the normal import surely finds no module `name` in sys.path's `directory`: a finder it already
+    made says so, or, for a plain directory it has not looked into yet, none of the names it would look for
+    exist (a few access() calls: listing the script's directory and lib-dynload, as the search would, costs
+    ~0.2 ms, and the launch path imports nothing else from either). Anything else (a zip file, a path hook of someone's
+    adding): not sure."""
+    if directory in sys.path_importer_cache:
+        finder = sys.path_importer_cache[directory]
+        return finder is None or (hasattr(finder, "find_spec") and finder.find_spec(name) is None)
+    if not isinstance(directory, str) or len(sys.path_hooks) != 2:  # zipimport's and FileFinder's, as started
+        return False
+    try:
+        if os.stat(directory or ".").st_mode & _S_IFMT != _S_IFDIR:
+            return False
+    except OSError:
+        return True  # none there: the import skips it
+    # access(), not stat(): no exception raised for each name that is missing (~2 µs each). "name/": a directory
+    # only (a package, or a namespace portion: the import goes on searching), not a file so named: the console
+    # script itself is `singpy`, in sys.path[0].
+    base = f"{directory}/{name}" if directory else name
+    return not any(os.access(base + suffix, os.F_OK) for suffix in ("/", *_SUFFIXES))
 
 
 def _trusted(info: os.stat_result) -> bool:
@@ -160,7 +201,7 @@ def install(path: str) -> bool:
         info = os.fstat(fd)
         if not _trusted(info) or info.st_mode & _S_IFMT != _S_IFREG or info.st_size > _LIMIT:
             return False
-        # The layout `write_bundle` makes: the index's length and the first part's (8 bytes each), the index, the
+        # The layout launcher.write_bundle makes: the index's length and the first part's (8 bytes each), the index, the
         # first part's code, the second part's.
         head = os.read(fd, 16)
         index_length, first = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:16], "little")
@@ -181,72 +222,3 @@ def install(path: str) -> bool:
     later = _Later(path, info, start + first, total - first) if total > first else None
     sys.meta_path.insert(0, BundleFinder(entries, later))
     return True
-
-
-# Run in a fresh interpreter (`-I -S`: nothing of the caller's environment, no site) with the package root as
-# argument: prints the singpy modules that importing ENTRY_MODULES loads, one "name path" a line.
-_LIST_MODULES = """
-import sys
-sys.path.insert(0, sys.argv[1])
-for entry in sys.argv[2:]:
-    __import__(entry)
-for name, module in list(sys.modules.items()):
-    if name.startswith("singpy.") and (getattr(module, "__file__", None) or "").endswith((".py", ".so")):
-        print(name, module.__file__)
-"""
-_NOT_BUNDLED = ("singpy.cli", "singpy.cli.bundle")  # imported before the bundle is installed
-
-
-def hot_path_modules(package_root: str, entries: Sequence[str] = ENTRY_MODULES) -> list[tuple[str, str]]:
-    """(name, source) of the singpy modules that importing `entries` loads, in a fresh interpreter's order."""
-    import subprocess
-
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", _LIST_MODULES, package_root, *entries],
-                          capture_output=True, text=True, check=True, timeout=120)
-    pairs = [line.split(" ", 1) for line in done.stdout.splitlines()]
-    return [(name, source) for name, source in pairs if name not in _NOT_BUNDLED]
-
-
-def image_path_modules(package_root: str) -> list[tuple[str, str]]:
-    """(name, source) of the singpy modules that IMAGE_ENTRY_MODULES load on top of the plain launch's."""
-    plain = {name for name, _ in hot_path_modules(package_root)}
-    both = hot_path_modules(package_root, (*ENTRY_MODULES, *IMAGE_ENTRY_MODULES))
-    return [(name, source) for name, source in both if name not in plain]
-
-
-def write_bundle(path: str, modules: Iterable[tuple[str, str]], later: Iterable[tuple[str, str]] = ()) -> int:
-    """Write the bundle of `modules`, then `later` (its second part), ((name, source) pairs, compiled from the
-    sources as read now) to `path`, atomically; returns how many it holds."""
-    rows: list[tuple[str, str, str, bool, int, int, int, int]] = []
-    blobs: list[bytes] = []
-    first = _compile(modules, rows, blobs, 0)
-    _compile(later, rows, blobs, first)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(partial, "wb") as out:
-            index = marshal.dumps((sys.version, rows))
-            out.write(len(index).to_bytes(8, "little") + first.to_bytes(8, "little") + index + b"".join(blobs))
-        os.chmod(partial, 0o644)
-        os.replace(partial, path)
-    except BaseException:
-        if os.path.lexists(partial):
-            os.unlink(partial)
-        raise
-    return len(rows)
-
-
-def _compile(modules: Iterable[tuple[str, str]], rows: list[tuple[str, str, str, bool, int, int, int, int]],
-             blobs: list[bytes], offset: int) -> int:
-    """Append each module's index row and code, its code starting at `offset`; the offset after them."""
-    for name, source in modules:
-        with open(source, "rb") as file:
-            info = os.fstat(file.fileno())
-            text = file.read()
-        code = b"" if source.endswith(".so") else marshal.dumps(compile(text, source, "exec", dont_inherit=True))
-        is_package = os.path.basename(source) == "__init__.py"
-        directory = os.path.dirname(os.path.dirname(source) if is_package else source)
-        rows.append((name, source, directory, is_package, info.st_mtime_ns, info.st_size, offset, len(code)))
-        blobs.append(code)
-        offset += len(code)
-    return offset

@@ -11,29 +11,145 @@ singpy.cli.main runs `site.main()` itself the moment anything else is needed
 import the standard library and singpy cannot answer). `make setup` writes it;
 pip writes the plain script, which works the same, only slower. The drop-in
 names (singpy.cli.dropin) are links to this script, so they get it too.
+
+It also writes the bundle of the launch path's modules that the script installs
+(singpy.cli.bundle: the rules it is read by), and singpy.cli.bundle's own `.pyc`,
+from which the script reads that module's code without searching for it.
 """
 
 from __future__ import annotations
+import __future__
 
+import ast
+import importlib.util
+import marshal
 import os
+import py_compile
 import subprocess
 import sys
 
-from singpy.cli.bundle import bundle_path, hot_path_modules, image_path_modules, write_bundle
+from singpy.cli.bundle import bundle_path
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Sequence
+    from types import CodeType
+
 
 TEMPLATE = """#!{python} -S
 # singpy's console script, tuned by `python -m singpy.cli.launcher` (make setup): -S skips site and its .pth
 # files; singpy.cli.main runs site.main() as soon as something outside the standard library and singpy is needed.
-# The launch path's modules come from one file (singpy.cli.bundle), each only while its source is unchanged.
+# The launch path's modules come from one file (singpy.cli.bundle), each only while its source is unchanged; the
+# bundle's code is read from its .pyc here, not searched for (that would list three directories: ~1 ms). Anything
+# odd (a tree moved, no bundle): the normal import.
 import sys
 sys.path.append({package_root!r})
-from singpy.cli.bundle import install
-install({bundle!r})
+try:
+    from _frozen_importlib_external import SourceFileLoader
+    bundle = {{'__name__': 'singpy.cli.bundle', '__file__': {package_root!r} + '/singpy/cli/bundle.py'}}
+    exec(SourceFileLoader(bundle['__name__'], bundle['__file__']).get_code(bundle['__name__']), bundle)
+    bundle['install']({bundle!r})
+except Exception:
+    pass
 from singpy.cli.main import main
 if __name__ == '__main__':
     sys.argv[0] = sys.argv[0].removesuffix('.exe')
     sys.exit(main())
 """
+
+# The modules the exec path imports are those these import at module level (the same 40 as `-X importtime` of a
+# plain `singpy exec` lists); what an option imports later comes through the normal import.
+ENTRY_MODULES = ("singpy.cli.main", "singpy.cli.actions", "singpy.launch.launch")
+# What an image file (a SIF: its mount, the extraction cache) and a cached docker:// or oras:// reference (the
+# tag's check, the cache's records) import on top, lazily: the bundle's second part (~18 modules, 0.3 MB), read
+# only by the launches that import them (tests/unit/test_hot_path_imports.py checks both lists).
+IMAGE_ENTRY_MODULES = ("singpy.image.squashfs", "singpy.image.cache", "singpy.image.tools", "singpy.image.warm",
+                       "singpy.oci.tagcheck", "singpy.oci.pull", "singpy.oci.quickhead", "singpy.oci.quicktls",
+                       "singpy.oci.tlsconf", "singpy.oci.oras", "singpy.oci.regfiles", "singpy.oci.mirrors",
+                       "singpy.oci.manifest", "singpy.oci.platform")
+
+
+# Run in a fresh interpreter (`-I -S`: nothing of the caller's environment, no site) with the package root as
+# argument: prints the singpy modules that importing ENTRY_MODULES loads, one "name path" a line.
+_LIST_MODULES = """
+import sys
+sys.path.insert(0, sys.argv[1])
+for entry in sys.argv[2:]:
+    __import__(entry)
+for name, module in list(sys.modules.items()):
+    if name.split(".")[0] == "singpy" and (getattr(module, "__file__", None) or "").endswith((".py", ".so")):
+        print(name, module.__file__)
+"""
+_NOT_BUNDLED = ("singpy.cli.bundle",)  # the script runs its code before installing the bundle
+
+
+def hot_path_modules(package_root: str, entries: Sequence[str] = ENTRY_MODULES) -> list[tuple[str, str]]:
+    """(name, source) of the singpy modules that importing `entries` loads, in a fresh interpreter's order."""
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", _LIST_MODULES, package_root, *entries],
+                          capture_output=True, text=True, check=True, timeout=120)
+    pairs = [line.split(" ", 1) for line in done.stdout.splitlines()]
+    return [(name, source) for name, source in pairs if name not in _NOT_BUNDLED]
+
+
+def image_path_modules(package_root: str) -> list[tuple[str, str]]:
+    """(name, source) of the singpy modules that IMAGE_ENTRY_MODULES load on top of the plain launch's."""
+    plain = {name for name, _ in hot_path_modules(package_root)}
+    both = hot_path_modules(package_root, (*ENTRY_MODULES, *IMAGE_ENTRY_MODULES))
+    return [(name, source) for name, source in both if name not in plain]
+
+
+def write_bundle(path: str, modules: Iterable[tuple[str, str]], later: Iterable[tuple[str, str]] = ()) -> int:
+    """Write the bundle of `modules`, then `later` (its second part), ((name, source) pairs, compiled from the
+    sources as read now) to `path`, atomically; returns how many it holds."""
+    rows: list[tuple[str, str, str, bool, int, int, int, int]] = []
+    blobs: list[bytes] = []
+    first = _compile(modules, rows, blobs, 0)
+    _compile(later, rows, blobs, first)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(partial, "wb") as out:
+            index = marshal.dumps((sys.version, rows))
+            out.write(len(index).to_bytes(8, "little") + first.to_bytes(8, "little") + index + b"".join(blobs))
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        if os.path.lexists(partial):
+            os.unlink(partial)
+        raise
+    return len(rows)
+
+
+def _compile(modules: Iterable[tuple[str, str]], rows: list[tuple[str, str, str, bool, int, int, int, int]],
+             blobs: list[bytes], offset: int) -> int:
+    """Append each module's index row and code, its code starting at `offset`; the offset after them."""
+    for name, source in modules:
+        with open(source, "rb") as file:
+            info = os.fstat(file.fileno())
+            text = file.read()
+        code = b"" if source.endswith(".so") else marshal.dumps(_code(text, source))
+        is_package = os.path.basename(source) == "__init__.py"
+        directory = os.path.dirname(os.path.dirname(source) if is_package else source)
+        rows.append((name, source, directory, is_package, info.st_mtime_ns, info.st_size, offset, len(code)))
+        blobs.append(code)
+        offset += len(code)
+    return offset
+
+
+def _code(text: bytes, source: str) -> CodeType:
+    """The module's code as the normal import compiles it, less its `from __future__` imports: their features
+    become compile flags, so running it imports nothing (the AST keeps every other line where it was)."""
+    tree = ast.parse(text, source)
+    flags, body = 0, []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            for alias in node.names:
+                flags |= getattr(__future__, alias.name).compiler_flag
+        else:
+            body.append(node)
+    tree.body = body
+    code: CodeType = compile(tree, source, "exec", flags=flags, dont_inherit=True)
+    return code
 
 
 def script_text(python: str, package_root: str) -> str:
@@ -65,6 +181,14 @@ def _interpreter(script: str) -> str | None:
     return words[0] if first.startswith("#!/") and words[1:] in ([], ["-S"]) and "python" in words[0] else None
 
 
+def _cache_bundle_code(source: str) -> None:
+    """Write the `.pyc` the script reads singpy.cli.bundle's code from (without it, or stale, the script compiles
+    the source at every launch: the import would, as a user who can't write __pycache__), even under
+    PYTHONDONTWRITEBYTECODE; checked by timestamp, as the import's own."""
+    py_compile.compile(source, importlib.util.cache_from_source(source), doraise=True,
+                       invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m singpy.cli.launcher SCRIPT  (the singpy console script to rewrite)", file=sys.stderr)
@@ -81,7 +205,9 @@ def main(argv: list[str]) -> int:
     bundle = bundle_path(os.path.join(package_root, "singpy"))
     try:
         write_bundle(bundle, hot_path_modules(package_root), image_path_modules(package_root))
-    except (OSError, SyntaxError, subprocess.SubprocessError) as error:  # the script works without it, slower
+        _cache_bundle_code(os.path.join(package_root, "singpy", "cli", "bundle.py"))
+    except (OSError, SyntaxError, subprocess.SubprocessError, py_compile.PyCompileError) as error:
+        # the script works without them, slower
         print(f"{bundle}: {error}", file=sys.stderr)
         return 1
     return 0

@@ -152,26 +152,27 @@ def test_env_file_reader_comes_with_env_file_only(sandbox: Path, tmp_path: Path)
 
 
 def test_the_bundle_holds_the_whole_plain_launch_path(sandbox: Path) -> None:
-    """singpy.cli.bundle's first part (what make setup bundles for every launch) is exactly what a plain launch
-    imports of singpy, less the packages imported before the bundle is installed; its second part none of it."""
-    from singpy.cli import bundle
+    """The bundle's first part (what make setup bundles for every launch) is exactly what a plain launch
+    imports of singpy (the packages `singpy` and `singpy.cli` too: the script runs the bundle's own code from
+    its .pyc, before any of them); its second part none of it."""
+    from singpy.cli import launcher
 
     modules, done = imported_modules("exec", str(sandbox), "echo", MARK, cwd=sandbox.parent)
     assert done.returncode == 0 and MARK in done.stdout, f"singpy exec failed:\n{done.stderr[-2000:]}"
-    root = str(Path(bundle.__file__).resolve().parents[2])
-    bundled = {name for name, _ in bundle.hot_path_modules(root)}
-    assert {name for name in modules if name.startswith("singpy.")} - {"singpy.cli"} == bundled
-    assert not bundled & {name for name, _ in bundle.image_path_modules(root)}
+    root = str(Path(launcher.__file__).resolve().parents[2])
+    bundled = {name for name, _ in launcher.hot_path_modules(root)}
+    assert {name for name in modules if name.split(".")[0] == "singpy"} == bundled
+    assert not bundled & {name for name, _ in launcher.image_path_modules(root)}
 
 
 def _bundled_everywhere(modules: list[str]) -> list[str]:
     """The singpy modules of `modules` that neither part of the bundle holds."""
-    from singpy.cli import bundle
+    from singpy.cli import launcher
 
-    root = str(Path(bundle.__file__).resolve().parents[2])
-    bundled = {name for name, _ in (*bundle.hot_path_modules(root), *bundle.image_path_modules(root))}
+    root = str(Path(launcher.__file__).resolve().parents[2])
+    bundled = {name for name, _ in (*launcher.hot_path_modules(root), *launcher.image_path_modules(root))}
     return sorted(name for name in modules if name.startswith("singpy.") and name not in bundled
-                  and name not in ("singpy.cli", "singpy.cli.bundle"))
+                  and name != "singpy.cli.bundle")
 
 
 def test_a_sif_launch_imports_no_enum_signal_or_collections(singpy: Singpy, workdir: Path, fuse_open: str) -> None:
