@@ -128,8 +128,12 @@ def names(singpy: Singpy) -> Iterator[Callable[[str], Instance]]:
 
 
 def command_line(pid: int) -> str:
-    with open(f"/proc/{pid}/cmdline", "rb") as handle:
-        return handle.read().rstrip(b"\0").replace(b"\0", b" ").decode()
+    """The process's command line; "" while it is in execve, or once it has gone (listed, then ended)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().rstrip(b"\0").replace(b"\0", b" ").decode()
+    except (FileNotFoundError, ProcessLookupError):
+        return ""
 
 
 def running(*pids: object) -> dict[int, str]:
