@@ -39,9 +39,13 @@ if TYPE_CHECKING:
 TEMPLATE = """#!{python} -S
 # singpy's console script, tuned by `python -m singpy.cli.launcher` (make setup): -S skips site and its .pth
 # files; singpy.cli.main runs site.main() as soon as something outside the standard library and singpy is needed.
+# No cyclic garbage collector in a launcher's few milliseconds (singpy.cli.main says why), from the first line.
 # The launch path's modules come from one file (singpy.cli.bundle), each only while its source is unchanged; the
 # bundle's code is read from its .pyc here, not searched for (that would list three directories: ~1 ms). Anything
-# odd (a tree moved, no bundle): the normal import.
+# odd (a tree moved, no bundle): the normal import. A docker:// or oras:// word: the tag check's helper started
+# as soon as the bundle serves (singpy.oci.tagcheck.prepare_early: its own rules; singpy.cli.main would, later).
+import gc
+gc.disable()
 import sys
 sys.path.append({package_root!r})
 try:
@@ -49,6 +53,9 @@ try:
     bundle = {{'__name__': 'singpy.cli.bundle', '__file__': {package_root!r} + '/singpy/cli/bundle.py'}}
     exec(SourceFileLoader(bundle['__name__'], bundle['__file__']).get_code(bundle['__name__']), bundle)
     bundle['install']({bundle!r})
+    if any(word.startswith(('docker://', 'oras://')) for word in sys.argv):
+        from singpy.oci.tagcheck import prepare_early
+        prepare_early(sys.argv[1:], bundle['os'].environ)
 except Exception:
     pass
 from singpy.cli.main import main
@@ -61,12 +68,13 @@ if __name__ == '__main__':
 # plain `singpy exec` lists); what an option imports later comes through the normal import.
 ENTRY_MODULES = ("singpy.cli.main", "singpy.cli.actions", "singpy.launch.launch")
 # What an image file (a SIF: its mount, the extraction cache) and a cached docker:// or oras:// reference (the
-# tag's check, the cache's records) import on top, lazily: the bundle's second part (~18 modules, 0.3 MB), read
-# only by the launches that import them (tests/unit/test_hot_path_imports.py checks both lists).
+# tag's check and its helper's module, the cache's records) import on top, lazily: the bundle's second part (~18
+# modules, 0.3 MB), read only by the launches that import them (tests/unit/test_hot_path_imports.py checks both
+# lists).
 IMAGE_ENTRY_MODULES = ("singpy.image.squashfs", "singpy.image.cache", "singpy.image.tools", "singpy.image.warm",
                        "singpy.oci.tagcheck", "singpy.oci.pull", "singpy.oci.quickhead", "singpy.oci.quicktls",
                        "singpy.oci.tlsconf", "singpy.oci.oras", "singpy.oci.regfiles", "singpy.oci.mirrors",
-                       "singpy.oci.manifest", "singpy.oci.platform")
+                       "singpy.oci.manifest", "singpy.oci.platform", "singpy.oci._tlscheck")
 
 
 # Run in a fresh interpreter (`-I -S`: nothing of the caller's environment, no site) with the package root as

@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         import traceback  # noqa: F401  now: see _print_traceback
     try:
         _refuse_setuid()
+        if any(word.startswith(("docker://", "oras://")) for word in args):  # a tag's check over TLS, begun now
+            from singpy.oci import tagcheck  # (by the tuned console script already: then this is a no-op)
+
+            tagcheck.prepare_early(args, os.environ)
         return _dispatch(args)
     except SingpyError as error:
         if debug or console.level() >= console.DEBUG:
@@ -82,13 +86,13 @@ def _dispatch(args: list[str]) -> int:
         print(version_line())
         return 0
     if rest and rest[0] in FAST_COMMANDS:
-        if any(word.startswith(("docker://", "oras://")) for word in rest):  # its TLS context begun at once
-            from singpy.oci import tagcheck
-
-            tagcheck.prepare_early(rest[1:], os.environ)
         from singpy.cli.actions import run_action
 
         _exit_now(run_action(rest[0], rest[1:], global_values))
+    if "singpy.oci.tagcheck" in sys.modules:  # a check's helper begun on a guess (main): no run, no check
+        from singpy.oci import tagcheck
+
+        tagcheck.release()
     run_site()  # typer and the rest: the interpreter as a plain `python3` start leaves it
     from singpy import console
     from singpy.cli.actions import verbosity

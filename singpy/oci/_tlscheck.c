@@ -1,62 +1,283 @@
-/* singpy.oci._tlscheck: a cached tag's HEAD request over TLS, on a thread of its own (issue 31).
+/* singpy.oci._tlscheck: a cached tag's HEAD request over TLS, in a helper process (issue 31).
  *
  * `singpy exec docker://X:TAG` of a cached image asks the registry one thing (singpy.oci.quickhead). Over
- * TLS, through Python's `_ssl`, the launcher's one thread paid ~10 ms of OpenSSL's CPU before it could go
- * on: loading libssl and libcrypto, the first SSL_CTX_new (OpenSSL 3 fetches its algorithms once), the
- * trust store, the handshake (docs/performance.md). Here all of it runs on a POSIX thread that never holds
- * the interpreter's lock, on the other core, while the launcher imports and prepares. libssl is loaded by
- * dlopen on that thread (this module links nothing of OpenSSL: importing it costs no library load); the
- * context is the one `_ssl` makes for PROTOCOL_TLS_CLIENT (its options, ciphers and host flags, TLS 1.2 at
- * least: `settings` shows them, tests/unit/test_tlscheck.py compares them with `ssl`'s) and trusts what
- * singpy.oci.tlsconf.quick_context trusts (the rules are repeated in _tlscheck_tls.c: system_trust and
- * env_trust, host_trust). Its context can be begun earlier still (`prepare`, as soon as the command names an
- * image), with the variables' trust: the check takes it if its own variables are the same.
+ * TLS, through Python's `_ssl`, the launcher paid ~10 ms of OpenSSL's CPU before it could go on: loading
+ * libssl and libcrypto, the first SSL_CTX_new (OpenSSL 3 fetches its algorithms once), the trust store, the
+ * handshake (docs/performance.md). Here all of it runs in `_tlscheck_helper` (_tlscheck_helper.c, beside
+ * this module's file), on the other core while the launcher imports and prepares; this module links nothing
+ * of OpenSSL. The helper's context is the one `_ssl` makes for PROTOCOL_TLS_CLIENT (its options, ciphers and
+ * host flags, TLS 1.2 at least: `_tlscheck_helper settings` shows them, tests/unit/test_tlscheck.py compares
+ * them with `ssl`'s) and trusts what singpy.oci.tlsconf.quick_context trusts (the rules are repeated in
+ * _tlscheck_tls.c: system_trust, env_trust, host_trust). It can be started earlier still (`prepare`, as soon
+ * as the command names an image), with the variables' trust: the check takes its context if its own
+ * variables are the same.
  *
- * The protocol is quickhead's `_Early`: `start` takes a socket whose connect() is under way, the thread
- * waits for it and does the handshake; the request leaves only after `go` (an image that is not cached is
- * never asked about); `result` waits for the answer's head, as bytes, or raises: TimeoutError (a wait ran
- * out), ConnectionError (the connection failed, or libssl could not be loaded: asked again from the start,
- * through `_ssl`), OSError (anything else: the full client asks and says what is wrong). Every wait is a
- * poll() on the socket and a control pipe, bounded by the caller's limits; the thread blocks every signal
- * (the launcher's handlers run on its main thread) and is always joined before its Check goes away: the
- * launch's unshare() needs a process of one thread.
+ * The protocol is quickhead's `_Early`: `start` takes a socket whose connect() is under way, hands it to the
+ * helper, which waits for it and does the handshake; the request leaves only after `go` (an image that is not
+ * cached is never asked about); `result` waits for the answer's head, as bytes, or raises: TimeoutError (a
+ * wait ran out), ConnectionError (the connection failed, or the helper could not run: asked again from the
+ * start, through `_ssl`), OSError (anything else: the full client asks and says what is wrong). Every wait is
+ * bounded by the caller's limits, the helper's and this module's. A helper is killed and reaped when its
+ * answer is read, its check closed or its context released, and at the interpreter's exit: none is left to
+ * the container's program as a child it never made.
  */
+#define _GNU_SOURCE /* dladdr */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
 #include "_tlscheck.h"
 
-static Prepared *ahead; /* the one not handed to a check yet: the interpreter thread's */
-static Check *live;     /* the checks whose thread has not been joined yet: the interpreter thread's */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
-static void joined(Check *c) {
-    c->running = 0;
+extern char **environ;
+
+#define GRACE 1.0 /* seconds past the check's deadline for the helper's answer (its own waits end at it) */
+
+typedef struct {
+    pid_t pid;   /* 0: none */
+    int control; /* this end of the socket pair, or -1 */
+} Helper;
+
+typedef struct check {
+    PyObject_HEAD
+    Helper helper;
+    struct check *next, *prev; /* the checks whose helper still runs (`live`) */
+    double deadline;           /* CLOCK_MONOTONIC seconds */
+    int answered;              /* the outcome is known: result() says it again */
+    enum outcome outcome;
+    char message[256];
+    char *data;
+    size_t data_len, limit;
+} Check;
+
+static char helper_path[PATH_MAX]; /* "" where the module's directory has no helper */
+static Helper ahead = {0, -1};     /* started by `prepare`, not handed to a check yet */
+static Check *live;
+
+static void unlink_live(Check *c) {
     if (c->prev != NULL)
         c->prev->next = c->next;
-    else
+    else if (live == c)
         live = c->next;
     if (c->next != NULL)
         c->next->prev = c->prev;
     c->next = c->prev = NULL;
 }
 
-static void join(Check *c) {
-    if (!c->running)
-        return;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_join(c->thread, NULL);
-    Py_END_ALLOW_THREADS
-    joined(c);
+/* The helper killed (unless it is gone already: a pid is never signalled once it may be another's) and reaped;
+ * bounded, whatever it was doing. */
+static void end_helper(Helper *h) {
+    if (h->pid > 0) {
+        siginfo_t info = {0};
+        if (waitid(P_PID, (id_t)h->pid, &info, WEXITED | WNOHANG | WNOWAIT) == 0) { /* still ours */
+            if (info.si_pid == 0)
+                kill(h->pid, SIGKILL);
+            while (waitpid(h->pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+        }
+        h->pid = 0;
+    }
+    if (h->control >= 0) {
+        close(h->control);
+        h->control = -1;
+    }
 }
 
+/* The helper started (`check CERT_FILE CERT_DIR PID`, the socket pair's other end as its fd 3, its standard
+ * descriptors on /dev/null, no signal blocked); 0 or an errno. */
+static int spawn_helper(const char *cert_file, const char *cert_dir, Helper *out) {
+    if (!helper_path[0])
+        return ENOENT;
+    if (getuid() != geteuid() || getgid() != getegid())
+        return EPERM; /* singpy.cli.main refuses to run so; the console script may call `prepare` before it does */
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0)
+        return errno;
+    if (pair[0] <= 2 || pair[1] <= 2) { /* a standard descriptor the caller closed (main opens them later) */
+        close(pair[0]);
+        close(pair[1]);
+        return EBADF;
+    }
+    if (pair[1] == HELPER_CONTROL_FD) { /* a dup2 onto itself would leave its close-on-exec flag */
+        int moved = fcntl(pair[1], F_DUPFD_CLOEXEC, HELPER_CONTROL_FD + 1);
+        close(pair[1]);
+        if (moved < 0) {
+            int error = errno;
+            close(pair[0]);
+            return error;
+        }
+        pair[1] = moved;
+    }
+    char parent[24];
+    snprintf(parent, sizeof parent, "%ld", (long)getpid());
+    char *argv[] = {helper_path, "check", (char *)cert_file, (char *)cert_dir, parent, NULL};
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attributes;
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, pair[1], HELPER_CONTROL_FD);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 34)
+    posix_spawn_file_actions_addclosefrom_np(&actions, HELPER_CONTROL_FD + 1); /* nothing else of the launcher's */
+#endif
+    posix_spawnattr_init(&attributes);
+    posix_spawnattr_setsigmask(&attributes, &none);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+    pid_t pid = 0;
+    int error = posix_spawn(&pid, helper_path, &actions, &attributes, argv, environ);
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attributes);
+    close(pair[1]);
+    if (error != 0) { /* no child: *out stays none */
+        close(pair[0]);
+        return error;
+    }
+    *out = (Helper){pid, pair[0]};
+    if (fcntl(pair[0], F_SETFL, O_NONBLOCK) != 0) {
+        error = errno;
+        end_helper(out);
+        return error;
+    }
+    return 0;
+}
+
+/* Wait until the control socket is ready for `events`, at most until `deadline`: 1, or 0 when it ran out. */
+static int ready(int fd, short events, double deadline) {
+    for (;;) {
+        double left = deadline - now();
+        if (left <= 0)
+            return 0;
+        struct pollfd one = {fd, events, 0};
+        int got = poll(&one, 1, (int)(left < 3600 ? left * 1000 : 3600 * 1000) + 1);
+        if (got > 0)
+            return 1;
+        if (got < 0 && errno != EINTR)
+            return 1; /* the read or write that follows says what is wrong */
+    }
+}
+
+/* `size` bytes to or from the helper before `deadline`: 1, or 0 (the stream ended, an error, out of time). */
+static int transfer(int fd, char *buffer, size_t size, double deadline, int sending) {
+    while (size > 0) {
+        if (!ready(fd, sending ? POLLOUT : POLLIN, deadline))
+            return 0;
+        ssize_t done = sending ? send(fd, buffer, size, MSG_NOSIGNAL) : read(fd, buffer, size);
+        if (done < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (done <= 0)
+            return 0;
+        buffer += done;
+        size -= (size_t)done;
+    }
+    return 1;
+}
+
+static int answer(Check *c, enum outcome outcome, const char *message) {
+    c->outcome = outcome;
+    snprintf(c->message, sizeof c->message, "%s", message);
+    return 0;
+}
+
+/* The check sent to its helper: the header with the socket, then the strings. */
+static int send_check(Check *c, int fd, const char *fields[5], const Py_ssize_t sizes[5], double connect_timeout,
+                      double read_timeout) {
+    struct start_message head = {connect_timeout, read_timeout, c->deadline, c->limit, {0}};
+    for (int i = 0; i < 5; i++)
+        head.sizes[i] = (uint32_t)sizes[i];
+    union {
+        char space[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct iovec part = {&head, sizeof head};
+    struct msghdr message = {.msg_iov = &part, .msg_iovlen = 1, .msg_control = control.space,
+                             .msg_controllen = sizeof control.space};
+    struct cmsghdr *rights = CMSG_FIRSTHDR(&message);
+    rights->cmsg_level = SOL_SOCKET;
+    rights->cmsg_type = SCM_RIGHTS;
+    rights->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(rights), &fd, sizeof fd);
+    ssize_t sent;
+    do /* the socket pair's buffer is empty: the header goes whole, or the helper is gone */
+        sent = sendmsg(c->helper.control, &message, MSG_NOSIGNAL);
+    while (sent < 0 && errno == EINTR);
+    if (sent != (ssize_t)sizeof head)
+        return answer(c, OUT_AGAIN, "the TLS check's helper is gone");
+    for (int i = 0; i < 5; i++)
+        if (!transfer(c->helper.control, (char *)fields[i], (size_t)sizes[i], c->deadline + GRACE, 1))
+            return answer(c, OUT_AGAIN, "the TLS check's helper is gone");
+    return 1;
+}
+
+/* The helper's answer (reply_message), read into `c`; bounded by the deadline and its grace. */
+static void read_answer(Check *c) {
+    struct reply_message head;
+    double deadline = c->deadline + GRACE;
+    if (!transfer(c->helper.control, (char *)&head, sizeof head, deadline, 0)) {
+        if (now() < deadline)
+            answer(c, OUT_AGAIN, "the TLS check's helper ended without an answer");
+        else /* the helper stuck past its own deadline */
+            answer(c, OUT_TIMEOUT, "the answer took longer than SINGPY_PULL_DOCUMENT_TIMEOUT");
+        return;
+    }
+    if (head.outcome < OUT_OK || head.outcome > OUT_STOPPED || head.message_len >= sizeof c->message ||
+        head.data_len > c->limit + 4096 || (head.data_len && head.outcome != OUT_OK)) {
+        answer(c, OUT_AGAIN, "the TLS check's helper answered out of turn");
+        return;
+    }
+    char message[sizeof c->message] = "";
+    c->data = head.data_len ? malloc(head.data_len) : NULL;
+    if ((head.data_len && c->data == NULL) ||
+        !transfer(c->helper.control, message, head.message_len, deadline, 0) ||
+        !transfer(c->helper.control, c->data, head.data_len, deadline, 0)) {
+        answer(c, OUT_AGAIN, "the TLS check's helper ended without an answer");
+        return;
+    }
+    c->data_len = head.data_len;
+    answer(c, (enum outcome)head.outcome, message);
+}
+
+/* Done with the check's helper: killed, reaped, off the live list. */
+static void finish(Check *c) {
+    end_helper(&c->helper);
+    unlink_live(c);
+}
+
+/* A helper that has answered already (a refused connection) may be gone: its answer is still there to read. */
 static PyObject *check_go(Check *c, PyObject *unused) {
-    if (c->running && write(c->control[1], "g", 1) != 1)
-        return PyErr_SetFromErrno(PyExc_OSError);
+    if (!c->answered) {
+        ssize_t sent = send(c->helper.control, "g", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)sent;
+    }
     Py_RETURN_NONE;
 }
 
 static PyObject *check_result(Check *c, PyObject *unused) {
-    join(c);
+    if (!c->answered) {
+        Py_BEGIN_ALLOW_THREADS
+        read_answer(c);
+        Py_END_ALLOW_THREADS
+        c->answered = 1;
+        finish(c);
+    }
     switch (c->outcome) {
     case OUT_OK:
-        return PyBytes_FromStringAndSize(c->data, (Py_ssize_t)c->data_len);
+        return PyBytes_FromStringAndSize(c->data ? c->data : "", (Py_ssize_t)c->data_len);
     case OUT_TIMEOUT:
         return PyErr_Format(PyExc_TimeoutError, "%s", c->message);
     case OUT_AGAIN:
@@ -66,34 +287,17 @@ static PyObject *check_result(Check *c, PyObject *unused) {
     }
 }
 
-/* Tell the thread to stop: its every wait polls the control pipe (which holds one byte at most before). */
-static void stop(Check *c) {
-    if (c->running) {
-        ssize_t written = write(c->control[1], "x", 1);
-        (void)written;
-    }
-}
-
 static PyObject *check_close(Check *c, PyObject *unused) {
-    stop(c);
-    join(c);
+    if (!c->answered) {
+        c->answered = 1;
+        answer(c, OUT_STOPPED, "stopped");
+    }
+    finish(c);
     Py_RETURN_NONE;
 }
 
 static void check_dealloc(Check *c) {
-    stop(c);
-    if (c->running) {
-        pthread_join(c->thread, NULL); /* bounded: stopped above, and it never takes the interpreter's lock */
-        joined(c);
-    }
-    for (int i = 0; i < 2; i++)
-        if (c->control[i] >= 0)
-            close(c->control[i]);
-    free(c->host);
-    free(c->cert_file);
-    free(c->cert_dir);
-    free(c->extra_files);
-    free(c->request);
+    finish(c);
     free(c->data);
     Py_TYPE(c)->tp_free((PyObject *)c);
 }
@@ -101,7 +305,7 @@ static void check_dealloc(Check *c) {
 static PyMethodDef check_methods[] = {
     {"go", (PyCFunction)check_go, METH_NOARGS, "go(): send the request once the handshake is done."},
     {"result", (PyCFunction)check_result, METH_NOARGS, "result(): the answer's head (bytes), once it came."},
-    {"close", (PyCFunction)check_close, METH_NOARGS, "close(): stop the exchange and wait for its thread."},
+    {"close", (PyCFunction)check_close, METH_NOARGS, "close(): stop the exchange: its helper killed and reaped."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -110,23 +314,16 @@ static PyTypeObject CheckType = {
     .tp_name = "singpy.oci._tlscheck.Check",
     .tp_basicsize = sizeof(Check),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "One HEAD request over TLS, on its own thread (see the module's doc).",
+    .tp_doc = "One HEAD request over TLS, made by a helper process (see the module's doc).",
     .tp_dealloc = (destructor)check_dealloc,
     .tp_methods = check_methods,
 };
 
-static char *copy(const char *text, size_t size) {
-    char *out = malloc(size + 1);
-    if (out != NULL) {
-        memcpy(out, text, size);
-        out[size] = '\0';
-    }
-    return out;
-}
+static int text(const char *field, Py_ssize_t size) { return size <= START_TEXT_MOST && strlen(field) == (size_t)size; }
 
 /* start(fd, host, request, cert_file, cert_dir, extra_files, connect_timeout, read_timeout, seconds_left,
- * limit): the thread started on socket `fd` (non-blocking, its connect() under way; the caller keeps it open
- * until result() or close() returned). Strings as bytes; extra_files NUL-joined. */
+ * limit): the check handed to a helper (the one `prepare` started, else a new one) with a copy of socket `fd`
+ * (non-blocking, its connect() under way). Strings as bytes; extra_files NUL-joined. */
 static PyObject *tls_start(PyObject *module, PyObject *args) {
     const char *fields[5];
     Py_ssize_t sizes[5];
@@ -137,183 +334,129 @@ static PyObject *tls_start(PyObject *module, PyObject *args) {
                           &fields[2], &sizes[2], &fields[3], &sizes[3], &fields[4], &sizes[4], &connect_timeout,
                           &read_timeout, &left, &limit))
         return NULL;
-    if (limit <= 0 || limit > (1 << 24) || sizes[1] > INT_MAX)
-        return PyErr_Format(PyExc_ValueError, "start: a limit or request out of range");
-    Check *c = PyObject_New(Check, &CheckType);
-    if (c == NULL)
-        return NULL;
-    c->running = c->go = 0;
-    c->ahead = NULL;
-    c->next = c->prev = NULL;
-    c->control[0] = c->control[1] = -1;
-    c->fd = fd;
-    c->request_len = (size_t)sizes[1];
-    c->limit = (size_t)limit;
-    c->connect_timeout = connect_timeout;
-    c->read_timeout = read_timeout;
-    c->deadline = now() + left;
-    c->outcome = OUT_ERROR;
-    c->message[0] = '\0';
-    c->data_len = 0;
-    c->host = copy(fields[0], sizes[0]);
-    c->request = copy(fields[1], sizes[1]);
-    c->cert_file = copy(fields[2], sizes[2]);
-    c->cert_dir = copy(fields[3], sizes[3]);
-    c->extra_files = malloc(sizes[4] + 2); /* NUL-joined, then an empty one to end the list */
-    if (c->extra_files != NULL) {
-        memcpy(c->extra_files, fields[4], sizes[4]);
-        c->extra_files[sizes[4]] = c->extra_files[sizes[4] + 1] = '\0';
-    }
-    c->data = malloc(c->limit + 4096);
-    if (!c->host || !c->request || !c->cert_file || !c->cert_dir || !c->extra_files || !c->data) {
-        Py_DECREF(c);
-        return PyErr_NoMemory();
-    }
-    if (strlen(c->host) != (size_t)sizes[0] || pipe2(c->control, O_CLOEXEC) != 0) {
-        Py_DECREF(c);
-        return PyErr_Format(PyExc_ValueError, "start: a host with a NUL, or no pipe");
-    }
-    c->ahead = ahead;
-    int error = spawn(&c->thread, run, c);
+    if (limit <= 0 || limit > START_TEXT_MOST || sizes[1] > START_TEXT_MOST || sizes[4] > START_TEXT_MOST ||
+        !text(fields[0], sizes[0]) || !text(fields[2], sizes[2]) || !text(fields[3], sizes[3]))
+        return PyErr_Format(PyExc_ValueError, "start: a limit or request out of range, or a name with a NUL");
+    Helper helper = ahead;
+    ahead = (Helper){0, -1};
+    int error = helper.pid ? 0 : spawn_helper(fields[2], fields[3], &helper);
     if (error != 0) {
-        c->ahead = NULL;
-        Py_DECREF(c);
         errno = error;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    c->running = 1;
+    Check *c = PyObject_New(Check, &CheckType);
+    if (c == NULL) {
+        end_helper(&helper);
+        return NULL;
+    }
+    c->helper = helper;
     c->prev = NULL;
     c->next = live;
     if (live != NULL)
         live->prev = c;
     live = c;
-    ahead = NULL; /* the check's now */
+    c->deadline = now() + left;
+    c->answered = 0;
+    c->outcome = OUT_ERROR;
+    c->message[0] = '\0';
+    c->data = NULL;
+    c->data_len = 0;
+    c->limit = (size_t)limit;
+    if (!send_check(c, fd, fields, sizes, connect_timeout, read_timeout)) {
+        c->answered = 1; /* result() says why: asked again from the start */
+        finish(c);
+    }
     return (PyObject *)c;
 }
 
-/* prepare(cert_file=b"", cert_dir=b""): a context made ahead, on a thread of its own (see Prepared), for the
- * next check to start: the system's trust and that of SSL_CERT_FILE and SSL_CERT_DIR as given (the check's
- * own if they are the same, else the check makes a context of its own). */
+/* prepare(cert_file=b"", cert_dir=b""): the next check's helper started now (see _tlscheck_helper.c), its
+ * context made with the system's trust and that of SSL_CERT_FILE and SSL_CERT_DIR as given (the check's own if
+ * they are the same, else the helper makes one for the check). Where it can't start, the check starts one. */
 static PyObject *tls_prepare(PyObject *module, PyObject *args) {
     const char *file = "", *dir = "";
     Py_ssize_t file_size = 0, dir_size = 0;
     if (!PyArg_ParseTuple(args, "|y#y#:prepare", &file, &file_size, &dir, &dir_size))
         return NULL;
-    if (ahead != NULL)
-        Py_RETURN_NONE;
-    Prepared *prepared = calloc(1, sizeof *prepared);
-    if (prepared == NULL)
-        return PyErr_NoMemory();
-    prepared->why.cert_file = copy(file, file_size);
-    prepared->why.cert_dir = copy(dir, dir_size);
-    int error = prepared->why.cert_file && prepared->why.cert_dir ? spawn(&prepared->thread, prepare_run, prepared)
-                                                                  : ENOMEM;
-    if (error != 0) {
-        free(prepared->why.cert_file);
-        free(prepared->why.cert_dir);
-        free(prepared);
-        errno = error;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    ahead = prepared;
+    if (!text(file, file_size) || !text(dir, dir_size))
+        return PyErr_Format(PyExc_ValueError, "prepare: a name with a NUL");
+    if (ahead.pid == 0)
+        spawn_helper(file, dir, &ahead);
     Py_RETURN_NONE;
 }
 
-/* release(): the context prepared and not handed to a check, its thread joined and the context freed. */
+/* release(): the helper `prepare` started and no check took, killed and reaped. */
 static PyObject *tls_release(PyObject *module, PyObject *unused) {
-    if (ahead == NULL)
-        Py_RETURN_NONE;
-    Prepared *prepared = ahead;
-    ahead = NULL;
-    Check scratch;
-    enum outcome out;
-    SSL_CTX *ctx;
-    Py_BEGIN_ALLOW_THREADS
-    ctx = take(prepared, &scratch, &out);
-    Py_END_ALLOW_THREADS
-    if (ctx != NULL)
-        ssl_api.SSL_CTX_free(ctx);
+    end_helper(&ahead);
     Py_RETURN_NONE;
 }
 
-/* pending(): whether a context prepared ahead waits for a check (or for `release`). */
-static PyObject *tls_pending(PyObject *module, PyObject *unused) { return PyBool_FromLong(ahead != NULL); }
+/* pending(): whether a helper started ahead waits for a check (or for `release`). */
+static PyObject *tls_pending(PyObject *module, PyObject *unused) { return PyBool_FromLong(ahead.pid != 0); }
 
-/* settings(): what the thread's context is made with (for tests/unit/test_tlscheck.py, which compares it with
- * `ssl.SSLContext(PROTOCOL_TLS_CLIENT)`): options, minimum version, verify flags, host flags, cipher names. */
-static PyObject *tls_settings(PyObject *module, PyObject *unused) {
-    pthread_once(&api_once, load_api);
-    if (api_error[0])
-        return PyErr_Format(PyExc_OSError, "%s", api_error);
-    Check scratch = {.message = ""};
-    SSL_CTX *ctx = make_context(&scratch);
-    if (ctx == NULL)
-        return PyErr_Format(PyExc_OSError, "%s", scratch.message);
-    X509_VERIFY_PARAM *param = ssl_api.SSL_CTX_get0_param(ctx);
-    const OPENSSL_STACK *ciphers = (const OPENSSL_STACK *)ssl_api.SSL_CTX_get_ciphers(ctx);
-    PyObject *names = PyList_New(0);
-    for (int i = 0; names != NULL && i < ssl_api.OPENSSL_sk_num(ciphers); i++) {
-        PyObject *name = PyUnicode_FromString(ssl_api.SSL_CIPHER_get_name(ssl_api.OPENSSL_sk_value(ciphers, i)));
-        if (name == NULL || PyList_Append(names, name) != 0)
-            Py_CLEAR(names);
-        Py_XDECREF(name);
-    }
-    PyObject *out = names == NULL ? NULL : Py_BuildValue(
-        "{s:k,s:l,s:k,s:I,s:N}", "options", (unsigned long)ssl_api.SSL_CTX_get_options(ctx), "minimum_version",
-        ssl_api.SSL_CTX_ctrl(ctx, SSL_CTRL_GET_MIN_PROTO_VERSION, 0, NULL), "verify_flags",
-        (unsigned long)ssl_api.X509_VERIFY_PARAM_get_flags(param), "hostflags",
-        ssl_api.X509_VERIFY_PARAM_get_hostflags(param), "ciphers", names);
-    ssl_api.SSL_CTX_free(ctx);
-    return out;
+/* helper(): the helper program's path, or None where it was not built. */
+static PyObject *tls_helper(PyObject *module, PyObject *unused) {
+    if (!helper_path[0])
+        Py_RETURN_NONE;
+    return PyUnicode_DecodeFSDefault(helper_path);
 }
 
 static PyMethodDef methods[] = {
-    {"start", tls_start, METH_VARARGS, "start(...): a Check, its thread started (see the module's doc)."},
-    {"prepare", tls_prepare, METH_VARARGS, "prepare(cert_file, cert_dir): the next check's context begun on a thread."},
-    {"release", tls_release, METH_NOARGS, "release(): the context prepared and not used, its thread joined."},
-    {"pending", tls_pending, METH_NOARGS, "pending(): whether a prepared context waits for a check or release."},
-    {"settings", tls_settings, METH_NOARGS, "settings(): the context's settings, as a dict."},
+    {"start", tls_start, METH_VARARGS, "start(...): a Check, handed to its helper (see the module's doc)."},
+    {"prepare", tls_prepare, METH_VARARGS, "prepare(cert_file, cert_dir): the next check's helper started now."},
+    {"release", tls_release, METH_NOARGS, "release(): the helper started ahead and not used, killed and reaped."},
+    {"pending", tls_pending, METH_NOARGS, "pending(): whether a helper started ahead waits for a check or release."},
+    {"helper", tls_helper, METH_NOARGS, "helper(): the helper program's path, or None."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_tlscheck", "A cached tag's HEAD request over TLS, on a thread (singpy.oci.quickhead).",
+    PyModuleDef_HEAD_INIT, "_tlscheck", "A cached tag's HEAD request over TLS, in a helper (singpy.oci.quickhead).",
     -1, methods,
 };
 
-/* At the interpreter's exit (Py_AtExit: after its objects, before the C library's exit handlers), every
- * thread of this module stopped and joined: OpenSSL's own exit handler frees what a thread still in
- * SSL_CTX_new would use (a run ended by an error right after `prepare` crashed so, now and then). */
-static void finish_threads(void) {
-    while (live != NULL) {
-        Check *c = live;
-        stop(c);
-        pthread_join(c->thread, NULL);
-        joined(c);
-    }
-    if (ahead != NULL) {
-        Check scratch;
-        enum outcome out;
-        SSL_CTX *ctx = take(ahead, &scratch, &out);
-        ahead = NULL;
-        if (ctx != NULL)
-            ssl_api.SSL_CTX_free(ctx);
-    }
+/* At the interpreter's exit (Py_AtExit), every helper still running killed and reaped. */
+static void finish_helpers(void) {
+    while (live != NULL)
+        finish(live);
+    end_helper(&ahead);
 }
 
-/* In a forked child the threads are not there (they stay the parent's): nothing to stop, join or free, and
- * the control pipes, shared with the parent's threads, must not be written. */
+/* In a forked child the helpers are not its children: forgotten (never signalled, never waited for), their
+ * control sockets closed in the child only. */
 static void forked_child(void) {
-    for (Check *c = live; c != NULL; c = c->next)
-        c->running = 0;
+    for (Check *c = live; c != NULL; c = c->next) {
+        if (c->helper.control >= 0)
+            close(c->helper.control);
+        c->helper = (Helper){0, -1};
+        if (!c->answered) {
+            c->answered = 1;
+            answer(c, OUT_STOPPED, "stopped");
+        }
+    }
     live = NULL;
-    ahead = NULL;
+    if (ahead.control >= 0)
+        close(ahead.control);
+    ahead = (Helper){0, -1};
+}
+
+/* The helper's path: beside this module's own file (dladdr), if it is there to run. */
+static void find_helper(void) {
+    Dl_info info;
+    char *slash;
+    if (dladdr((void *)find_helper, &info) == 0 || info.dli_fname == NULL ||
+        (slash = strrchr(info.dli_fname, '/')) == NULL ||
+        (size_t)(slash - info.dli_fname) + sizeof "/" HELPER_NAME > sizeof helper_path)
+        return;
+    snprintf(helper_path, sizeof helper_path, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, HELPER_NAME);
+    if (access(helper_path, X_OK) != 0)
+        helper_path[0] = '\0';
 }
 
 PyMODINIT_FUNC PyInit__tlscheck(void) {
     if (PyType_Ready(&CheckType) < 0)
         return NULL;
-    if (Py_AtExit(finish_threads) != 0 || pthread_atfork(NULL, NULL, forked_child) != 0)
+    if (Py_AtExit(finish_helpers) != 0 || pthread_atfork(NULL, NULL, forked_child) != 0)
         return PyErr_Format(PyExc_ImportError, "_tlscheck: can't register its exit and fork handlers");
+    find_helper();
     return PyModule_Create(&module);
 }

@@ -22,9 +22,9 @@ The request can be sent ahead (`send`, then `expect`: singpy.oci.tagcheck, as so
 parsed): the connection is opened, the TLS handshake begun and the request sent as far as they go without
 waiting, and `cached_top` later waits for the rest of the same exchange instead of making one. The launcher
 imports and prepares meanwhile: the registry's side (its handshake, its time to answer) overlaps it, and over
-TLS so does OpenSSL's own work where it runs on a thread of its own (singpy.oci.quicktls.threaded; a Python
-thread and a forked child were measured and lost, docs/pull.md "Speed"). Nothing is decided before the
-answer: a moved tag is seen on this run, as before.
+TLS so does OpenSSL's own work where it runs in a helper process (singpy.oci.quicktls.threaded; a Python
+thread, a forked child and a C thread were measured before it, docs/pull.md "Speed"). Nothing is decided
+before the answer: a moved tag is seen on this run, as before.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ class _Early:
         self.unsent = memoryview(_request(ref, reference, https=https))
         self.sock: Any = None
         self.tls: Any = None  # the _ssl object over sock
-        self.threaded: Any = None  # or the whole TLS exchange on its own thread (singpy.oci._tlscheck)
+        self.threaded: Any = None  # or the whole TLS exchange in a helper process (singpy.oci._tlscheck)
         self.connecting = self.shaking = self.redo = False
 
     def begin(self) -> None:
@@ -258,7 +258,7 @@ class _Early:
             self.close()
 
     def _threaded_head(self) -> bytes:
-        """_head's answer from the exchange on its own thread (its errors mapped as _head maps them)."""
+        """_head's answer from the exchange in the helper (its errors mapped as _head maps them)."""
         try:
             received: bytes = self.threaded.result()
         except TimeoutError as error:

@@ -1,11 +1,11 @@
-"""The TLS of a cached tag's check (singpy.oci.quickhead), on a thread of its own or on the launcher's.
+"""The TLS of a cached tag's check (singpy.oci.quickhead), in a helper process or on the launcher's thread.
 
-Where singpy.oci._tlscheck was built (make setup: a compiler and OpenSSL's headers), the whole exchange runs
-on a POSIX thread that never holds the interpreter's lock (`threaded`): loading OpenSSL, its first context, the
-handshake, the request and the answer's head, on the other core while the launcher imports and prepares
-(issue 31: ~10 ms of the launcher's CPU over TLS; its context may even be begun as soon as the command line is
-parsed, singpy.oci.tagcheck.prepare). Elsewhere the check makes the same exchange through `_ssl`, the C
-module `ssl` wraps, on the launcher's thread (`tls_object`, `TLSStream`). Both verify as a pull does
+Where singpy.oci._tlscheck and its helper program were built (make setup: a compiler and OpenSSL's headers),
+the whole exchange runs in `_tlscheck_helper` (`threaded`): loading OpenSSL, its first context, the handshake,
+the request and the answer's head, on the other core while the launcher imports and prepares (issue 31: ~10
+ms of the launcher's CPU over TLS; the helper may even be started as soon as the command line names an image,
+singpy.oci.tagcheck.prepare_early). Elsewhere the check makes the same exchange through `_ssl`, the C module
+`ssl` wraps, on the launcher's thread (`tls_object`, `TLSStream`). Both verify as a pull does
 (singpy.oci.tlsconf), with `trust_env`'s one difference in how the trust is loaded.
 """
 
@@ -29,13 +29,15 @@ def ssl_waits() -> tuple[type[BaseException], ...]:
 
 def threaded(fd: int, host: str, request: bytes, endpoint: str, env: Mapping[str, str], *, left: float,
              waits: tuple[float, float], limit: int) -> Any:
-    """The TLS exchange of `request` over socket `fd` (its connect() under way) begun on a thread of its own
-    (singpy/oci/_tlscheck.c: the request leaves on its `go()`, `result()` is the answer's head); None where that
-    module was not built (`tls_object` on this thread, as before). `left`: seconds to the answer's deadline;
-    `waits`: the connect's and each read's limits; `limit`: the head's bytes."""
+    """The TLS exchange of `request` over socket `fd` (its connect() under way) handed to the check's helper
+    (singpy/oci/_tlscheck.c: the request leaves on its `go()`, `result()` is the answer's head); None where the
+    module or its helper was not built (`tls_object` on this thread, as before). `left`: seconds to the answer's
+    deadline; `waits`: the connect's and each read's limits; `limit`: the head's bytes."""
     try:
         from singpy.oci import _tlscheck  # type: ignore[attr-defined]  # a C extension, built by make setup
     except ImportError:
+        return None
+    if _tlscheck.helper() is None:
         return None
     import os
 
@@ -46,8 +48,9 @@ def threaded(fd: int, host: str, request: bytes, endpoint: str, env: Mapping[str
 
 
 def trust_variables(env: Mapping[str, str]) -> tuple[bytes, bytes]:
-    """SSL_CERT_FILE and SSL_CERT_DIR of `env`, for the C thread (which applies trust_env's rule itself); a
-    context prepared ahead (singpy.oci.tagcheck.prepare) loads them too, and is taken only for the same ones."""
+    """SSL_CERT_FILE and SSL_CERT_DIR of `env`, for the check's helper (which applies trust_env's rule itself);
+    one started ahead (singpy.oci.tagcheck.prepare) loads them too, and its context is taken only for the same
+    ones."""
     import os
 
     return os.fsencode(env.get("SSL_CERT_FILE", "")), os.fsencode(env.get("SSL_CERT_DIR", ""))

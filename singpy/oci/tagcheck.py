@@ -22,22 +22,34 @@ if TYPE_CHECKING:
 
 
 def prepare_early(words: Sequence[str], env: Mapping[str, str]) -> None:
-    """`prepare` as soon as singpy.cli.main knows the command is run, exec, shell or test, before the parser
-    and its table of options are loaded (a few ms sooner: −0.5 ms of a TLS run's wall time, docs/performance.md),
-    on the first docker:// or oras:// word of the command, with the flags that rule out a check over TLS as they
-    are written. A guess: `prepare` with the parsed command line confirms it, or releases what it began."""
-    from singpy.oci.pull import PullOptions
+    """`prepare` before anything is parsed: by the tuned console script as soon as its bundle serves
+    (singpy.cli.launcher.TEMPLATE), else at the start of singpy.cli.main; 4-6 ms sooner than `prepare` after
+    the parse (the helper it starts is on the longest path of a TLS run, docs/performance.md). When a word of
+    the command line is a docker:// or oras:// image by tag after a run, exec, shell or test word, and none of
+    the flags that rule out a check over TLS is written. A guess: `prepare` with the parsed command line confirms
+    it or releases the helper; singpy.cli.main releases it for any other command."""
+    first = next((index for index, word in enumerate(words) if word.startswith(("docker://", "oras://"))), None)
+    if (first is None or "@" in words[first] or not _FAST.intersection(words[:first])
+            or _NO_TLS_FLAGS.intersection(words)):
+        return
+    try:
+        from singpy.oci import _tlscheck  # type: ignore[attr-defined]  # a C extension, built by make setup
+    except ImportError:
+        return
+    from singpy.oci.quicktls import trust_variables
 
-    text = next((word for word in words if word.startswith(("docker://", "oras://"))), "")
-    if text and not {"--docker-login", "--no-https", "--nohttps"}.intersection(words):
-        prepare(text, PullOptions(login=False, authfile="", https=True), env)
+    _tlscheck.prepare(*trust_variables(env))
+
+
+_FAST = frozenset(("run", "exec", "shell", "test"))  # singpy.cli.main.FAST_COMMANDS
+_NO_TLS_FLAGS = frozenset(("--docker-login", "--no-https", "--nohttps"))
 
 
 def prepare(text: str, options: PullOptions, env: Mapping[str, str]) -> None:
-    """Over TLS, the check's context begun now, on a thread of its own (singpy.oci._tlscheck.prepare: OpenSSL
-    loaded and set up, ~5 ms of CPU on the other core), when the command line names an image by tag that
-    `send_ahead` would check over https; `send_ahead` hands it to its check, or releases it. Where it would not,
-    one begun by `prepare_early` is released now: the launch's unshare needs a process of one thread."""
+    """Over TLS, the check's helper started now (singpy.oci._tlscheck.prepare: a process that loads OpenSSL and
+    makes its context, ~6 ms of CPU on the other core), when the command line names an image by tag that
+    `send_ahead` would check over https; `send_ahead` hands it the check, or releases it. Where it would not,
+    one started by `prepare_early` is released now (killed and reaped)."""
     if options.login or not text.startswith(("docker://", "oras://")) or "@" in text or not _https(options, env):
         release()
         return  # no check, or none over TLS ("@": by digest, or a reference the check would not take)
@@ -86,7 +98,8 @@ def settle() -> None:
 
 
 def release() -> None:
-    """A context `prepare` began and no check took: its thread joined (the launch's unshare needs one thread)."""
+    """A helper `prepare` started and no check took: killed and reaped (none is left to the container's
+    program as a child it never made)."""
     import sys
 
     threaded = sys.modules.get("singpy.oci._tlscheck")

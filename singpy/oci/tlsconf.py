@@ -51,7 +51,8 @@ def trust(context: _ssl._SSLContext, env: Mapping[str, str], extra_files: tuple[
     (parsing the bundle costs 25-40 ms; OpenSSL looks the directory up lazily, by the issuer's name hash).
     Debian's holds the same certificates; elsewhere it may hold fewer, never more: a caller that gets a
     verification failure asks again with the whole store (singpy.oci.quickhead leaves it to the full client).
-    singpy/oci/_tlscheck.c's `trust` loads the same on its thread: a change here is a change there.
+    singpy/oci/_tlscheck_tls.c's `system_trust` loads the same in the check's helper: a change here is a change
+    there.
     """
     import _ssl
 

@@ -99,6 +99,12 @@ def test_pipx_install_gives_a_working_singpy(singpy: Singpy, pipx_installed: Pat
         assert f"configuration: {shipped}" in result.stderr
     shown = subprocess.run([str(command), "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0 and shown.stdout.startswith("singpy version "), shown.stderr
+    oci = next((venv / "lib").glob("python3*/site-packages/singpy/oci"))
+    if list(oci.glob("_tlscheck.*.so")):  # built (a compiler, OpenSSL's headers): the TLS check's helper beside it
+        found = subprocess.run([str(venv / "bin" / "python"), "-c",
+                                "from singpy.oci import _tlscheck; print(_tlscheck.helper())"],
+                               capture_output=True, text=True, timeout=60, check=False, cwd="/")
+        assert found.stdout == f"{oci / '_tlscheck_helper'}\n", found.stderr
 
 
 def test_pipx_install_offers_the_drop_in_names_on_request(pipx_installed: Path, tmp_path: Path) -> None:

@@ -231,8 +231,8 @@ def test_a_registry_gone_slow_runs_the_cached_image_in_bounded_time(
 def test_a_cached_tag_check_loads_no_http_client(singpy: Singpy, kind: str, request: pytest.FixtureRequest,
                                                  workdir: Path) -> None:
     """The point of the quick check (issue 31): http.client and email (~20 ms of imports) stay unloaded, and so
-    does `ssl` (~9 ms); over TLS the exchange runs on singpy.oci._tlscheck's thread (built by make setup), so
-    not even `_ssl` is loaded (where that module was not built, the check uses `_ssl` alone)."""
+    does `ssl` (~9 ms); over TLS the exchange runs in singpy.oci._tlscheck's helper (built by make setup), so
+    not even `_ssl` is loaded (where the helper was not built, the check uses `_ssl` alone)."""
     registry: RegistryServer = request.getfixturevalue(f"registry_{kind}")
     name = f"tagcheck/imports-{kind}-{singpy.profile}"
     registry.upload(marked("imports"), name)
@@ -244,7 +244,8 @@ def test_a_cached_tag_check_loads_no_http_client(singpy: Singpy, kind: str, requ
     assert result.returncode == 0 and result.stdout == "imports\n", result.stderr
     imported = {line.rpartition("|")[2].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "singpy.oci.quickhead" in imported  # the import log is there
-    threaded = importlib.util.find_spec("singpy.oci._tlscheck") is not None
-    assert ("singpy.oci._tlscheck" in imported) == (kind == "tls" and threaded), sorted(imported)
+    built = importlib.util.find_spec("singpy.oci._tlscheck") is not None
+    threaded = built and importlib.import_module("singpy.oci._tlscheck").helper() is not None
+    assert ("singpy.oci._tlscheck" in imported) == (kind == "tls" and built), sorted(imported)
     assert ("_ssl" in imported) == (kind == "tls" and not threaded), sorted(imported)
     assert not imported & {"http.client", "email.parser", "singpy.oci.transport", "ssl"}, sorted(imported)

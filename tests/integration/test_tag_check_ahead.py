@@ -242,21 +242,46 @@ def test_nothing_of_the_run_remains_after_it(singpy: Singpy, kind: str, request:
     assert list(tmpdir.iterdir()) == []
 
 
+@pytest.mark.parametrize("kind", ["plain", "tls"])
+def test_the_containers_program_has_no_child_it_did_not_make(singpy: Singpy, kind: str,
+                                                              request: pytest.FixtureRequest, workdir: Path) -> None:
+    """Over TLS the check runs in a helper process, a child of the launcher, which becomes the container's program
+    by exec: the helper is killed and reaped before that, never left to the program as a child of its own (a
+    shell's `wait` would wait for it, an init would reap a stranger)."""
+    registry: RegistryServer = request.getfixturevalue(f"registry_{kind}")
+    name = f"tagahead/children-{kind}-{singpy.profile}"
+    registry.upload(marked("cached"), name)
+    env = singpy.env(SINGPY_CACHEDIR=str(new_cache(singpy, workdir, f"tag-ahead-children-{kind}")),
+                     SSL_CERT_FILE=registry.ca_file or "")
+    singpy.ok("exec", *flags(registry), registry.ref(name), "true", env=env)  # cached
+    for _ in range(3):
+        result = singpy.run("-d", "exec", *flags(registry), registry.ref(name), "sh", "-c",
+                            "exec cat /proc/$$/task/$$/children", env=env)
+        assert result.returncode == 0 and AHEAD in result.stderr, result.stderr
+        assert result.stdout == "", result.stdout  # the program (cat, in the launcher's process) has no child
+
+
 def test_an_error_right_after_the_tls_context_is_begun_is_one_fatal_line(singpy: Singpy, tmp_path: Path) -> None:
-    """Over https the check's TLS context is begun on a thread of its own as soon as the command line is parsed
-    (singpy.oci.tagcheck.prepare). A run that ends right after, here on a configuration file that can't be read,
-    still ends as any error does: one FATAL line, exit 255. (Before the thread was joined at exit, OpenSSL's
-    own exit handler freed what it was using, and 2 runs in 30 ended in a segmentation fault instead.)"""
+    """Over https the check's helper is started as soon as the command line names an image
+    (singpy.oci.tagcheck.prepare_early). A run that ends right after, here on a configuration file that can't be
+    read, still ends as any error does: one FATAL line, exit 255, and no helper left. (When the context was made
+    on a thread that was not joined at exit, OpenSSL's own exit handler freed what it was using, and 2 runs in
+    30 ended in a segmentation fault instead.)"""
     missing = tmp_path / "no" / "singpy.conf"
     for _ in range(20):
         result = singpy.run("--config", str(missing), "exec", "docker://127.0.0.1:9/some/image:v1", "true")
         assert_one_fatal(result, "can't read configuration")
+    process = singpy.popen(["--config", str(missing), "exec", "docker://127.0.0.1:9/some/image:v1", "true"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 255 and "FATAL" in err, err
+    assert session_members(process.pid) == []  # the helper too: killed at exit
 
 
-def test_a_docker_word_that_is_not_the_image_is_no_reason_to_keep_a_thread(singpy: Singpy, workdir: Path) -> None:
-    """The TLS context is begun on the first docker:// word of a run, exec or shell, before the parser is loaded
-    (singpy.oci.tagcheck.prepare_early). Here that word is an argument of the command: the parsed command line
-    releases the context, its thread joined, and the launch (whose unshare needs a process of one thread) runs."""
+def test_a_docker_word_that_is_not_the_image_is_no_reason_to_keep_a_helper(singpy: Singpy, workdir: Path) -> None:
+    """The check's helper is started on the first docker:// word of a run, exec or shell, before the parser is
+    loaded (singpy.oci.tagcheck.prepare_early). Here that word is an argument of the command: the parsed command
+    line releases it (killed and reaped), and the launch runs."""
     sandbox = workdir / "tag-ahead-word"
     if not sandbox.exists():
         build_busybox_rootfs(sandbox)

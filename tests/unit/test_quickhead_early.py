@@ -14,6 +14,7 @@ import ssl
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,15 +106,28 @@ def test_a_refused_connection_is_unreachable_in_the_full_clients_words(home: str
         ask_early(home, port, early_ok=False)
 
 
-@pytest.fixture(params=["thread", "_ssl"])
+@pytest.fixture(params=["helper", "_ssl"])
 def tls_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The TLS exchange on its own thread (singpy.oci._tlscheck, built by make setup), or through `_ssl` on the
+    """The TLS exchange in a helper process (singpy.oci._tlscheck, built by make setup), or through `_ssl` on the
     launcher's thread as where that module was not built: both answer alike."""
     if request.param == "_ssl":
         monkeypatch.setattr(quicktls, "threaded", lambda *args, **keywords: None)
     else:
-        pytest.importorskip("singpy.oci._tlscheck", reason="the C extension is built by make setup")
+        helper()
     return str(request.param)
+
+
+def helper() -> Any:
+    """singpy.oci._tlscheck, where it and its helper program were built (else the test is skipped)."""
+    module = pytest.importorskip("singpy.oci._tlscheck", reason="the C extension is built by make setup")
+    if module.helper() is None:
+        pytest.skip("the helper program is built by make setup (OpenSSL's headers)")
+    return module
+
+
+def children() -> set[str]:
+    """This process's children (a helper left running would be one)."""
+    return set(Path(f"/proc/self/task/{os.getpid()}/children").read_text().split())
 
 
 def tls_answering(tls_files: tuple[str, str, str], answer: bytes = OK) -> Answering:
@@ -199,18 +213,18 @@ def test_only_a_cached_image_by_tag_is_checked_ahead(home: str, tmp_path: Path) 
     assert len([request for request in server.requests if request]) == 1  # the one HEAD, sent ahead
 
 
-def test_a_tls_context_prepared_for_an_image_the_cache_lacks_leaves_no_thread(home: str, tmp_path: Path) -> None:
-    """tagcheck.prepare begins the TLS context on a thread as soon as the command line is parsed; send_ahead, finding
-    nothing cached, releases it: the launch's unshare() that follows needs a process of one thread."""
-    threaded = pytest.importorskip("singpy.oci._tlscheck", reason="the C extension is built by make setup")
+def test_a_tls_context_prepared_for_an_image_the_cache_lacks_leaves_no_helper(home: str, tmp_path: Path) -> None:
+    """tagcheck.prepare starts the check's helper as soon as the command line is parsed; send_ahead, finding
+    nothing cached, releases it: killed and reaped, never left to the container's program as a child."""
+    threaded = helper()
     reference = "docker://127.0.0.1:9/some/image:v1"
     env = {**environment(home), "SINGPY_CACHEDIR": str(tmp_path / "cache")}
-    before = set(os.listdir("/proc/self/task"))
+    before = children()
     tagcheck.prepare(reference, PullOptions(), env)
-    assert threaded.pending()
+    assert threaded.pending() and len(children() - before) == 1
     assert not tagcheck.send_ahead(reference, PullOptions(), env, home)
-    assert not threaded.pending()  # released: its thread joined
-    assert set(os.listdir("/proc/self/task")) == before
+    assert not threaded.pending()  # released: its helper killed and reaped
+    assert children() == before
     for text, options in ((reference, PullOptions(https=False)), (reference, PullOptions(login=True)),
                           (f"docker://127.0.0.1:9/some/image@{DIGEST}", PullOptions()),
                           ("/some/image.sif", PullOptions())):
@@ -219,26 +233,29 @@ def test_a_tls_context_prepared_for_an_image_the_cache_lacks_leaves_no_thread(ho
 
 
 def test_a_context_begun_early_is_kept_or_released_by_the_parsed_command_line(home: str, tmp_path: Path) -> None:
-    """prepare_early (singpy.cli.main, before the parser loads) begins the context on the first docker:// or
-    oras:// word; unless a flag as written rules a check over TLS out. `prepare` with what the parser found then
-    keeps it, or releases it, its thread joined."""
-    threaded = pytest.importorskip("singpy.oci._tlscheck", reason="the C extension is built by make setup")
+    """prepare_early (the console script and singpy.cli.main, before the parser loads) starts the helper on the
+    first docker:// or oras:// word after a run, exec, shell or test word; unless a flag as written rules a check
+    over TLS out. `prepare` with what the parser found then keeps it, or releases it, its helper killed and
+    reaped."""
+    threaded = helper()
     reference = "docker://127.0.0.1:9/some/image:v1"
     env = {**environment(home), "SINGPY_CACHEDIR": str(tmp_path / "cache")}
-    before = set(os.listdir("/proc/self/task"))
+    before = children()
     try:
-        for words in (["--no-https", reference, "true"], ["--nohttps", reference, "true"],
-                      ["--docker-login", reference, "true"], [f"docker://127.0.0.1:9/some/image@{DIGEST}", "true"],
-                      ["/some/image.sif", "true"]):
+        for words in (["exec", "--no-https", reference, "true"], ["exec", "--nohttps", reference, "true"],
+                      ["exec", "--docker-login", reference, "true"],
+                      ["exec", f"docker://127.0.0.1:9/some/image@{DIGEST}", "true"],
+                      ["exec", "/some/image.sif", "true"],
+                      ["pull", reference], ["-d", "inspect", reference], [reference, "exec"]):
             tagcheck.prepare_early(words, env)
             assert not threaded.pending(), words
-        tagcheck.prepare_early(["-B", "/a:/b", reference, "true"], env)
-        assert threaded.pending()
+        tagcheck.prepare_early(["-d", "exec", "-B", "/a:/b", reference, "true"], env)
+        assert threaded.pending() and len(children() - before) == 1
         tagcheck.prepare(reference, PullOptions(), env)  # the parser agrees: kept, for send_ahead
         assert threaded.pending()
         tagcheck.prepare(reference, PullOptions(https=False), env)  # it does not (a variable said --no-https)
         assert not threaded.pending()
-        assert set(os.listdir("/proc/self/task")) == before
+        assert children() == before
     finally:
         tagcheck.release()
 

@@ -1,18 +1,20 @@
-"""singpy.oci._tlscheck: a cached tag's HEAD request over TLS on a thread of its own (issue 31).
+"""singpy.oci._tlscheck: a cached tag's HEAD request over TLS in a helper process (issue 31).
 
-The thread must verify as `_ssl` verifies (the same context, the same trust), ask nothing before it is told
-to, end every wait at the caller's limits, take no signal, and be gone once closed: the launch that follows
-unshares a user namespace, which a process of two threads can't. Real TLS servers on 127.0.0.1
-(tests.support.answering) with a CA made for the test (tests.support.registry_tls).
+The helper must verify as `_ssl` verifies (the same context, the same trust), ask nothing before it is told
+to, end every wait at the caller's limits, take none of the terminal's signals, and be gone (killed and reaped)
+once its answer is read, its check closed or its context released: the launch that follows would leave it to
+the container's program as a child it never made. Real TLS servers on 127.0.0.1 (tests.support.answering) with
+a CA made for the test (tests.support.registry_tls).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import ssl
 import subprocess
-import threading
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +26,8 @@ from tests.support.answering import Answering
 from tests.support.registry_tls import make_tls
 
 _tlscheck: Any = pytest.importorskip("singpy.oci._tlscheck", reason="the C extension is built by make setup")
+if _tlscheck.helper() is None:
+    pytest.skip("the helper program is built by make setup (OpenSSL's headers)", allow_module_level=True)
 
 DIGEST = "sha256:" + "ab" * 32
 OK = f"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nDocker-Content-Digest: {DIGEST}\r\n\r\n".encode()
@@ -59,25 +63,38 @@ def start(sock: socket.socket, *, host: bytes = b"127.0.0.1", cert_file: str = "
                            64 << 10)
 
 
-def threads() -> set[str]:
-    """This process's threads but Python's (the servers' of tests.support.answering): the C module's."""
-    return set(os.listdir("/proc/self/task")) - {str(thread.native_id) for thread in threading.enumerate()}
+def helpers(pid: int | str = "self") -> list[int]:
+    """The helper processes that are children of process `pid` (this one by default)."""
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+        except OSError:
+            continue  # a thread (a test server's) gone meanwhile
+        for child in children:
+            try:
+                if os.readlink(f"/proc/{child}/exe") == _tlscheck.helper():
+                    found.append(int(child))
+            except OSError:
+                pass  # gone meanwhile
+    return found
 
 
-def none_left(before: set[str]) -> bool:
-    """No thread but those of `before`: the C module's are joined before its calls return, but a server's
-    thread that has just left Python's list may take a moment more to end."""
-    deadline = time.monotonic() + 2
-    while not threads() <= before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return threads() <= before
+def settings() -> dict[str, Any]:
+    """What `_tlscheck_helper settings` says its context is made with."""
+    done = subprocess.run([_tlscheck.helper(), "settings"], capture_output=True, text=True, check=True, timeout=30)
+    values: dict[str, Any] = {}
+    for line in done.stdout.splitlines():
+        name, _, value = line.partition(" ")
+        values[name] = value.split(":") if name == "ciphers" else int(value)
+    return values
 
 
 def test_the_context_is_the_one_ssl_makes_for_a_client() -> None:
     """The options, verify flags, host flags and ciphers of `ssl.SSLContext(PROTOCOL_TLS_CLIENT)` in this very
     interpreter; the minimum version TLS 1.2 (Debian's _ssl leaves it to OpenSSL's configuration, which says the
     same; others set TLS 1.2)."""
-    ours, theirs = _tlscheck.settings(), ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ours, theirs = settings(), ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     assert ours["options"] == int(theirs.options)
     assert ours["verify_flags"] == int(theirs.verify_flags)
     assert ours["ciphers"] == [cipher["name"] for cipher in theirs.get_ciphers()]
@@ -157,9 +174,9 @@ def test_a_refused_connection_is_asked_again_from_the_start() -> None:
 
 def test_a_silent_server_ends_at_the_wait_limit_and_close_stops_at_once() -> None:
     """A listener that accepts and never answers the handshake: the wait ends at the limit given (TimeoutError,
-    quickhead's "too slow"); with long limits, close() ends the thread at once and nothing is left running."""
+    quickhead's "too slow"); with long limits, close() ends the helper at once and nothing is left running."""
     listener = socket.create_server(("127.0.0.1", 0))
-    port, before = listener.getsockname()[1], threads()
+    port = listener.getsockname()[1]
     try:
         sock = connecting(port)
         started = time.monotonic()
@@ -170,11 +187,11 @@ def test_a_silent_server_ends_at_the_wait_limit_and_close_stops_at_once() -> Non
         sock = connecting(port)
         check = start(sock, timeout=60, left=120)
         time.sleep(0.2)
-        assert len(threads() - before) == 1  # the check's thread, waiting
+        assert len(helpers()) == 1  # the check's helper, waiting
         started = time.monotonic()
         check.close()
         assert time.monotonic() - started < 1
-        assert none_left(before)
+        assert helpers() == []  # killed and reaped before close() returned
         sock.close()
     finally:
         listener.close()
@@ -193,21 +210,47 @@ def test_the_answers_deadline_bounds_every_wait() -> None:
         listener.close()
 
 
-def test_the_thread_takes_no_signal() -> None:
-    """Every signal blocked on the check's thread: the launcher's handlers (SIGTERM, SIGINT...) run on its main
-    thread, which the kernel would otherwise be free to pass over."""
+def test_a_helper_that_never_answers_is_not_waited_for_past_the_deadline() -> None:
+    """A helper stopped (SIGSTOP) before it could answer: result() still ends a second after the answer's
+    deadline, and the helper is killed and reaped."""
     listener = socket.create_server(("127.0.0.1", 0))
-    before = threads()
+    sock = connecting(listener.getsockname()[1])
+    try:
+        check = start(sock, timeout=30, left=0.5)
+        (helper,) = helpers()
+        os.kill(helper, signal.SIGSTOP)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="SINGPY_PULL_DOCUMENT_TIMEOUT"):
+            check.result()
+        assert time.monotonic() - started < 4
+        assert helpers() == []
+    finally:
+        sock.close()
+        listener.close()
+
+
+def test_the_helper_takes_none_of_the_terminals_signals() -> None:
+    """The helper is in the launcher's process group: a Ctrl-C, Ctrl-Z or hang-up there is the launcher's to act
+    on (it kills the helper when it is done with it); the helper ignores them, blocks nothing, and ends with
+    close() all the same."""
+    listener = socket.create_server(("127.0.0.1", 0))
     sock = connecting(listener.getsockname()[1])
     try:
         check = start(sock, timeout=60, left=120)
         time.sleep(0.2)
-        (task,) = threads() - before
-        status = Path(f"/proc/self/task/{task}/status").read_text()
-        blocked = int(next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16)
-        unblockable = 1 << (9 - 1) | 1 << (19 - 1)  # SIGKILL, SIGSTOP
-        assert blocked & ((1 << 31) - 1) == ((1 << 31) - 1) & ~unblockable  # signals 1-31
+        (helper,) = helpers()
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{helper}/status").read_text().splitlines())
+        ignored = int(status["SigIgn"], 16)
+        for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGHUP,
+                       signal.SIGPIPE):
+            assert ignored & 1 << (number - 1), number
+        assert int(status["SigBlk"], 16) == 0
+        for number in (signal.SIGINT, signal.SIGTSTP, signal.SIGHUP):
+            os.kill(helper, number)
+        time.sleep(0.1)
+        assert helpers() == [helper] and Path(f"/proc/{helper}/stat").read_text().split()[2] == "S"  # waiting still
         check.close()
+        assert helpers() == []
     finally:
         sock.close()
         listener.close()
@@ -215,22 +258,21 @@ def test_the_thread_takes_no_signal() -> None:
 
 def test_a_context_prepared_ahead_is_taken_by_the_next_check(server: Answering,
                                                              tls_files: tuple[str, str, str]) -> None:
-    """`prepare` (as soon as the command line is parsed) makes the context on a thread; the check started next
-    takes it, and joins that thread: nothing of either is left once the answer is read."""
-    before = threads()
+    """`prepare` (as soon as the command line names an image) starts the helper, which makes its context at once;
+    the check started next is handed to it: nothing is left once the answer is read."""
     _tlscheck.prepare()
     _tlscheck.prepare()  # one at a time: this one is the same
-    assert _tlscheck.pending()
+    assert _tlscheck.pending() and len(helpers()) == 1
     sock = connecting(server.port)
     try:
         check = start(sock, cert_file=tls_files[0])
-        assert not _tlscheck.pending()  # handed to the check
+        assert not _tlscheck.pending() and len(helpers()) == 1  # handed to the check: the same helper
         check.go()
         assert check.result() == OK
         _tlscheck.release()  # nothing to release: the check took it
     finally:
         sock.close()
-    assert none_left(before)
+    assert helpers() == []
     assert server.requests == [REQUEST]
 
 
@@ -247,7 +289,6 @@ def test_a_context_prepared_with_the_variables_trust_is_taken_only_for_the_same_
     """`prepare(SSL_CERT_FILE, SSL_CERT_DIR)` loads their trust ahead too (~0.7 ms of the check's path); a check
     started with other values must not trust what the prepared context does: it makes its own."""
     files = {"": "", "CA": tls_files[0], "absent": str(tmp_path / "absent.crt")}
-    before = threads()
     _tlscheck.prepare(files[prepared].encode(), b"")
     sock = connecting(server.port)
     try:
@@ -261,8 +302,7 @@ def test_a_context_prepared_with_the_variables_trust_is_taken_only_for_the_same_
                 check.result()
     finally:
         sock.close()
-    if answer == "OK":  # (after an error, the server's thread for the connection may still be ending)
-        assert none_left(before)
+    assert helpers() == []
     assert [request for request in server.requests if request] == ([REQUEST] if answer == "OK" else [])
 
 
@@ -298,25 +338,23 @@ def test_a_context_prepared_for_another_ca_directory_is_not_taken(server: Answer
 
 
 def test_a_context_prepared_and_not_used_is_released(server: Answering, tls_files: tuple[str, str, str]) -> None:
-    before = threads()
     _tlscheck.prepare()
     _tlscheck.release()
     assert not _tlscheck.pending()
-    assert none_left(before)  # joined: the launch that follows unshares a user namespace
+    assert helpers() == []  # killed and reaped: no child of the launcher's left to the container's program
     sock = connecting(server.port)
     try:
-        check = start(sock, cert_file=tls_files[0])  # its own context, made on its thread
+        check = start(sock, cert_file=tls_files[0])  # a helper of its own, started for it
         check.go()
         assert check.result() == OK
     finally:
         sock.close()
 
 
-def test_a_forked_child_neither_waits_for_nor_stops_the_parents_thread() -> None:
-    """After fork() the check's thread is the parent's alone: closing the check in the child returns at once
-    (nothing to join there) and writes nothing on the control pipe the parent's thread reads."""
+def test_a_forked_child_neither_waits_for_nor_stops_the_parents_helper() -> None:
+    """After fork() the check's helper is the parent's child alone: closing the check in the child returns at
+    once, signals nothing and waits for nothing; the parent's helper still runs until the parent closes it."""
     listener = socket.create_server(("127.0.0.1", 0))
-    before = threads()
     sock = connecting(listener.getsockname()[1])
     try:
         check = start(sock, timeout=60, left=120)
@@ -330,11 +368,56 @@ def test_a_forked_child_neither_waits_for_nor_stops_the_parents_thread() -> None
         if ended[0] == 0:
             os.kill(child, 9)
             os.waitpid(child, 0)
-        assert ended[0] == child and os.waitstatus_to_exitcode(ended[1]) == 0, "the child hung on the parent's thread"
+        assert ended[0] == child and os.waitstatus_to_exitcode(ended[1]) == 0, "the child hung on the parent's helper"
         time.sleep(0.1)
-        assert len(threads() - before) == 1  # the parent's thread still waits: not stopped by the child
+        assert len(helpers()) == 1  # the parent's helper still waits: not stopped by the child
         check.close()
-        assert none_left(before)
+        assert helpers() == []
     finally:
         sock.close()
         listener.close()
+
+
+# A launcher of its own: prepares, says its helper's pid, and leaves the way `_exit_now` does (no exit handlers).
+_LAUNCHER = """
+import os, sys
+sys.path.insert(0, {root!r})
+from singpy.oci import _tlscheck
+{before}
+_tlscheck.prepare()
+print(_tlscheck.pending(), flush=True)
+children = open(f"/proc/self/task/{{os.getpid()}}/children").read().split()
+print(" ".join(children), flush=True)
+os._exit(0)
+"""
+
+
+def test_the_helper_dies_with_its_launcher() -> None:
+    """A launcher that dies (here: leaves without its exit handlers, as a kill would) takes its helper with it
+    (PR_SET_PDEATHSIG): nothing of a run stays behind."""
+    root = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER.format(root=root, before="")], capture_output=True,
+                          text=True, check=True, timeout=30)
+    pending, pids = done.stdout.splitlines()
+    assert pending == "True" and len(pids.split()) == 1, done.stdout
+    helper = int(pids)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{helper}") and not zombie(helper):
+        time.sleep(0.01)
+    assert not os.path.exists(f"/proc/{helper}") or zombie(helper)
+
+
+def zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+def test_no_helper_is_started_on_a_standard_descriptor_left_closed() -> None:
+    """The console script may start the helper before singpy.cli.main reopens a closed descriptor 0, 1 or 2 on
+    /dev/null: its socket pair must not take that number (the launcher's stdin would be the helper's socket)."""
+    root = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", _LAUNCHER.format(root=root, before="os.close(0)")],
+                          capture_output=True, text=True, check=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.stdout.splitlines() == ["False", ""], done.stdout
