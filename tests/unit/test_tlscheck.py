@@ -248,7 +248,7 @@ def test_the_helper_takes_none_of_the_terminals_signals() -> None:
         for number in (signal.SIGINT, signal.SIGTSTP, signal.SIGHUP):
             os.kill(helper, number)
         time.sleep(0.1)
-        assert helpers() == [helper] and Path(f"/proc/{helper}/stat").read_text().split()[2] == "S"  # waiting still
+        assert helpers() == [helper] and state(helper) not in ("T", "Z")  # neither stopped nor ended by them
         check.close()
         assert helpers() == []
     finally:
@@ -407,11 +407,16 @@ def test_the_helper_dies_with_its_launcher() -> None:
     assert not os.path.exists(f"/proc/{helper}") or zombie(helper)
 
 
-def zombie(pid: int) -> bool:
+def state(pid: int) -> str:
+    """Process `pid`'s state letter (R, S, T, Z...), "" once it is gone."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
     except OSError:
-        return False
+        return ""
+
+
+def zombie(pid: int) -> bool:
+    return state(pid) == "Z"
 
 
 def test_no_helper_is_started_on_a_standard_descriptor_left_closed() -> None:
