@@ -28,6 +28,10 @@ import sys
 import tempfile
 import time
 
+import startup_repo  # noqa: F401  (the repository on sys.path, for singpy)
+
+from singpy.cli.bundle import bundle_path
+
 SCRIPT = ("import sys; sys.path.append({root!r}); from singpy.cli.main import main; "
           "sys.argv[0] = 'singpy'; sys.exit(main())")
 # A tree with singpy.cli.bundle but no launcher TEMPLATE runs as its tuned script did: the bundle installed first.
@@ -47,8 +51,7 @@ def _tree_script(root: str, python: str, scratch: str) -> list[str] | None:
     for node in module.body:
         if (isinstance(node, ast.Assign) and [getattr(target, "id", None) for target in node.targets] == ["TEMPLATE"]
                 and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-            bundle = f"{root}/singpy/__pycache__/hotpath.{sys.implementation.cache_tag}.bundle"
-            text = node.value.value.format(python=python, package_root=root, bundle=bundle)
+            text = node.value.value.format(python=python, package_root=root, bundle=bundle_path(f"{root}/singpy"))
             directory = tempfile.mkdtemp(dir=scratch)
             script = os.path.join(directory, "singpy")  # named as installed: sys.argv[0], sys.path[0] alike
             with open(script, "w", encoding="utf-8") as out:
