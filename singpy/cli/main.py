@@ -189,7 +189,14 @@ def _exit_now(status: int) -> NoReturn:
     run/exec/shell return here only as a supervisor whose container has
     already exited (--pid, squashfuse, a host network) or after --dry-run or
     --help; nothing is left to tear down, and skipping it saves about 5 ms.
+    But the tag check's helper, begun on a docker:// word (`exec --help
+    docker://X`), is killed and reaped here: the exit handler that would do
+    it is skipped too, and none is left for others to reap.
     """
+    if "singpy.oci.tagcheck" in sys.modules:
+        from singpy.oci import tagcheck
+
+        tagcheck.release()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

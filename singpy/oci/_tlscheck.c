@@ -17,7 +17,8 @@
  * cached is never asked about); `result` waits for the answer's head, as bytes, or raises: TimeoutError (a
  * wait ran out), ConnectionError (the connection failed, or the helper could not run: asked again from the
  * start, through `_ssl`), OSError (anything else: the full client asks and says what is wrong). Every wait is
- * bounded by the caller's limits, the helper's and this module's. A helper is killed and reaped when its
+ * bounded by the caller's limits, the helper's and this module's, and ended by a signal whose Python handler
+ * raises (Ctrl-C's KeyboardInterrupt, as in `_ssl`'s waits). A helper is killed and reaped when its
  * answer is read, its check closed or its context released, and at the interpreter's exit: none is left to
  * the container's program as a child it never made.
  */
@@ -156,7 +157,18 @@ static int spawn_helper(const char *cert_file, const char *cert_dir, Helper *out
     return 0;
 }
 
-/* Wait until the control socket is ready for `events`, at most until `deadline`: 1, or 0 when it ran out. */
+/* A signal interrupted a wait: Python's handlers run now, as `_ssl`'s waits run them (Ctrl-C's
+ * KeyboardInterrupt ends the wait at once, not at its limit). Called with or without the interpreter's lock.
+ * 1 if a handler raised: its exception is left set, for the function that returns to Python. */
+static int handler_raised(void) {
+    PyGILState_STATE state = PyGILState_Ensure();
+    int raised = PyErr_CheckSignals() < 0;
+    PyGILState_Release(state);
+    return raised;
+}
+
+/* Wait until the control socket is ready for `events`, at most until `deadline`: 1; 0 when it ran out; -1
+ * when a signal's handler raised (handler_raised). */
 static int ready(int fd, short events, double deadline) {
     for (;;) {
         double left = deadline - now();
@@ -166,16 +178,20 @@ static int ready(int fd, short events, double deadline) {
         int got = poll(&one, 1, (int)(left < 3600 ? left * 1000 : 3600 * 1000) + 1);
         if (got > 0)
             return 1;
+        if (got < 0 && errno == EINTR && handler_raised())
+            return -1;
         if (got < 0 && errno != EINTR)
             return 1; /* the read or write that follows says what is wrong */
     }
 }
 
-/* `size` bytes to or from the helper before `deadline`: 1, or 0 (the stream ended, an error, out of time). */
+/* `size` bytes to or from the helper before `deadline`: 1; 0 (the stream ended, an error, out of time); -1
+ * (a signal's handler raised). */
 static int transfer(int fd, char *buffer, size_t size, double deadline, int sending) {
     while (size > 0) {
-        if (!ready(fd, sending ? POLLOUT : POLLIN, deadline))
-            return 0;
+        int got = ready(fd, sending ? POLLOUT : POLLIN, deadline);
+        if (got <= 0)
+            return got;
         ssize_t done = sending ? send(fd, buffer, size, MSG_NOSIGNAL) : read(fd, buffer, size);
         if (done < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
@@ -218,18 +234,25 @@ static int send_check(Check *c, int fd, const char *fields[5], const Py_ssize_t 
     while (sent < 0 && errno == EINTR);
     if (sent != (ssize_t)sizeof head)
         return answer(c, OUT_AGAIN, "the TLS check's helper is gone");
-    for (int i = 0; i < 5; i++)
-        if (!transfer(c->helper.control, (char *)fields[i], (size_t)sizes[i], c->deadline + GRACE, 1))
-            return answer(c, OUT_AGAIN, "the TLS check's helper is gone");
+    for (int i = 0; i < 5; i++) {
+        int got = transfer(c->helper.control, (char *)fields[i], (size_t)sizes[i], c->deadline + GRACE, 1);
+        if (got <= 0)
+            return answer(c, got < 0 ? OUT_STOPPED : OUT_AGAIN,
+                          got < 0 ? "interrupted" : "the TLS check's helper is gone");
+    }
     return 1;
 }
 
-/* The helper's answer (reply_message), read into `c`; bounded by the deadline and its grace. */
+/* The helper's answer (reply_message), read into `c`; bounded by the deadline and its grace, ended by a signal
+ * whose handler raised (OUT_STOPPED, the exception left set). */
 static void read_answer(Check *c) {
     struct reply_message head;
     double deadline = c->deadline + GRACE;
-    if (!transfer(c->helper.control, (char *)&head, sizeof head, deadline, 0)) {
-        if (now() < deadline)
+    int got = transfer(c->helper.control, (char *)&head, sizeof head, deadline, 0);
+    if (got <= 0) {
+        if (got < 0)
+            answer(c, OUT_STOPPED, "interrupted");
+        else if (now() < deadline)
             answer(c, OUT_AGAIN, "the TLS check's helper ended without an answer");
         else /* the helper stuck past its own deadline */
             answer(c, OUT_TIMEOUT, "the answer took longer than SINGPY_PULL_DOCUMENT_TIMEOUT");
@@ -243,9 +266,10 @@ static void read_answer(Check *c) {
     char message[sizeof c->message] = "";
     c->data = head.data_len ? malloc(head.data_len) : NULL;
     if ((head.data_len && c->data == NULL) ||
-        !transfer(c->helper.control, message, head.message_len, deadline, 0) ||
-        !transfer(c->helper.control, c->data, head.data_len, deadline, 0)) {
-        answer(c, OUT_AGAIN, "the TLS check's helper ended without an answer");
+        (got = transfer(c->helper.control, message, head.message_len, deadline, 0)) <= 0 ||
+        (got = transfer(c->helper.control, c->data, head.data_len, deadline, 0)) <= 0) {
+        answer(c, got < 0 ? OUT_STOPPED : OUT_AGAIN,
+               got < 0 ? "interrupted" : "the TLS check's helper ended without an answer");
         return;
     }
     c->data_len = head.data_len;
@@ -274,6 +298,8 @@ static PyObject *check_result(Check *c, PyObject *unused) {
         Py_END_ALLOW_THREADS
         c->answered = 1;
         finish(c);
+        if (PyErr_Occurred()) /* a signal's handler raised while it waited: its exception, the helper gone */
+            return NULL;
     }
     switch (c->outcome) {
     case OUT_OK:
@@ -365,6 +391,10 @@ static PyObject *tls_start(PyObject *module, PyObject *args) {
     if (!send_check(c, fd, fields, sizes, connect_timeout, read_timeout)) {
         c->answered = 1; /* result() says why: asked again from the start */
         finish(c);
+        if (PyErr_Occurred()) { /* a signal's handler raised: its exception */
+            Py_DECREF(c);
+            return NULL;
+        }
     }
     return (PyObject *)c;
 }

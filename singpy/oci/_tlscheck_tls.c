@@ -167,8 +167,11 @@ SSL_CTX *make_context(Check *c) {
 }
 
 /* One TLS call driven to completion on the non-blocking socket: `step` returns what SSL_connect, SSL_write
- * or SSL_read return; its wants are waited for. *done is that call's positive result, 0 for a clean end. */
+ * or SSL_read return; its wants are waited for, `most` seconds for the whole call, as `_ssl` bounds one call
+ * (a peer that sends its handshake a few bytes at a time does not get `most` again for each). *done is that
+ * call's positive result, 0 for a clean end. */
 static enum outcome drive(Check *c, SSL *ssl, int (*step)(Check *, SSL *), double most, const char *slow, int *done) {
+    double until = now() + most;
     for (;;) {
         ERR_clear_error();
         int result = step(c, ssl);
@@ -179,9 +182,9 @@ static enum outcome drive(Check *c, SSL *ssl, int (*step)(Check *, SSL *), doubl
         int error = SSL_get_error(ssl, result);
         enum outcome out;
         if (error == SSL_ERROR_WANT_READ)
-            out = wait_for(c, c->fd, POLLIN, most, slow);
+            out = wait_for(c, c->fd, POLLIN, until - now(), slow);
         else if (error == SSL_ERROR_WANT_WRITE)
-            out = wait_for(c, c->fd, POLLOUT, most, slow);
+            out = wait_for(c, c->fd, POLLOUT, until - now(), slow);
         else if (error == SSL_ERROR_ZERO_RETURN) {
             *done = 0;
             return OUT_OK;

@@ -7,8 +7,10 @@ untrusted certificate is one FATAL line. Real registries and servers, as root an
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -276,6 +278,39 @@ def test_an_error_right_after_the_tls_context_is_begun_is_one_fatal_line(singpy:
     _, err = process.communicate(timeout=60)
     assert process.returncode == 255 and "FATAL" in err, err
     assert session_members(process.pid) == []  # the helper too: killed at exit
+
+
+_SUBREAPER = """
+import ctypes, json, os, subprocess, sys, time
+argv, ids, env = json.loads(sys.argv[1])
+ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans below come to us
+done = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **ids)
+time.sleep(0.5)  # a helper left behind dies with its launcher (PR_SET_PDEATHSIG) and is reparented here
+orphans = []
+while True:
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid == 0:
+        time.sleep(0.1)
+        continue
+    orphans.append(pid)
+print(json.dumps([done.returncode, done.stdout[:40], done.stderr, orphans]))
+"""
+
+
+def test_help_for_a_docker_image_leaves_no_helper_for_others_to_reap(singpy: Singpy) -> None:
+    """`exec --help docker://X:TAG` prints the help and leaves at once (singpy.cli.main._exit_now, no exit
+    handlers): the helper begun on the docker:// word is killed and reaped by the launcher first, not left to
+    whoever reaps orphans (here a subreaper around the run)."""
+    argv, ids = singpy.command(["exec", "--help", "docker://127.0.0.1:9/some/image:v1"])
+    script = json.dumps([argv, ids, singpy.env()])
+    done = subprocess.run([sys.executable, "-c", _SUBREAPER, script], capture_output=True, text=True, timeout=60,
+                          check=True)
+    status, out, err, orphans = json.loads(done.stdout)
+    assert (status, err) == (0, "") and out.startswith("Usage:"), (status, out, err)
+    assert orphans == []
 
 
 def test_a_docker_word_that_is_not_the_image_is_no_reason_to_keep_a_helper(singpy: Singpy, workdir: Path) -> None:

@@ -9,12 +9,14 @@ a CA made for the test (tests.support.registry_tls).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -227,6 +229,107 @@ def test_a_helper_that_never_answers_is_not_waited_for_past_the_deadline() -> No
     finally:
         sock.close()
         listener.close()
+
+
+_INTERRUPTED = """
+import json, os, socket, subprocess, sys, time
+sys.path.insert(0, {root!r})
+from singpy.oci import _tlscheck
+listener = socket.create_server(("127.0.0.1", 0))  # accepts, never answers the handshake
+sock = socket.socket()
+sock.setblocking(False)
+sock.connect_ex(listener.getsockname())
+check = _tlscheck.start(sock.fileno(), b"127.0.0.1", b"HEAD / HTTP/1.1\\r\\n\\r\\n", b"", b"", b"", 20.0, 20.0, 30.0,
+                        65536)
+subprocess.Popen(["sh", "-c", f"sleep 0.3; kill -INT {{os.getpid()}}"])
+started = time.monotonic()
+try:
+    check.result()
+except KeyboardInterrupt:
+    print("KeyboardInterrupt", time.monotonic() - started)
+print(json.dumps(open(f"/proc/self/task/{{os.getpid()}}/children").read().split()), flush=True)
+"""
+
+
+def test_ctrl_c_ends_the_wait_for_an_answer_at_once() -> None:
+    """A registry that never answers, and Ctrl-C: the wait ends at once with KeyboardInterrupt (as `_ssl`'s
+    waits end), not at its limit 20 s later, and the helper is killed and reaped. In a process of its own:
+    SIGINT is sent to it, with this test's server in it."""
+    root = str(Path(__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-c", _INTERRUPTED.format(root=root)], capture_output=True, text=True,
+                          timeout=60)
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("KeyboardInterrupt"), (done.stdout, done.stderr)
+    assert float(lines[0].split()[1]) < 5
+    children = json.loads(lines[1])
+    assert all(os.path.basename(os.readlink(f"/proc/{child}/exe")) != "_tlscheck_helper"
+               for child in children if os.path.exists(f"/proc/{child}/exe"))
+
+
+class Dripping:
+    """A TCP relay to 127.0.0.1:`port` that passes what the server sends `step` bytes every `interval` seconds
+    (a registry sending its handshake a few bytes at a time)."""
+
+    def __init__(self, port: int, *, step: int = 100, interval: float = 0.2) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target, self.step, self.interval = port, step, interval
+        self.stopping = threading.Event()
+        threading.Thread(target=self._relay, daemon=True).start()
+
+    def _relay(self) -> None:
+        client, _ = self.listener.accept()
+        with client, socket.create_connection(("127.0.0.1", self.target)) as upstream:
+            threading.Thread(target=self._pass, args=(client, upstream), daemon=True).start()
+            while not self.stopping.is_set() and (data := upstream.recv(self.step)):
+                client.sendall(data)
+                self.stopping.wait(self.interval)
+
+    @staticmethod
+    def _pass(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass  # either side closed
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.listener.close()
+
+
+def test_a_handshake_sent_a_few_bytes_at_a_time_ends_at_the_connect_limit(server: Answering,
+                                                                           tls_files: tuple[str, str, str]) -> None:
+    """The handshake as a whole within the connect limit, as `_ssl` bounds one call: a server whose bytes each
+    come within the limit, but whose whole handshake takes longer (here ~10 x 0.2 s against 1 s), is too slow."""
+    relay = Dripping(server.port)
+    sock = connecting(relay.port)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="the connection timed out"):
+            start(sock, cert_file=tls_files[0], timeout=1.0, left=30).result()
+        assert time.monotonic() - started < 4
+    finally:
+        sock.close()
+        relay.stop()
+
+
+@pytest.mark.parametrize("host", [b"", b".localhost"])
+def test_an_empty_name_or_one_that_starts_with_a_dot_is_not_checked(server: Answering,
+                                                                    tls_files: tuple[str, str, str],
+                                                                    host: bytes) -> None:
+    """Names `_ssl` refuses as server_hostname: OpenSSL would take ".localhost" for any name under localhost.
+    The helper ends without asking: the check is asked again through `_ssl` (ConnectionError), which refuses
+    them too."""
+    sock = connecting(server.port)
+    try:
+        check = start(sock, host=host, cert_file=tls_files[0])
+        check.go()
+        with pytest.raises(ConnectionError, match="ended without an answer"):
+            check.result()
+    finally:
+        sock.close()
+    assert server.requests == []
 
 
 def test_the_helper_takes_none_of_the_terminals_signals() -> None:
