@@ -10,7 +10,9 @@ script installs a finder that serves a module from it only when
 
 - the bundle is trusted: owned by root or by the user running singpy, neither it
   nor its directory writable by anyone else (ssh's rule for ~/.ssh), read without
-  following a link, written by this very interpreter (`sys.version`);
+  following a link, written by this very interpreter at the same optimization
+  level (`interpreter_key`), whole, each module's code readable (else that module
+  is imported normally);
 - the module's source is the one it was compiled from: same path, same size, same
   mtime to the nanosecond (one stat); and the package being searched is the one
   holding that source (a PYTHONPATH that puts another singpy first wins).
@@ -57,6 +59,12 @@ _SUFFIXES = (*_imp.extension_suffixes(), ".py", ".pyc")
 def bundle_path(package_dir: str) -> str:
     """Where the bundle of the package in `package_dir` lives (per interpreter, as `.pyc` files)."""
     return os.path.join(package_dir, "__pycache__", f"hotpath.{sys.implementation.cache_tag}.bundle")
+
+
+def interpreter_key() -> str:
+    """What a bundle's code depends on besides its sources: the interpreter, and its optimization level (`-O`
+    compiles asserts and `__debug__` out, as the normal import's `.opt-1.pyc`)."""
+    return f"{sys.version} -O{sys.flags.optimize}"
 
 
 class _Entry:
@@ -107,8 +115,13 @@ class BundleFinder:
             spec: ModuleSpec = sys.modules["_frozen_importlib"].ModuleSpec(name, loader, origin=entry.source)
             spec.has_location = True
             return spec
+        try:  # here, not in exec_module: bytes a trusted, whole bundle holds wrongly (a disk's fault, a row
+            code = marshal.loads(entry.code)  # cut short) leave the normal import, not a traceback
+        except (ValueError, EOFError, TypeError):
+            return None
         spec = sys.modules["_frozen_importlib"].ModuleSpec(name, self, origin=entry.source,
                                                            is_package=entry.is_package)
+        spec.loader_state = code
         if entry.is_package:
             spec.submodule_search_locations = [os.path.dirname(entry.source)]
         return spec  # no has_location: exec_module sets __file__ (the import would work out a __cached__ too)
@@ -126,7 +139,7 @@ class BundleFinder:
             info = os.fstat(fd)
             same = _trusted(info) and (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) == later.identity
             view = memoryview(os.pread(fd, later.length, later.start) if same else b"")
-        except OSError:
+        except (OSError, TypeError, ValueError):  # TypeError, ValueError: an index row of the wrong kind
             return False
         finally:
             os.close(fd)
@@ -141,11 +154,12 @@ class BundleFinder:
         return None
 
     def exec_module(self, module: "ModuleType") -> None:
-        entry = self.entries[module.__name__]
-        assert entry.code is not None  # find_spec read it
-        code: CodeType = marshal.loads(entry.code)
-        module.__file__ = entry.source  # the real source: tracebacks and __file__ read as with the normal import
-        exec(code, module.__dict__)
+        spec = module.__spec__
+        assert spec is not None
+        code: CodeType = spec.loader_state  # find_spec's
+        spec.loader_state = None
+        module.__file__ = self.entries[module.__name__].source  # the real source: tracebacks and __file__ as
+        exec(code, module.__dict__)  # with the normal import
 
 
 def _first_on_path(name: str, entry: _Entry) -> bool:
@@ -208,7 +222,7 @@ def install(path: str) -> bool:
         view = memoryview(os.read(fd, index_length + first) if index_length + first < info.st_size else b"")
         version, rows = marshal.loads(view[:index_length])
         total = sum(row[-1] for row in rows)
-        if (version != sys.version or len(view) != index_length + first or first > total
+        if (version != interpreter_key() or len(view) != index_length + first or first > total
                 or info.st_size != 16 + index_length + total):  # another's, or cut short
             return False
         code, start = view[index_length:], 16 + index_length  # where the code starts in the file

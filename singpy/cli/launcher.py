@@ -27,8 +27,9 @@ import os
 import py_compile
 import subprocess
 import sys
+import tempfile
 
-from singpy.cli.bundle import bundle_path
+from singpy.cli.bundle import bundle_path, interpreter_key
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -114,18 +115,26 @@ def write_bundle(path: str, modules: Iterable[tuple[str, str]], later: Iterable[
     first = _compile(modules, rows, blobs, 0)
     _compile(later, rows, blobs, first)
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = f"{path}.{os.getpid()}.tmp"
+    index = marshal.dumps((interpreter_key(), rows))
+    _publish(path, len(index).to_bytes(8, "little") + first.to_bytes(8, "little") + index + b"".join(blobs), 0o644)
+    return len(rows)
+
+
+def _publish(path: str, data: bytes, mode: int) -> None:
+    """`data` as the file `path`, atomically: written to a new file of a name no one can guess (O_EXCL: never
+    through a link someone put there), flushed to disk, then renamed over `path` (a launch reads the old file
+    or the new one, whole)."""
+    fd, partial = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=f".{os.path.basename(path)}.")
     try:
-        with open(partial, "wb") as out:
-            index = marshal.dumps((sys.version, rows))
-            out.write(len(index).to_bytes(8, "little") + first.to_bytes(8, "little") + index + b"".join(blobs))
-        os.chmod(partial, 0o644)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+            os.fchmod(out.fileno(), mode)
         os.replace(partial, path)
     except BaseException:
-        if os.path.lexists(partial):
-            os.unlink(partial)
+        os.unlink(partial)
         raise
-    return len(rows)
 
 
 def _compile(modules: Iterable[tuple[str, str]], rows: list[tuple[str, str, str, bool, int, int, int, int]],
@@ -170,12 +179,7 @@ def script_text(python: str, package_root: str) -> str:
 
 def write(script: str, python: str, package_root: str) -> None:
     """Replace `script` atomically (a launch running it meanwhile reads the old or the new one, whole)."""
-    text = script_text(python, package_root)
-    partial = f"{script}.{os.getpid()}.tmp"
-    with open(partial, "w", encoding="utf-8") as out:
-        out.write(text)
-    os.chmod(partial, 0o755)
-    os.replace(partial, script)
+    _publish(script, script_text(python, package_root).encode(), 0o755)
 
 
 def _interpreter(script: str) -> str | None:

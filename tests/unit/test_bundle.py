@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,10 +44,10 @@ def make_package(root: Path) -> list[tuple[str, str]]:
     return [("pkg.sub", str(package / "__init__.py")), ("pkg.sub.mod", str(package / "mod.py"))]
 
 
-def run_importer(root: Path, path: Path, *names: str, **ids: object) -> str:
+def run_importer(root: Path, path: Path, *names: str, flags: tuple[str, ...] = (), **ids: object) -> str:
     singpy_root = str(Path(bundle.__file__).resolve().parents[2])
     done = subprocess.run(  # type: ignore[call-overload]
-        [sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {singpy_root!r})\n{IMPORTER}",
+        [sys.executable, "-I", "-S", *flags, "-c", f"import sys; sys.path.insert(0, {singpy_root!r})\n{IMPORTER}",
          str(root), str(path), *names], capture_output=True, text=True, timeout=60, check=False, cwd="/", **ids)
     assert done.returncode == 0, done.stderr
     output: str = done.stdout
@@ -65,7 +66,7 @@ def built(workdir: Path) -> tuple[Path, Path]:
 
 def test_modules_come_from_the_bundle(built: tuple[Path, Path]) -> None:
     root, path = built
-    assert oct(path.stat().st_mode & 0o777) == "0o644" and not list(path.parent.glob("*.tmp"))
+    assert oct(path.stat().st_mode & 0o777) == "0o644" and os.listdir(path.parent) == [path.name]
     assert run_importer(root, path, "pkg", "pkg.sub", "pkg.sub.mod") == (
         "installed\npkg SourceFileLoader top True\npkg.sub BundleFinder package True\n"
         "pkg.sub.mod BundleFinder first True\n")
@@ -111,7 +112,7 @@ def test_a_bundle_of_another_user_is_ignored(built: tuple[Path, Path]) -> None:
     root, path = built
     user = ensure_test_user()
     readable_by_all(root.parent)
-    ids = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+    ids: dict[str, Any] = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
     assert run_importer(root, path, "pkg.sub.mod", **ids) == "installed\npkg.sub.mod BundleFinder first True\n"
     os.chown(path, user.pw_uid, user.pw_gid)
     assert run_importer(root, path, "pkg.sub.mod") == "not installed\npkg.sub.mod SourceFileLoader first True\n"
@@ -139,11 +140,48 @@ def test_a_link_a_foreign_or_a_broken_bundle_is_ignored(built: tuple[Path, Path]
         assert run_importer(root, path, "pkg.sub.mod") == "not installed\npkg.sub.mod SourceFileLoader first True\n"
 
 
+def test_code_the_bundle_holds_wrongly_is_imported_normally(built: tuple[Path, Path]) -> None:
+    """A trusted, whole bundle whose bytes for a module are not code (a disk's fault, a crash before the data
+    reached it): that module comes from its source, no traceback; the others still from the bundle."""
+    root, path = built
+    data = bytearray(path.read_bytes())
+    start = 16 + int.from_bytes(data[:8], "little")
+    _, rows = marshal.loads(bytes(data[16:start]))
+    (at, length), = [(row[-2], row[-1]) for row in rows if row[0] == "pkg.sub.mod"]
+    data[start + at:start + at + length] = b"\0" * length
+    path.write_bytes(bytes(data))
+    assert run_importer(root, path, "pkg.sub", "pkg.sub.mod") == (
+        "installed\npkg.sub BundleFinder package True\npkg.sub.mod SourceFileLoader first True\n")
+
+
+def test_a_bundle_for_another_optimization_level_is_ignored(built: tuple[Path, Path]) -> None:
+    """Written at the default level, the bundle holds asserts and `__debug__`: `python -O` imports normally."""
+    root, path = built
+    assert run_importer(root, path, "pkg.sub.mod", flags=("-O",)) == (
+        "not installed\npkg.sub.mod SourceFileLoader first True\n")
+
+
+def test_the_bundle_is_never_written_through_a_link(built: tuple[Path, Path], tmp_path: Path) -> None:
+    """A name planted beside the bundle (here the one the writer used before: PATH.PID.tmp) as a link to another
+    file: make setup (root's) never writes through it, nor changes that file's mode."""
+    root, path = built
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    planted = Path(f"{path}.{os.getpid()}.tmp")
+    planted.symlink_to(victim)
+    assert launcher.write_bundle(str(path), [("pkg.sub", str(root / "pkg" / "sub" / "__init__.py"))]) == 1
+    assert victim.read_text() == "secret\n" and victim.stat().st_mode & 0o777 == 0o600
+    assert path.is_file() and not path.is_symlink() and planted.is_symlink()
+    assert sorted(os.listdir(path.parent)) == sorted([path.name, planted.name])
+
+
 def test_a_package_found_elsewhere_is_not_served_from_the_bundle(built: tuple[Path, Path]) -> None:
     """A PYTHONPATH putting another copy first: the bundle serves only the directory it was built from."""
     root, path = built
+    code = memoryview(marshal.dumps(compile("VALUE = 1", "mod.py", "exec")))
     entries = {"pkg.sub.mod": bundle._Entry(str(root / "pkg" / "sub" / "mod.py"), str(root / "pkg" / "sub"), False,
-                                        *_stat(root / "pkg" / "sub" / "mod.py"), memoryview(b"code"))}
+                                        *_stat(root / "pkg" / "sub" / "mod.py"), code)}
     finder = bundle.BundleFinder(entries)
     assert finder.find_spec("pkg.sub.mod", ["/elsewhere/pkg/sub"]) is None
     assert finder.find_spec("pkg.sub.mod", None) is None
