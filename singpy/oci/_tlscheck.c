@@ -176,12 +176,10 @@ static int ready(int fd, short events, double deadline) {
             return 0;
         struct pollfd one = {fd, events, 0};
         int got = poll(&one, 1, (int)(left < 3600 ? left * 1000 : 3600 * 1000) + 1);
-        if (got > 0)
-            return 1;
-        if (got < 0 && errno == EINTR && handler_raised())
+        if (got > 0 || (got < 0 && errno != EINTR))
+            return 1; /* ready, or the read or write that follows says what is wrong */
+        if (got < 0 && handler_raised()) /* EINTR (errno is the handlers' now) */
             return -1;
-        if (got < 0 && errno != EINTR)
-            return 1; /* the read or write that follows says what is wrong */
     }
 }
 
