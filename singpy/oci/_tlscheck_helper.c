@@ -67,8 +67,8 @@ static int receive(Check *c) {
             return 0;
         (*fields[i])[head.sizes[i]] = (*fields[i])[head.sizes[i] + 1] = '\0'; /* extra_files ends with an empty one */
     }
-    /* An empty name, or one that begins with a dot (OpenSSL would take ".example" for any name under it): none
-     * `_ssl` accepts either (its server_hostname rule) */
+    /* Not an empty name, nor one that begins with a dot (OpenSSL would take ".example" for any name under it):
+     * `_ssl` accepts neither (its server_hostname rule) */
     if (strlen(c->host) != head.sizes[0] || !c->host[0] || c->host[0] == '.' || head.limit == 0 ||
         head.limit > START_TEXT_MOST)
         return 0;
