@@ -31,11 +31,14 @@ the container, after the image's env scripts.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from singpy import console
 from singpy.env.environ import is_valid_name
 from singpy.errors import SingpyError
+
+TYPE_CHECKING = False  # see singpy.record: `collections.abc` is not loaded at run time
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 # Set by the shell itself; Apptainer drops them from a file's results (sylabs/singularity#1263).
 SHELL_OWNED = ("EUID", "GID", "IFS", "OPTIND", "PWD", "UID")

@@ -12,11 +12,13 @@ type its arguments even when no GPU flag is given.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-
 from singpy.constants import LIBS_DIR
 from singpy.plan import MountOp, MountSpec
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record: `collections.abc` is not loaded at run time
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")  # where CDI specs are looked for (--device), by default
 CDI_SPEC_SUFFIXES = (".json", ".yaml", ".yml")  # the files of those directories that are specs

@@ -25,10 +25,12 @@ libraries), /dev/nvidia-modeset needs `display`; nvidiactl, the GPU nodes and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from singpy.gpu.ldcache import HostFiles
 from singpy.plan import MountSpec
+
+TYPE_CHECKING = False  # see singpy.record: `collections.abc` is not loaded at run time
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 KNOWN = ("compute", "compat32", "display", "graphics", "ngx", "utility", "video")
 TOOLKIT_DEFAULT = frozenset({"utility", "compute"})

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Mapping
 
 from singpy.constants import LIBS_DIR
 from singpy.env.environ import is_protected, is_valid_name
@@ -45,6 +44,10 @@ from singpy.gpu.cdiparse import parse
 from singpy.gpu.libsdir import libs_dir_mounts, link_notes
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record: `collections.abc` is not loaded at run time
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 NEWEST_VERSION = (0, 8, 0)
 SPEC_LIMIT = 16 << 20  # a generated spec for 8 GPUs with MIG is ~100 KB

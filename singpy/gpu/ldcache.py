@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable, Mapping
 
 from singpy.constants import SYSTEM_PATH
 from singpy.errors import GpuError
@@ -35,10 +34,12 @@ from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
     from singpy.config.liblist import LibList
     from singpy.gpu.elf import ElfIdentity
 
-LdCache = Mapping[str, tuple[str, ...]]  # library name -> host paths, in `ldconfig -p` order
+    LdCache = Mapping[str, tuple[str, ...]]  # library name -> host paths, in `ldconfig -p` order
 
 # "\tlibcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1"; the flags may
 # carry ", hwcap: 0x..." or ", OS ABI: Linux 3.2.0", and are "(ELF)" for libs without libc.

@@ -23,10 +23,13 @@ one bind per name (the old way: correct, but a mount per name).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 
 from singpy.constants import LIBS_DIR
 from singpy.plan import MountOp, MountSpec, Stage
+
+TYPE_CHECKING = False  # see singpy.record: `collections.abc` is not loaded at run time
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 
 def libs_dir_mounts(files: Iterable[tuple[str, str]], links: Iterable[tuple[str, str]] = (),

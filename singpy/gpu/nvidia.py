@@ -18,7 +18,6 @@ host without GPUs still runs (Apptainer behaves the same).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from singpy.errors import ConfigError, GpuError
 from singpy.gpu import GpuContribution, GpuHost, ImageHints, binding_note
@@ -37,6 +36,8 @@ from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from singpy.gpu.mig import MigDevice
     from singpy.gpu.require import Facts
 

@@ -11,7 +11,6 @@ only) and its glibc is not checked.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from singpy.config.sysconf import SysConfig, confdir
 from singpy.constants import ENV_DIR
@@ -21,6 +20,10 @@ from singpy.gpu.versions import major_minor
 from singpy.host.hostfiles import which
 from singpy.mounts.rootpath import Tree
 from singpy.plan import ImageSpec
+
+TYPE_CHECKING = False  # see singpy.record: `collections.abc` is not loaded at run time
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 _SCRIPT_LIMIT = 16 << 20  # env scripts are a few KB
 _LIBC_LIMIT = 64 << 20  # glibc's libc.so.6 is 2 MB

@@ -17,10 +17,12 @@ The facts are asked for lazily, so a `cuda>=` that holds runs no tool.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-
 from singpy.gpu.versions import is_number
 from singpy.record import Record
+
+TYPE_CHECKING = False  # see singpy.record: `collections.abc` is not loaded at run time
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
 
 KEYS = ("cuda", "driver", "arch", "brand")
 _OPERATORS = ("<=", ">=", "!=", "=", "<", ">")  # two-character ones first

@@ -36,13 +36,16 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
 
 from singpy import console
 from singpy.constants import FUSE_DEVICE
 from singpy.errors import ImageError, SingpyError
 from singpy.host.hostfiles import kind_name, reason, shown
 from singpy.plan import ImageSpec, OverlaySpec
+
+TYPE_CHECKING = False  # see singpy.record: `collections.abc` is not loaded at run time
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 FUSE_OVERLAYFS = "fuse-overlayfs"
 EXT_MAGIC_AT = 1080  # s_magic of an ext2/3/4 superblock (which starts at byte 1024)

@@ -15,12 +15,13 @@ and a bad one is one error line.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from singpy.errors import SingpyError
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from pysequoia import Cert
 
 PUBLIC_FILE = "pgp-public"

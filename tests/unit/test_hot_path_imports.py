@@ -109,10 +109,24 @@ def test_run_and_shell_share_the_fast_path(sandbox: Path) -> None:
 
 
 def test_nv_without_gpus_imports_no_framework(sandbox: Path) -> None:
-    """--nv on a host without NVIDIA devices warns and runs (Apptainer does the same)."""
+    """--nv on a host without NVIDIA devices warns and runs (Apptainer does the same); its modules import
+    collections.abc for type checking only (the collections package and its imports: ~2 ms a --nv launch)."""
     modules, done = imported_modules("exec", "--nv", str(sandbox), "echo", MARK, cwd=sandbox.parent)
     assert done.returncode == 0 and MARK in done.stdout, f"singpy exec --nv failed:\n{done.stderr[-2000:]}"
-    assert offenders(modules, NEVER) == []
+    assert "singpy.gpu.nvidia" in modules
+    assert offenders(modules, (*NEVER, "collections")) == []
+
+
+def test_overlay_imports_its_code_only(sandbox: Path, tmp_path: Path) -> None:
+    """--overlay DIR: the overlay's module, and no collections (for type checking only there too)."""
+    upper = tmp_path / "overlay"
+    upper.mkdir()
+    modules, done = imported_modules("exec", "--overlay", str(upper), str(sandbox), "sh", "-c",
+                                     f"echo {MARK} > /made; cat /made", cwd=sandbox.parent)
+    assert done.returncode == 0 and MARK in done.stdout, f"singpy exec --overlay failed:\n{done.stderr[-2000:]}"
+    assert (upper / "upper" / "made").read_text() == f"{MARK}\n"
+    assert "singpy.layers.overlay" in modules
+    assert offenders(modules, (*NEVER, "collections")) == []
 
 
 def test_sif_imports_no_writer(sandbox: Path, tmp_path: Path) -> None:
@@ -148,7 +162,8 @@ def test_env_file_reader_comes_with_env_file_only(sandbox: Path, tmp_path: Path)
                                      "echo $GREETING", cwd=sandbox.parent)
     assert done.returncode == 0 and done.stdout == f"{MARK}\n", done.stderr[-2000:]
     assert "singpy.env.envfile" in modules
-    assert offenders(modules, ("typer", "click", "rich", "dataclasses", "typing", "pathlib", "json")) == []
+    assert offenders(modules, ("typer", "click", "rich", "dataclasses", "typing", "pathlib", "json",
+                               "collections")) == []
 
 
 def test_the_bundle_holds_the_whole_plain_launch_path(sandbox: Path) -> None:
