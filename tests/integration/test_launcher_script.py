@@ -117,6 +117,26 @@ def test_a_fast_command_needing_a_venv_package_gets_site(singpy: Singpy, image: 
         assert "prctl" not in modules
 
 
+# site waiting as the tuned script leaves it (singpy.cli.main), then a module that imports msvcrt to learn it is not on
+# Windows, then a package of the venv.
+SITE_WAITS = """import sys
+sys.path.append(sys.argv[1])
+from singpy.cli import main
+main._site_on_demand()
+import subprocess
+print("site" in sys.modules, end=" ")
+import zstandard
+print("site" in sys.modules)
+"""
+
+
+def test_a_probe_for_a_windows_module_does_not_load_site(singpy: Singpy) -> None:
+    """`import subprocess` tries msvcrt: that miss is no reason to run site (~3 ms); a venv package still is."""
+    package_root = str(Path(launcher.__file__).resolve().parents[2])
+    done = run(singpy, [sys.executable, "-S", "-c", SITE_WAITS, package_root])
+    assert (done.returncode, done.stdout) == (0, "False True\n"), done.stderr
+
+
 def test_drop_in_names_get_the_tuned_script(singpy: Singpy, tuned: Path) -> None:
     link = tuned.parent / "apptainer"
     if not link.exists():

@@ -16,6 +16,7 @@ from tests.conftest import Singpy
 from tests.support import hostsim, sifs
 from tests.support.leftovers import settled, traces, wait_for_descendants, wait_until_gone
 from tests.support.users import is_root
+from tests.unit.test_hot_path_imports import module_names
 
 ALL_CAPS = (1 << 41) - 1  # CAP_CHOWN .. CAP_CHECKPOINT_RESTORE: a user namespace's full set
 NET_RAW, SYS_ADMIN, CHOWN = 1 << 13, 1 << 21, 1 << 0
@@ -202,6 +203,21 @@ def test_fakeroot_with_subordinate_ranges(as_user: Singpy, own_image: Path, user
     assert f"CapEff:\t{ALL_CAPS:016x}" in result.stdout  # full, inside its own user namespace only
     assert (user_dir / "made-inside").stat().st_uid == as_user.uid  # themselves outside
     assert "fakeroot: subordinate ranges" in result.stderr and "newuidmap" in result.stderr
+
+
+def test_fakeroot_runs_newuidmap_without_loading_subprocess(as_user: Singpy, own_image: Path,
+                                                            subids: Callable[[bool], None]) -> None:
+    """The helper that runs newuidmap and newgidmap spawns them itself: `subprocess` (and the site it brought, for
+    msvcrt) cost a --fakeroot launch ~18 ms here (benchmarks/README.md)."""
+    subids(True)
+    result = as_user.run("exec", "--fakeroot", str(own_image), "cat", "/proc/self/uid_map", "/proc/self/gid_map",
+                         env=as_user.env(PYTHONPROFILEIMPORTTIME="1"))
+    assert result.returncode == 0, result.stderr
+    assert [line.split() for line in result.stdout.splitlines()] == [
+        ["0", str(as_user.uid), "1"], ["1", "200000", "65536"], ["0", str(as_user.gid), "1"], ["1", "200000", "65536"]]
+    imported = module_names(result.stderr)  # singpy's, not those of tests.support.hostsim's wrapper before it
+    assert "singpy.layers.fakeroot" in imported
+    assert not set(imported) & {"subprocess", "site"}
 
 
 def test_fakeroot_without_ranges_maps_one_id(as_user: Singpy, own_image: Path, user_dir: Path,
