@@ -10,8 +10,9 @@ A plain launch imports no CLI framework (typer, click, rich: singpy.cli.parse
 explains why), no pyroute2 or prctl (needed only by --net and capability
 handling), no SIF writer, and none of the stdlib modules the code avoids on
 purpose (`dataclasses`, `typing`, `pathlib`, `json`: see singpy.record and
-benchmarks/README.md). GPU flags may pull in more of the stdlib, but never those
-third-party packages nor the SIF writer. A SIF's launch and a cached docker://
+benchmarks/README.md). GPU flags may pull in more of the stdlib (not collections,
+nor may --overlay or --env-file), but never those third-party packages nor the
+SIF writer. A SIF's launch and a cached docker://
 image's, run through the console script itself as root and as the test user,
 import no enum, signal or contextlib, and only singpy modules the bundle holds.
 """
