@@ -68,11 +68,12 @@ if __name__ == '__main__':
 # The modules the exec path imports are those these import at module level (the same 40 as `-X importtime` of a
 # plain `singpy exec` lists); what an option imports later comes through the normal import.
 ENTRY_MODULES = ("singpy.cli.main", "singpy.cli.actions", "singpy.launch.launch")
-# What an image file (a SIF: its mount, the extraction cache) and a cached docker:// or oras:// reference (the
-# tag's check and its helper's module, the cache's records) import on top, lazily: the bundle's second part (~18
-# modules, 0.3 MB), read only by the launches that import them (tests/unit/test_hot_path_imports.py checks both
-# lists).
+# What an image file (a SIF: its mount, the extraction cache, an active ECL's recorded verdicts) and a cached
+# docker:// or oras:// reference (the tag's check and its helper's module, the cache's records) import on top,
+# lazily: the bundle's second part (~26 modules, 0.4 MB), read only by the launches that import them
+# (tests/unit/test_hot_path_imports.py checks both lists).
 IMAGE_ENTRY_MODULES = ("singpy.image.squashfs", "singpy.image.cache", "singpy.image.tools", "singpy.image.warm",
+                       "singpy.signing.eclrecord", "singpy.signing.eclfile", "singpy.signing.keyring",
                        "singpy.oci.tagcheck", "singpy.oci.pull", "singpy.oci.quickhead", "singpy.oci.quicktls",
                        "singpy.oci.tlsconf", "singpy.oci.oras", "singpy.oci.regfiles", "singpy.oci.mirrors",
                        "singpy.oci.manifest", "singpy.oci.platform", "singpy.oci._tlscheck")

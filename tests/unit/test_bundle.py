@@ -295,7 +295,8 @@ def test_the_hot_path_modules_are_the_launch_path() -> None:
     assert {"singpy", "singpy.cli"} <= set(names)  # the packages too: no directory of the tree is listed
     assert not {"singpy.cli.bundle", "singpy.cli.app", "singpy.oci.pull"} & set(names)
     later = [name for name, _ in launcher.image_path_modules(package_root)]
-    assert {"singpy.image.squashfs", "singpy.oci.pull", "singpy.oci.tagcheck", "singpy.oci.store"} <= set(later)
+    assert {"singpy.image.squashfs", "singpy.oci.pull", "singpy.oci.tagcheck", "singpy.oci.store",
+            "singpy.signing.eclrecord", "singpy.signing.keyring"} <= set(later)  # an active ECL's record check
     assert not set(later) & set(names) and not {"singpy.oci.registry", "singpy.image.sif"} & set(later)
 
 
