@@ -30,11 +30,13 @@ without its `from __future__ import annotations` (compiled with the flag
 instead): nothing on the launch path imports `__future__` (~0.2 ms); this
 module quotes its annotations for the same reason.
 
-The file has two parts: the plain launch's modules, read at start-up, and those
-that only an image file or a cached docker:// or oras:// reference adds, read
-with one more `pread` the first time one of them is imported, from the file
+The file has parts: the plain launch's modules, read at start-up, then those
+that only some launches add (an image file or a cached docker:// or oras://
+reference; a GPU flag; those both need: launcher.later_parts), each read with
+one more `pread` the first time one of its modules is imported, from the file
 read first (same inode, size and mtime, still trusted): a sandbox's launch
-reads no more than its own modules (~0.5 MB: ~0.3 ms, most of it page faults).
+reads no more than its own modules (~0.5 MB: ~0.3 ms, most of it page faults),
+a SIF's no GPU code.
 """
 
 import _imp
@@ -72,7 +74,7 @@ class _Entry:
 
     # `code`: the marshalled code object (a view into the bundle's bytes: no copy), or empty for an extension
     # module (singpy.kernel._native), loaded from `source` by the interpreter's own loader: served here only to
-    # spare its directory's listing; None until the second part is read (`at`, `length`: where it lies in the file).
+    # spare its directory's listing; None until its later part is read (`at`, `length`: where it lies in the file).
     def __init__(self, source: str, directory: str, is_package: bool, mtime_ns: int, size: int,
                  code: memoryview | None, at: int = 0, length: int = 0):
         self.source, self.directory, self.is_package = source, directory, is_package
@@ -80,12 +82,14 @@ class _Entry:
 
 
 class _Later:
-    """Where the bundle's second part lies, and the file's identity when its first part was read."""
+    """Where the bundle's later parts lie (`ends`: where each ends, from `start`, the first part's end first), the
+    file's identity when its first part was read, and the parts tried so far (each is read once at most)."""
 
-    __slots__ = ("identity", "length", "path", "start")
+    __slots__ = ("ends", "identity", "path", "start", "tried")
 
-    def __init__(self, path: str, info: os.stat_result, start: int, length: int) -> None:
-        self.path, self.start, self.length = path, start, length
+    def __init__(self, path: str, info: os.stat_result, start: int, ends: tuple[int, ...]) -> None:
+        self.path, self.start, self.ends = path, start, ends
+        self.tried: set[int] = set()
         self.identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
 
@@ -100,7 +104,7 @@ class BundleFinder:
         entry = self.entries.get(name)
         if entry is None or (entry.directory not in path if path is not None else not _first_on_path(name, entry)):
             return None
-        if entry.code is None and not self._read_later():
+        if entry.code is None and not self._read_later(entry.at):
             return None
         try:
             info = os.stat(entry.source)
@@ -126,11 +130,17 @@ class BundleFinder:
             spec.submodule_search_locations = [os.path.dirname(entry.source)]
         return spec  # no has_location: exec_module sets __file__ (the import would work out a __cached__ too)
 
-    def _read_later(self) -> bool:
-        """Read the second part into its entries, once: from the file the first part came from, still trusted."""
-        later, self.later = self.later, None
+    def _read_later(self, at: int) -> bool:
+        """Read the later part holding file offset `at` into its entries, once: from the file the first part came
+        from, still trusted."""
+        later = self.later
         if later is None:
             return False
+        part = next((index for index, end in enumerate(later.ends) if at < later.start + end), 0)
+        if part == 0 or part in later.tried:
+            return False
+        later.tried.add(part)
+        begin, end = later.start + later.ends[part - 1], later.start + later.ends[part]
         try:
             fd = os.open(later.path, _OPEN_FLAGS)
         except OSError:
@@ -138,16 +148,16 @@ class BundleFinder:
         try:
             info = os.fstat(fd)
             same = _trusted(info) and (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns) == later.identity
-            view = memoryview(os.pread(fd, later.length, later.start) if same else b"")
+            view = memoryview(os.pread(fd, end - begin, begin) if same else b"")
         except (OSError, TypeError, ValueError):  # TypeError, ValueError: an index row of the wrong kind
             return False
         finally:
             os.close(fd)
-        if len(view) != later.length:
+        if len(view) != end - begin:
             return False
         for entry in self.entries.values():
-            if entry.code is None:
-                entry.code = view[entry.at - later.start:entry.at - later.start + entry.length]
+            if entry.code is None and begin <= entry.at < end:
+                entry.code = view[entry.at - begin:entry.at - begin + entry.length]
         return True
 
     def create_module(self, spec: "ModuleSpec") -> None:
@@ -216,13 +226,14 @@ def install(path: str) -> bool:
         if not _trusted(info) or info.st_mode & _S_IFMT != _S_IFREG or info.st_size > _LIMIT:
             return False
         # The layout launcher.write_bundle makes: the index's length and the first part's (8 bytes each), the index, the
-        # first part's code, the second part's.
+        # first part's code, each later part's.
         head = os.read(fd, 16)
         index_length, first = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:16], "little")
         view = memoryview(os.read(fd, index_length + first) if index_length + first < info.st_size else b"")
-        version, rows = marshal.loads(view[:index_length])
+        version, rows, ends = marshal.loads(view[:index_length])
         total = sum(row[-1] for row in rows)
-        if (version != interpreter_key() or len(view) != index_length + first or first > total
+        if (version != interpreter_key() or len(view) != index_length + first or not ends or ends[0] != first
+                or list(ends) != sorted(ends) or ends[-1] != total
                 or info.st_size != 16 + index_length + total):  # another's, or cut short
             return False
         code, start = view[index_length:], 16 + index_length  # where the code starts in the file
@@ -233,6 +244,6 @@ def install(path: str) -> bool:
         return False
     finally:
         os.close(fd)
-    later = _Later(path, info, start + first, total - first) if total > first else None
+    later = _Later(path, info, start, tuple(ends)) if total > first else None
     sys.meta_path.insert(0, BundleFinder(entries, later))
     return True

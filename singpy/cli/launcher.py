@@ -70,13 +70,19 @@ if __name__ == '__main__':
 ENTRY_MODULES = ("singpy.cli.main", "singpy.cli.actions", "singpy.launch.launch")
 # What an image file (a SIF: its mount, the extraction cache, an active ECL's recorded verdicts) and a cached
 # docker:// or oras:// reference (the tag's check and its helper's module, the cache's records) import on top,
-# lazily: the bundle's second part (~26 modules, 0.4 MB), read only by the launches that import them
-# (tests/unit/test_hot_path_imports.py checks both lists).
+# lazily: a later part of the bundle (~26 modules, 0.4 MB), read only by the launches that import one of them
+# (tests/unit/test_hot_path_imports.py checks the lists).
 IMAGE_ENTRY_MODULES = ("singpy.image.squashfs", "singpy.image.cache", "singpy.image.tools", "singpy.image.warm",
                        "singpy.signing.eclrecord", "singpy.signing.eclfile", "singpy.signing.keyring",
                        "singpy.oci.tagcheck", "singpy.oci.pull", "singpy.oci.quickhead", "singpy.oci.quicktls",
                        "singpy.oci.tlsconf", "singpy.oci.oras", "singpy.oci.regfiles", "singpy.oci.mirrors",
                        "singpy.oci.manifest", "singpy.oci.platform", "singpy.oci._tlscheck")
+# What a GPU flag imports on top (--nv with nvidia-container-cli or nvliblist.conf, CDI's --device, --rocm): a part of
+# its own (~16 modules, 0.2 MB), which a SIF's launch never reads.
+GPU_ENTRY_MODULES = ("singpy.gpu.request", "singpy.gpu.nvidia", "singpy.gpu.ldcache", "singpy.gpu.capabilities",
+                     "singpy.gpu.listcache", "singpy.gpu.libsdir", "singpy.config.liblist", "singpy.gpu.elf",
+                     "singpy.gpu.cdi", "singpy.gpu.cdiload", "singpy.gpu.cdicache", "singpy.gpu.sonames",
+                     "singpy.gpu.rocm")
 
 
 # Run in a fresh interpreter (`-I -S`: nothing of the caller's environment, no site) with the package root as
@@ -103,21 +109,41 @@ def hot_path_modules(package_root: str, entries: Sequence[str] = ENTRY_MODULES) 
 
 def image_path_modules(package_root: str) -> list[tuple[str, str]]:
     """(name, source) of the singpy modules that IMAGE_ENTRY_MODULES load on top of the plain launch's."""
+    return _on_top(package_root, IMAGE_ENTRY_MODULES)
+
+
+def gpu_path_modules(package_root: str) -> list[tuple[str, str]]:
+    """(name, source) of the singpy modules that GPU_ENTRY_MODULES load on top of the plain launch's."""
+    return _on_top(package_root, GPU_ENTRY_MODULES)
+
+
+def later_parts(package_root: str) -> list[list[tuple[str, str]]]:
+    """The bundle's later parts: the image paths' modules, the GPU flags', then those both load (each part is
+    read by the launches that import one of its modules: a SIF's launch reads no GPU code, nor `--nv` on a
+    sandbox the image paths')."""
+    image, gpu = image_path_modules(package_root), gpu_path_modules(package_root)
+    both = {name for name, _ in image} & {name for name, _ in gpu}
+    return [[pair for pair in image if pair[0] not in both], [pair for pair in gpu if pair[0] not in both],
+            [pair for pair in image if pair[0] in both]]
+
+
+def _on_top(package_root: str, entries: Sequence[str]) -> list[tuple[str, str]]:
     plain = {name for name, _ in hot_path_modules(package_root)}
-    both = hot_path_modules(package_root, (*ENTRY_MODULES, *IMAGE_ENTRY_MODULES))
+    both = hot_path_modules(package_root, (*ENTRY_MODULES, *entries))
     return [(name, source) for name, source in both if name not in plain]
 
 
-def write_bundle(path: str, modules: Iterable[tuple[str, str]], later: Iterable[tuple[str, str]] = ()) -> int:
-    """Write the bundle of `modules`, then `later` (its second part), ((name, source) pairs, compiled from the
-    sources as read now) to `path`, atomically; returns how many it holds."""
+def write_bundle(path: str, modules: Iterable[tuple[str, str]], *later: Iterable[tuple[str, str]]) -> int:
+    """Write the bundle of `modules`, then of each `later` part ((name, source) pairs, compiled from the sources
+    as read now) to `path`, atomically; returns how many it holds."""
     rows: list[tuple[str, str, str, bool, int, int, int, int]] = []
     blobs: list[bytes] = []
-    first = _compile(modules, rows, blobs, 0)
-    _compile(later, rows, blobs, first)
+    ends = [_compile(modules, rows, blobs, 0)]
+    for part in later:
+        ends.append(_compile(part, rows, blobs, ends[-1]))
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    index = marshal.dumps((interpreter_key(), rows))
-    _publish(path, len(index).to_bytes(8, "little") + first.to_bytes(8, "little") + index + b"".join(blobs), 0o644)
+    index = marshal.dumps((interpreter_key(), rows, tuple(ends)))
+    _publish(path, len(index).to_bytes(8, "little") + ends[0].to_bytes(8, "little") + index + b"".join(blobs), 0o644)
     return len(rows)
 
 
@@ -217,7 +243,7 @@ def main(argv: list[str]) -> int:
         return 1
     bundle = bundle_path(os.path.join(package_root, "singpy"))
     try:
-        write_bundle(bundle, hot_path_modules(package_root), image_path_modules(package_root))
+        write_bundle(bundle, hot_path_modules(package_root), *later_parts(package_root))
         _cache_bundle_code(os.path.join(package_root, "singpy", "cli", "bundle.py"))
     except (OSError, SyntaxError, subprocess.SubprocessError, py_compile.PyCompileError) as error:
         # the script works without them, slower

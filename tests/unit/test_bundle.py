@@ -130,8 +130,8 @@ def test_a_link_a_foreign_or_a_broken_bundle_is_ignored(built: tuple[Path, Path]
     data = path.read_bytes()
     # the index's length and the first part's (8 bytes each), the index, the code (write_bundle)
     start = 16 + int.from_bytes(data[:8], "little")
-    _, rows = marshal.loads(data[16:start])
-    index = marshal.dumps(("3.0.0 (another interpreter)", rows))
+    _, rows, ends = marshal.loads(data[16:start])
+    index = marshal.dumps(("3.0.0 (another interpreter)", rows, ends))
     foreign = len(index).to_bytes(8, "little") + data[8:16] + index + data[start:]
     longer = data[:8] + (len(data) - start + 1).to_bytes(8, "little") + data[16:]  # a first part past the end
     for content in (foreign, longer, data[:start - 1], data[:-1], data + b"\0", b"\xff" * 8 + data[8:],
@@ -146,7 +146,7 @@ def test_code_the_bundle_holds_wrongly_is_imported_normally(built: tuple[Path, P
     root, path = built
     data = bytearray(path.read_bytes())
     start = 16 + int.from_bytes(data[:8], "little")
-    _, rows = marshal.loads(bytes(data[16:start]))
+    _, rows, _ = marshal.loads(bytes(data[16:start]))
     (at, length), = [(row[-2], row[-1]) for row in rows if row[0] == "pkg.sub.mod"]
     data[start + at:start + at + length] = b"\0" * length
     path.write_bytes(bytes(data))
@@ -266,6 +266,31 @@ def test_the_first_part_is_read_alone(built: tuple[Path, Path]) -> None:
                            f"pkg.sub.mod BundleFinder {len(data)}\n")
 
 
+def test_each_later_part_is_read_alone(built: tuple[Path, Path]) -> None:
+    """Several later parts (the image paths', the GPU flags', those both import): importing a module reads its own
+    part only, once (a SIF's launch reads no GPU code, `--nv` on a sandbox none of the image paths')."""
+    root, path = built
+    package = root / "pkg" / "sub"
+    for name in ("gpu", "both"):
+        (package / f"{name}.py").write_text(f"VALUE = {name!r}\nSOURCE = {str(package / f'{name}.py')!r}\n")
+    assert launcher.write_bundle(str(path), [("pkg.sub", str(package / "__init__.py"))],
+                                 [("pkg.sub.mod", str(package / "mod.py"))], [("pkg.sub.gpu", str(package / "gpu.py"))],
+                                 [("pkg.sub.both", str(package / "both.py"))]) == 4
+    data = path.read_bytes()
+    start = 16 + int.from_bytes(data[:8], "little")
+    ends = marshal.loads(data[16:start])[2]
+    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {singpy_root!r})\n"
+                           f"{COUNTING_IMPORTER}", str(root), str(path), "pkg.sub", "pkg.sub.gpu", "pkg.sub.both",
+                           "pkg.sub.gpu"], capture_output=True, text=True, timeout=60, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    first, gpu, both = start + ends[0], ends[2] - ends[1], ends[3] - ends[2]
+    assert len(ends) == 4 and gpu > 0 and both > 0 and start + ends[3] == len(data)
+    assert done.stdout == (f"installed {first}\npkg.sub BundleFinder {first}\npkg.sub.gpu BundleFinder {first + gpu}\n"
+                           f"pkg.sub.both BundleFinder {first + gpu + both}\n"
+                           f"pkg.sub.gpu BundleFinder {first + gpu + both}\n")
+
+
 def test_an_extension_in_the_second_part_stays_one(built: tuple[Path, Path]) -> None:
     """An extension module's row holds no code (the interpreter's own loader loads the file): read from the second
     part, it must stay empty, not run on into the next module's code."""
@@ -298,6 +323,12 @@ def test_the_hot_path_modules_are_the_launch_path() -> None:
     assert {"singpy.image.squashfs", "singpy.oci.pull", "singpy.oci.tagcheck", "singpy.oci.store",
             "singpy.signing.eclrecord", "singpy.signing.keyring"} <= set(later)  # an active ECL's record check
     assert not set(later) & set(names) and not {"singpy.oci.registry", "singpy.image.sif"} & set(later)
+    gpu = [name for name, _ in launcher.gpu_path_modules(package_root)]
+    assert {"singpy.gpu.nvidia", "singpy.gpu.ldcache", "singpy.gpu.cdi", "singpy.config.liblist"} <= set(gpu)
+    assert not set(gpu) & set(names)
+    parts = [[name for name, _ in part] for part in launcher.later_parts(package_root)]
+    assert sorted(sum(parts, [])) == sorted(set(later) | set(gpu))  # each module once
+    assert not set(parts[0]) & set(gpu) and not set(parts[1]) & set(later)  # a SIF reads no GPU code
 
 
 # Imports argv[3:] with the bundle argv[2] installed and the package root argv[1] appended to sys.path, after

@@ -182,11 +182,12 @@ def test_the_bundle_holds_the_whole_plain_launch_path(sandbox: Path) -> None:
 
 
 def _bundled_everywhere(modules: list[str]) -> list[str]:
-    """The singpy modules of `modules` that neither part of the bundle holds."""
+    """The singpy modules of `modules` that no part of the bundle holds."""
     from singpy.cli import launcher
 
     root = str(Path(launcher.__file__).resolve().parents[2])
-    bundled = {name for name, _ in (*launcher.hot_path_modules(root), *launcher.image_path_modules(root))}
+    bundled = {name for name, _ in (*launcher.hot_path_modules(root), *launcher.image_path_modules(root),
+                                    *launcher.gpu_path_modules(root))}
     return sorted(name for name in modules if name.startswith("singpy.") and name not in bundled
                   and name != "singpy.cli.bundle")
 
@@ -198,6 +199,16 @@ def test_a_sif_launch_imports_no_enum_signal_or_collections(singpy: Singpy, work
     assert done.returncode == 0 and MARK in done.stdout, done.stderr[-2000:]
     assert "singpy.image.squashfs" in modules and "singpy.launch.launch" in modules
     assert offenders(modules, SIF_PATH) == []
+    assert _bundled_everywhere(modules) == []
+
+
+def test_a_gpu_launch_imports_from_the_bundle(singpy: Singpy, image: Path) -> None:
+    """--nv (a host without NVIDIA devices: a warning) through the console script: the GPU modules from the bundle's
+    part of their own, no collections, and nothing of the image paths' part (the extraction cache, singpy.oci)."""
+    modules, done = script_imports(singpy, "exec", "--nv", str(image), "echo", MARK)
+    assert done.returncode == 0 and MARK in done.stdout, done.stderr[-2000:]
+    assert "singpy.gpu.nvidia" in modules
+    assert offenders(modules, (*IMAGE_FILE_PATH, "collections", "singpy.oci", "singpy.image.cache")) == []
     assert _bundled_everywhere(modules) == []
 
 

@@ -87,8 +87,8 @@ def test_without_a_usable_bundle_the_normal_import(tree: tuple[Path, Path], bund
     elif bundle_is == "foreign":  # another interpreter's (its sys.version in the index)
         data = path.read_bytes()
         index = 16 + int.from_bytes(data[:8], "little")
-        _, rows = marshal.loads(data[16:index])
-        other = marshal.dumps(("3.0.0 (another interpreter)", rows))
+        _, rows, ends = marshal.loads(data[16:index])
+        other = marshal.dumps(("3.0.0 (another interpreter)", rows, ends))
         path.write_bytes(len(other).to_bytes(8, "little") + data[8:16] + other + data[index:])
     else:
         path.write_bytes(b"\x00not a bundle")
