@@ -59,6 +59,16 @@ def capture(environ: Mapping[str, str] | None = None) -> HostInfo:
     )
 
 
+def root_entry() -> tuple[str, str, str]:
+    """The host's uid-0 passwd entry (name, gecos, shell): what --fakeroot adds to an image's /etc/passwd without
+    a root line, as Apptainer (its user.GetPwUID(0)); root's usual values where the host has no entry."""
+    try:
+        entry = pwd.getpwuid(0)
+    except KeyError:
+        return "root", "root", "/bin/sh"
+    return entry.pw_name, entry.pw_gecos, entry.pw_shell
+
+
 def _logical_cwd(pwd_env: str | None) -> str:
     """$PWD keeps the user's symlinked path (as a shell shows it) when it is accurate."""
     physical = os.getcwd()

@@ -13,7 +13,7 @@ from singpy.config.sysconf import IMAGE_LIMITS, SysConfig, confdir
 from singpy.constants import DEFAULT_PATH
 from singpy.env.environ import EnvPlan, host_passthrough, injected_from_host, is_protected, split_path_rules
 from singpy.errors import BindSpecError, SingpyError, UsageError
-from singpy.host.host import HostInfo
+from singpy.host.host import HostInfo, root_entry
 from singpy.host.hostfiles import path_problem, shown
 from singpy.kernel import caps
 from singpy.launch import jobs
@@ -377,8 +377,10 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
                                   sys=config.flag("mount sys") and "sys" not in skipped,
                                   dev="no" if "dev" in skipped else dev,
                                   devpts=config.flag("mount devpts") and "devpts" not in skipped)
-    mounts += system.identity_files(host, home=home_dest, fakeroot=request.fakeroot,
-                                    passwd=config.flag("config passwd"), group=config.flag("config group"))
+    passwd = config.flag("config passwd")
+    mounts += system.identity_files(host, home=home_dest, fakeroot=request.fakeroot, passwd=passwd,
+                                    group=config.flag("config group"),
+                                    root=root_entry() if request.fakeroot and passwd else None)
     mounts += system.host_files(system.kept_bind_paths(config.items("bind path"), skipped),
                                 resolv_conf=config.flag("config resolv_conf") and not request.dns
                                 and not skipped & {"bind-paths", "/etc/resolv.conf"})

@@ -93,18 +93,22 @@ def minimal_dev(*, devpts: bool = True) -> list[MountSpec]:
     return specs
 
 
-def identity_files(host: HostInfo, *, home: str, fakeroot: bool, passwd: bool, group: bool) -> list[MountSpec]:
+def identity_files(host: HostInfo, *, home: str, fakeroot: bool, passwd: bool, group: bool,
+                   root: tuple[str, str, str] | None = None) -> list[MountSpec]:
     """The container's /etc/passwd and /etc/group: the image's, with the user merged in (`merge_passwd`,
     `merge_group`), as Apptainer's addIdentityMount.
 
     With --fakeroot the user is uid 0 inside: the entry merged is root's, the
-    image's root line taking the home (/root); the groups stay the host's, as
-    Apptainer writes them (their names for the host's gids, the user as member).
+    image's root line taking the home (/root), or, for an image without one, the
+    host's (`root`: its name, gecos and shell, singpy.host.host.root_entry); the
+    groups stay the host's, as Apptainer writes them (their names for the host's
+    gids, the user as member).
     """
     specs = []
     if passwd:
+        user, gecos, shell = (root or ("root", "root", "/bin/sh")) if fakeroot else (host.user, host.gecos, host.shell)
         uid, gid = (0, 0) if fakeroot else (host.uid, host.gid)
-        entry = passwd_line(user=host.user, uid=uid, gid=gid, gecos=host.gecos, home=home, shell=host.shell)
+        entry = passwd_line(user=user, uid=uid, gid=gid, gecos=gecos, home=home, shell=shell)
         specs.append(MountSpec(op=MountOp.FILE, dest="/etc/passwd", content=entry, readonly=True,
                                missing=Missing.SKIP, stage=Stage.SYSTEM_FILES))
     named = ((host.gid, host.group),) if host.group else ()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import grp
 import os
+import pwd
 import subprocess
 from pathlib import Path
 
@@ -130,6 +131,17 @@ def test_fakeroot_gets_the_images_root_entry(singpy: Singpy, workdir: Path) -> N
     assert result.stdout == IMAGE_PASSWD.replace("/toor", "/root") + "root\n/root\n"
     group = singpy.ok("exec", "--fakeroot", str(image), "cat", "/etc/group")
     assert group.startswith(IMAGE_GROUP + f"{grp.getgrgid(singpy.gid).gr_name}:x:{singpy.gid}:{singpy.user}\n")
+
+
+def test_fakeroot_on_an_image_without_root_gets_the_hosts_root_entry(singpy: Singpy, workdir: Path) -> None:
+    """An image whose /etc/passwd has no uid 0 (built FROM scratch with its own users): --fakeroot appends the
+    host's root entry (its name, gecos and shell) with /root as its home, as Apptainer (user.GetPwUID(0))."""
+    image = _image(workdir, "no-root", passwd="app:x:1000:1000:App:/app:/bin/sh\n", group=IMAGE_GROUP)
+    result = singpy.run("exec", "--fakeroot", str(image), "sh", "-c", "cat /etc/passwd; whoami")
+    assert result.returncode == 0, result.stderr
+    root = pwd.getpwuid(0)
+    assert result.stdout == (f"app:x:1000:1000:App:/app:/bin/sh\n{root.pw_name}:x:0:0:{root.pw_gecos}:/root:"
+                             f"{root.pw_shell}\n{root.pw_name}\n")
 
 
 @pytest.mark.parametrize("flags", [["--writable-tmpfs"], ["--fakeroot", "--writable-tmpfs"]],

@@ -24,9 +24,10 @@ def _host(**fields: object) -> host_module.HostInfo:
     return captured.replace(**{**values, **fields})
 
 
-def _content(host: host_module.HostInfo, dest: str, **flags: bool) -> str | None:
+def _content(host: host_module.HostInfo, dest: str, root: tuple[str, str, str] | None = None,
+             **flags: bool) -> str | None:
     options = {"fakeroot": False, "passwd": True, "group": True, **flags}
-    specs = identity_files(host, home="/home/alice", **options)
+    specs = identity_files(host, home="/home/alice", root=root, **options)
     found = [spec for spec in specs if spec.dest == dest]
     assert all(spec.op == MountOp.FILE and spec.merge and spec.readonly for spec in found)
     return found[0].content if found else None
@@ -47,7 +48,11 @@ def test_config_group_no_plans_no_group() -> None:
 
 
 def test_fakeroot_merges_roots_entry() -> None:
-    assert _content(_host(), "/etc/passwd", fakeroot=True) == "alice:x:0:0:Alice:/home/alice:/bin/sh"
+    """The host's root entry (its name, gecos and shell), merged into the image's root line or added (Apptainer's
+    user.GetPwUID(0)); not the user's name."""
+    root = ("root", "Super User", "/bin/bash")
+    assert _content(_host(), "/etc/passwd", root, fakeroot=True) == "root:x:0:0:Super User:/home/alice:/bin/bash"
+    assert _content(_host(), "/etc/passwd", fakeroot=True) == "root:x:0:0:root:/home/alice:/bin/sh"  # none known
     assert _content(_host(), "/etc/group", fakeroot=True) == "users:x:1000:alice\nwheel:x:10:alice\nsudo:x:27:alice"
 
 
