@@ -232,15 +232,18 @@ def install(path: str) -> bool:
         view = memoryview(os.read(fd, index_length + first) if index_length + first < info.st_size else b"")
         version, rows, ends = marshal.loads(view[:index_length])
         total = sum(row[-1] for row in rows)
-        if (version != interpreter_key() or len(view) != index_length + first or not ends or ends[0] != first
-                or list(ends) != sorted(ends) or ends[-1] != total
+        if (version != interpreter_key() or len(view) != index_length + first or type(ends) is not tuple
+                or not ends or ends[0] != first or list(ends) != sorted(ends) or ends[-1] != total
+                or not all(type(number) is int and number >= 0 for row in rows for number in row[-2:])
+                or not all(type(end) is int for end in ends)
                 or info.st_size != 16 + index_length + total):  # another's, or cut short
             return False
         code, start = view[index_length:], 16 + index_length  # where the code starts in the file
+        # An extension's row holds no code (length 0): never waits for a part, even one it ends.
         entries = {name: _Entry(source, directory, is_package, mtime_ns, size,
-                                code[at:at + length] if at < first else None, start + at, length)
+                                code[at:at + length] if at < first or not length else None, start + at, length)
                    for name, source, directory, is_package, mtime_ns, size, at, length in rows}
-    except (OSError, ValueError, EOFError, TypeError, IndexError):  # not a bundle this code wrote
+    except (OSError, ValueError, EOFError, TypeError, LookupError):  # not a bundle this code wrote
         return False
     finally:
         os.close(fd)

@@ -219,12 +219,13 @@ def _run_for_output(*argv: str) -> str:
 
     posix_spawn, not fork: glibc's vfork-style spawn copies none of the launcher's page tables (~1.6 ms less
     per `--nv` launch here than forking the interpreter: benchmarks/README.md), and its child runs nothing of
-    Python's between the spawn and the exec, only the two descriptor actions."""
+    Python's between the spawn and the exec, only the two descriptor actions. With no environment: ldconfig
+    needs none, and the host's may hold names posix_spawn refuses ("=x")."""
     import os
 
     read_end, write_end = os.pipe()
     try:
-        pid = os.posix_spawn(argv[0], list(argv), os.environ,
+        pid = os.posix_spawn(argv[0], list(argv), {},
                              file_actions=[(os.POSIX_SPAWN_DUP2, write_end, 1), (os.POSIX_SPAWN_CLOSE, 2)])
     except OSError:  # no such program, or no process to spare: nothing found, as a failed pipeline finds nothing
         os.close(read_end)

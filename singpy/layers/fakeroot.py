@@ -32,7 +32,10 @@ from singpy.plan import IdMap
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    import signal  # the same constants, typed
     from typing import NoReturn
+else:  # the C module, as singpy.launch.process: `signal` would load enum on the way
+    import _signal as signal
 
 SUBUID, SUBGID = "/etc/subuid", "/etc/subgid"
 RANGE = 65536  # the count of a fakeroot range (Apptainer's validRangeCount)
@@ -184,7 +187,7 @@ def _run_map_tool(name: str, target: int, lines: tuple[tuple[int, int, int], ...
     argv = [tool, str(target), *(str(number) for line in lines for number in line)]
     read_end, write_end = os.pipe()  # its standard error; its output is never read
     try:
-        pid = os.posix_spawn(tool, argv, {"PATH": TOOL_PATH},
+        pid = os.posix_spawn(tool, argv, {"PATH": TOOL_PATH}, setsigdef=_IGNORED_BY_PYTHON,
                              file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
                                            (os.POSIX_SPAWN_DUP2, write_end, 2)])
     except BaseException:
@@ -205,6 +208,9 @@ def _run_map_tool(name: str, target: int, lines: tuple[tuple[int, int, int], ...
 
     why = map_tool_failure(name, tool)
     return f"{report}: {why}" if why else report
+
+
+_IGNORED_BY_PYTHON = (signal.SIGPIPE, signal.SIGXFSZ)  # their defaults back for a tool (subprocess's restore_signals)
 
 
 def _lines(lines: tuple[tuple[int, int, int], ...]) -> str:

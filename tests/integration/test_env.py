@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -212,6 +213,19 @@ def test_ldconfig_directories_go_before_the_gpu_libraries(singpy: Singpy, glibc_
     assert env["LD_LIBRARY_PATH"] == f"/foo:/opt/lib:/opt/lib64:{LIBS}:/bar"
     env = env_inside(singpy, glibc_image, "-B", f"{library}:{LIBS}/libfake.so.1", "--env", "LD_LIBRARY_PATH=/x")
     assert env["LD_LIBRARY_PATH"] == f"/x:{LIBS}"  # a path of the user's own: left as it is
+
+
+def test_ldconfig_runs_whatever_the_hosts_environment_holds(singpy: Singpy, glibc_image: Path, workdir: Path) -> None:
+    """An entry without a name in the host's environment ("=x", which `env` can make) is no variable of the
+    container's, and no reason for ldconfig's run to fail: it runs with no environment (a traceback before)."""
+    library = workdir / "libfake.so.1"
+    library.write_text("not really a library\n")
+    library.chmod(0o644)
+    argv, ids = singpy.command(["exec", "-B", f"{library}:{LIBS}/libfake.so.1", str(glibc_image), "sh", "-c",
+                                'echo "$LD_LIBRARY_PATH"'])
+    done = subprocess.run(["/usr/bin/env", "=x", *argv], env=singpy.env(), cwd=str(singpy.workdir),
+                          capture_output=True, text=True, timeout=60, check=False, **ids)  # type: ignore[call-overload]
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"/opt/lib:/opt/lib64:{LIBS}\n", "")
 
 
 # --- --env / --env-file: the names injection may not set ----------------------------------------------------------

@@ -312,6 +312,47 @@ def test_an_extension_in_the_second_part_stays_one(built: tuple[Path, Path]) -> 
     assert done.stdout == "first b'' 0\n"
 
 
+def test_an_extension_that_ends_its_part_waits_for_no_part(built: tuple[Path, Path]) -> None:
+    """An extension's row holds no code: last of its part (as singpy.oci._tlscheck is of the image paths' part), it
+    is served without reading its part, nor the next one (which once got read for it, the GPU code for a docker://
+    launch)."""
+    root, path = built
+    package = root / "pkg" / "sub"
+    (package / "ext.so").write_bytes(b"not loaded here")
+    (package / "gpu.py").write_text("VALUE = 'gpu'\n")
+    assert launcher.write_bundle(str(path), [("pkg.sub", str(package / "__init__.py"))],
+                                 [("pkg.sub.mod", str(package / "mod.py")), ("pkg.sub.ext", str(package / "ext.so"))],
+                                 [("pkg.sub.gpu", str(package / "gpu.py"))]) == 4
+    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
+    script = (f"import sys; sys.path.insert(0, {singpy_root!r}); sys.path.append({str(root)!r})\n"
+              "from singpy.cli.bundle import install\n"
+              f"assert install({str(path)!r})\n"
+              "import pkg.sub\n"
+              "finder = sys.meta_path[0]\n"
+              "spec = finder.find_spec('pkg.sub.ext', pkg.sub.__path__)\n"
+              "entries = finder.entries\n"
+              "print(type(spec.loader).__name__, entries['pkg.sub.mod'].code is None, "
+              "entries['pkg.sub.gpu'].code is None)\n")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=60,
+                          check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "ExtensionFileLoader True True\n"
+
+
+def test_an_index_of_the_wrong_kinds_is_no_bundle(built: tuple[Path, Path]) -> None:
+    """A trusted file whose index has the right shape but values of other kinds (a dict of part ends, an offset
+    that is a float): not installed, no traceback, the normal import."""
+    root, path = built
+    data = path.read_bytes()
+    start = 16 + int.from_bytes(data[:8], "little")
+    key, rows, ends = marshal.loads(data[16:start])
+    floated = [(*row[:-2], float(row[-2]), row[-1]) for row in rows]
+    for index in ((key, rows, dict(enumerate(ends))), (key, floated, ends), (key, rows, [*ends])):
+        blob = marshal.dumps(index)
+        path.write_bytes(len(blob).to_bytes(8, "little") + data[8:16] + blob + data[start:])
+        assert run_importer(root, path, "pkg.sub.mod") == "not installed\npkg.sub.mod SourceFileLoader first True\n"
+
+
 def test_the_hot_path_modules_are_the_launch_path() -> None:
     package_root = str(Path(bundle.__file__).resolve().parents[2])
     names = [name for name, _ in launcher.hot_path_modules(package_root)]

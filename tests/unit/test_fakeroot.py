@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pwd
 from pathlib import Path
 
 from singpy.config import sysconf
@@ -74,9 +75,10 @@ def test_plan_with_fakeroot() -> None:
     assert plan.namespaces.user and plan.fakeroot is not None
     assert plan.fakeroot.uids[0] == (0, 1000, 1)
     assert dict(plan.process.env.base)["HOME"] == "/root"
-    # as Apptainer: root's entry merged in (the image's root line takes /root as its home)
+    # as Apptainer: the host's root entry merged in (the image's root line takes /root as its home)
+    host_root = pwd.getpwuid(0)
     assert [spec.content for spec in plan.mounts if spec.op == MountOp.FILE and spec.dest == "/etc/passwd"] == \
-        [f"alice:x:0:0:{host.gecos}:/root:{host.shell}"]
+        [f"{host_root.pw_name}:x:0:0:{host_root.pw_gecos}:/root:{host_root.pw_shell}"]
     root = build_plan(request, sysconf.defaults(), host.replace(uid=0, gid=0, user="root"), image).plan
     assert root.namespaces.user and root.fakeroot is not None
     assert build_plan(request.replace(fakeroot=False), sysconf.defaults(), host, image).plan.fakeroot is None
