@@ -54,6 +54,19 @@ def run_importer(root: Path, path: Path, *names: str, flags: tuple[str, ...] = (
     return output
 
 
+def run_installed(root: Path, path: Path, body: str) -> str:
+    """What `body` prints, run in a fresh interpreter (`-I -S`) once the bundle at `path` is installed for the
+    package root `root`."""
+    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
+    script = (f"import sys; sys.path.insert(0, {singpy_root!r}); sys.path.append({str(root)!r})\n"
+              f"from singpy.cli.bundle import install\nassert install({str(path)!r})\n{body}")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=60,
+                          check=False, cwd="/")
+    assert done.returncode == 0, done.stderr
+    output: str = done.stdout
+    return output
+
+
 @pytest.fixture
 def built(workdir: Path) -> tuple[Path, Path]:
     """The package and its bundle, in the session's scratch directory (which the test user can reach)."""
@@ -299,17 +312,10 @@ def test_an_extension_in_the_second_part_stays_one(built: tuple[Path, Path]) -> 
     (package / "ext.so").write_bytes(b"not loaded here")
     later = [("pkg.sub.ext", str(package / "ext.so")), ("pkg.sub.mod", str(package / "mod.py"))]
     assert launcher.write_bundle(str(path), [("pkg.sub", str(package / "__init__.py"))], later) == 3
-    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
-    script = (f"import sys; sys.path.insert(0, {singpy_root!r}); sys.path.append({str(root)!r})\n"
-              "from singpy.cli.bundle import install\n"
-              f"assert install({str(path)!r})\n"
-              "import pkg.sub.mod\n"
-              "entries = sys.meta_path[0].entries\n"
-              "print(pkg.sub.mod.VALUE, bytes(entries['pkg.sub.ext'].code), entries['pkg.sub.ext'].length)\n")
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=60,
-                          check=False, cwd="/")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "first b'' 0\n"
+    assert run_installed(root, path, "import pkg.sub.mod\n"
+                                     "entries = sys.meta_path[0].entries\n"
+                                     "print(pkg.sub.mod.VALUE, bytes(entries['pkg.sub.ext'].code), "
+                                     "entries['pkg.sub.ext'].length)\n") == "first b'' 0\n"
 
 
 def test_an_extension_that_ends_its_part_waits_for_no_part(built: tuple[Path, Path]) -> None:
@@ -323,20 +329,12 @@ def test_an_extension_that_ends_its_part_waits_for_no_part(built: tuple[Path, Pa
     assert launcher.write_bundle(str(path), [("pkg.sub", str(package / "__init__.py"))],
                                  [("pkg.sub.mod", str(package / "mod.py")), ("pkg.sub.ext", str(package / "ext.so"))],
                                  [("pkg.sub.gpu", str(package / "gpu.py"))]) == 4
-    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
-    script = (f"import sys; sys.path.insert(0, {singpy_root!r}); sys.path.append({str(root)!r})\n"
-              "from singpy.cli.bundle import install\n"
-              f"assert install({str(path)!r})\n"
-              "import pkg.sub\n"
-              "finder = sys.meta_path[0]\n"
-              "spec = finder.find_spec('pkg.sub.ext', pkg.sub.__path__)\n"
-              "entries = finder.entries\n"
-              "print(type(spec.loader).__name__, entries['pkg.sub.mod'].code is None, "
-              "entries['pkg.sub.gpu'].code is None)\n")
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=60,
-                          check=False, cwd="/")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == "ExtensionFileLoader True True\n"
+    assert run_installed(root, path, "import pkg.sub\n"
+                                     "finder = sys.meta_path[0]\n"
+                                     "spec = finder.find_spec('pkg.sub.ext', pkg.sub.__path__)\n"
+                                     "print(type(spec.loader).__name__, finder.entries['pkg.sub.mod'].code is None, "
+                                     "finder.entries['pkg.sub.gpu'].code is None)\n") == \
+        "ExtensionFileLoader True True\n"
 
 
 def test_an_index_of_the_wrong_kinds_is_no_bundle(built: tuple[Path, Path]) -> None:
