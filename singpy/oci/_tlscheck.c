@@ -207,6 +207,11 @@ static int answer(Check *c, enum outcome outcome, const char *message) {
     return 0;
 }
 
+/* A transfer that did not complete (`got` from `transfer`: 0 or -1): stopped by a signal's handler, or `why`. */
+static int cut_short(Check *c, int got, const char *why) {
+    return got < 0 ? answer(c, OUT_STOPPED, "interrupted") : answer(c, OUT_AGAIN, why);
+}
+
 /* The check sent to its helper: the header with the socket, then the strings. */
 static int send_check(Check *c, int fd, const char *fields[5], const Py_ssize_t sizes[5], double connect_timeout,
                       double read_timeout) {
@@ -235,8 +240,7 @@ static int send_check(Check *c, int fd, const char *fields[5], const Py_ssize_t 
     for (int i = 0; i < 5; i++) {
         int got = transfer(c->helper.control, (char *)fields[i], (size_t)sizes[i], c->deadline + GRACE, 1);
         if (got <= 0)
-            return answer(c, got < 0 ? OUT_STOPPED : OUT_AGAIN,
-                          got < 0 ? "interrupted" : "the TLS check's helper is gone");
+            return cut_short(c, got, "the TLS check's helper is gone");
     }
     return 1;
 }
@@ -248,12 +252,10 @@ static void read_answer(Check *c) {
     double deadline = c->deadline + GRACE;
     int got = transfer(c->helper.control, (char *)&head, sizeof head, deadline, 0);
     if (got <= 0) {
-        if (got < 0)
-            answer(c, OUT_STOPPED, "interrupted");
-        else if (now() < deadline)
-            answer(c, OUT_AGAIN, "the TLS check's helper ended without an answer");
-        else /* the helper stuck past its own deadline */
+        if (got == 0 && now() >= deadline) /* the helper stuck past its own deadline */
             answer(c, OUT_TIMEOUT, "the answer took longer than SINGPY_PULL_DOCUMENT_TIMEOUT");
+        else
+            cut_short(c, got, "the TLS check's helper ended without an answer");
         return;
     }
     if (head.outcome < OUT_OK || head.outcome > OUT_STOPPED || head.message_len >= sizeof c->message ||
@@ -266,8 +268,7 @@ static void read_answer(Check *c) {
     if ((head.data_len && c->data == NULL) ||
         (got = transfer(c->helper.control, message, head.message_len, deadline, 0)) <= 0 ||
         (got = transfer(c->helper.control, c->data, head.data_len, deadline, 0)) <= 0) {
-        answer(c, got < 0 ? OUT_STOPPED : OUT_AGAIN,
-               got < 0 ? "interrupted" : "the TLS check's helper ended without an answer");
+        cut_short(c, got, "the TLS check's helper ended without an answer");
         return;
     }
     c->data_len = head.data_len;
