@@ -44,7 +44,7 @@ def capture(environ: Mapping[str, str] | None = None) -> HostInfo:
     except KeyError:
         user, gecos, shell, pw_home = str(uid), "", "/bin/sh", env.get("HOME") or "/"
         wanted = [gid, *os.getgroups()]
-    names = _group_names(wanted)
+    names = group_names(wanted)
     return HostInfo(
         uid=uid,
         gid=gid,
@@ -61,12 +61,18 @@ def capture(environ: Mapping[str, str] | None = None) -> HostInfo:
 
 def root_entry() -> tuple[str, str, str]:
     """The host's uid-0 passwd entry (name, gecos, shell): what --fakeroot adds to an image's /etc/passwd without
-    a root line, as Apptainer (its user.GetPwUID(0)); root's usual values where the host has no entry."""
+    a root line (docs/isolation.md says how Apptainer differs); root's usual values where the host has no entry."""
+    found = account(0)
+    return (found[0], found[2], found[3]) if found else ("root", "root", "/bin/sh")
+
+
+def account(uid: int) -> tuple[str, int, str, str] | None:
+    """The host's passwd entry of `uid`: (name, primary gid, gecos, shell); None where it has none."""
     try:
-        entry = pwd.getpwuid(0)
+        entry = pwd.getpwuid(uid)
     except KeyError:
-        return "root", "root", "/bin/sh"
-    return entry.pw_name, entry.pw_gecos, entry.pw_shell
+        return None
+    return entry.pw_name, entry.pw_gid, entry.pw_gecos, entry.pw_shell
 
 
 def _logical_cwd(pwd_env: str | None) -> str:
@@ -81,7 +87,7 @@ def _logical_cwd(pwd_env: str | None) -> str:
     return physical
 
 
-def _group_names(gids: list[int]) -> dict[int, str]:
+def group_names(gids: list[int]) -> dict[int, str]:
     """The names of `gids` in the host's group database; a gid without an entry has none.
 
     /etc/group is read once, in one pass, for all of them: getgrgid(3) would

@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from singpy.layers.overlay import OverlayChoice
     from singpy.mounts.workdir import WorkdirPlan
 
-_HOSTNAME_MAX = 64  # HOST_NAME_MAX: what sethostname() takes
-
 
 class Planned(Record, kw_only=False):
     """A plan plus the warnings found while building it, and --verbose notes (printed by the caller)."""
@@ -58,7 +56,7 @@ class Planned(Record, kw_only=False):
 def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec,
                gpu_mounts: tuple[MountSpec, ...] = (), keep_host_env: tuple[str, ...] = ()) -> Planned:
     if request.hostname is not None:
-        _check_hostname(request.hostname)
+        system.check_hostname(request.hostname)
     job = jobs.detect(host.env)
     request, job_warnings = jobs.check_request(request, job)
     share_key, job_notes = jobs.sharing(request, job)
@@ -79,7 +77,9 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     underlay = _underlay(request, config, namespaces.user and _no_userns_overlay(config))
     no_layer = plan_no_layer(writable=request.writable, overlays=bool(layers and layers.overlays), underlay=underlay,
                              overlay_driver=layers.driver if layers is not None else _default_driver(config))
-    mounts = _mounts(request, config, host, namespaces, home_source, home_dest, no_layer=bool(no_layer))
+    security = _security(request, host, privileges)
+    identity, identity_warnings = _identity_files(request, config, host, home_dest, security)
+    mounts = _mounts(request, config, host, namespaces, home_source, home_dest, identity, no_layer=bool(no_layer))
     work = _workdir(request, config, mounts, home_dest) if request.workdir or request.scratch else None
     if work is not None:  # --workdir, --scratch (singpy.mounts.workdir, imported only then)
         mounts = work.mounts
@@ -102,12 +102,12 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
         warnings += layers.warnings
     written = request.writable or (layers.writable_tmpfs or any(not layer.readonly for layer in layers.overlays)
                                    if layers is not None else request.writable_tmpfs)
-    if written and (host.uid == 0 or request.fakeroot):
+    if written and (request.fakeroot or host.uid == 0 and not (security and security.uid)):  # root writing
         mounts = _without_identity_files(mounts)
     process = ProcessSpec(action=request.action, args=request.args, env=env_plan,
                           cwd=_cwd(request, host, home_dest), cwd_required=bool(request.pwd), shell=request.shell,
                           privileges=privileges, umask=0o022 if request.no_umask else None, init=not request.no_init,
-                          app=request.app, security=_security(request, host, privileges),
+                          app=request.app, security=security,
                           go_pipe=image.go_pipe,  # the background unpacking's go (singpy.image.warm)
                           in_use=image.in_use)  # the cache's tree held in use (singpy.image.squashfs.hold)
     if image.go_pipe[0] >= 0 or image.in_use[0] >= 0:  # the process's: ranks share a container if the rest matches
@@ -140,7 +140,8 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     if work is not None:
         plan = plan.replace(host_dirs=work.host_dirs)
         warnings += work.warnings
-    return Planned(plan, (*job_warnings, *dropped, *netns_warnings, *warnings), (*job_notes, *gpu_notes))
+    return Planned(plan, (*job_warnings, *dropped, *netns_warnings, *identity_warnings, *warnings),
+                   (*job_notes, *gpu_notes))
 
 
 def _cgroup(request: LaunchRequest, host: HostInfo, share_key: tuple[str, str] | None) -> CgroupSpec:
@@ -311,6 +312,23 @@ def _security(request: LaunchRequest, host: HostInfo, privileges: Privileges) ->
     return plan_security(values, uid=host.uid, kept_caps=privileges.keep)
 
 
+def _identity_files(request: LaunchRequest, config: SysConfig, host: HostInfo, home_dest: str,
+                    security: SecuritySpec | None) -> tuple[list[MountSpec], tuple[str, ...]]:
+    """/etc/passwd and /etc/group with the user's entries (root's with --fakeroot; with --security uid:/gid:,
+    the target's, singpy.launch.security: imported only then), and the warnings."""
+    passwd, group = config.flag("config passwd"), config.flag("config group")
+    if security is None or not (security.uid or security.gids):
+        return system.identity_files(host, home=home_dest, fakeroot=request.fakeroot, passwd=passwd, group=group,
+                                     root=root_entry() if request.fakeroot and passwd else None), ()
+    from singpy.launch.security import target_identity
+
+    target = target_identity(security, host)
+    if target is None:
+        return [], (f"--security uid:{security.uid}: the host has no passwd entry for uid {security.uid}: the "
+                    "image's /etc/passwd and /etc/group are left as they are",)
+    return system.target_identity_files(*target, home=home_dest, passwd=passwd, group=group), ()
+
+
 def _fakeroot(request: LaunchRequest, host: HostInfo) -> IdMap | None:
     if not request.fakeroot:
         return None
@@ -351,36 +369,15 @@ def _home(request: LaunchRequest, host: HostInfo) -> tuple[str, str]:
         raise UsageError(error.message, hint=error.hint) from None
 
 
-def _check_hostname(name: str) -> None:
-    """A name sethostname() takes and that is a host name (RFC 1123 labels; `_` tolerated, as real clusters use it).
-
-    The kernel takes any 64 bytes, newlines, `/` and control characters
-    included, which would then break /etc/hosts, prompts and log lines.
-    """
-    bad = f"bad --hostname {shown(name)!r}"
-    if not name or len(os.fsencode(name)) > _HOSTNAME_MAX:  # fsencode: argv may hold undecodable bytes
-        raise UsageError(f"{bad}: a host name has 1 to {_HOSTNAME_MAX} characters")
-    for label in name.split("."):
-        if not label or len(label) > 63:
-            raise UsageError(f"{bad}: each dot-separated label has 1 to 63 characters")
-        if not label.isascii() or not label.replace("-", "").replace("_", "").isalnum():
-            raise UsageError(f"{bad}: only letters, digits, '-', '_' and '.' may be used")
-        if label.startswith("-") or label.endswith("-"):
-            raise UsageError(f"{bad}: a label can't start or end with '-'")
-
-
-def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespaces: Namespaces,
-            home_source: str, home_dest: str, *, no_layer: bool) -> list[MountSpec]:
+def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespaces: Namespaces, home_source: str,
+            home_dest: str, identity: list[MountSpec], *, no_layer: bool) -> list[MountSpec]:
     skipped = set(request.no_mount)  # --no-mount
     dev = "minimal" if request.contain and config.text("mount dev") == "yes" else config.text("mount dev")
     mounts = system.kernel_mounts(new_pid=namespaces.pid, proc=config.flag("mount proc") and "proc" not in skipped,
                                   sys=config.flag("mount sys") and "sys" not in skipped,
                                   dev="no" if "dev" in skipped else dev,
                                   devpts=config.flag("mount devpts") and "devpts" not in skipped)
-    passwd = config.flag("config passwd")
-    mounts += system.identity_files(host, home=home_dest, fakeroot=request.fakeroot, passwd=passwd,
-                                    group=config.flag("config group"),
-                                    root=root_entry() if request.fakeroot and passwd else None)
+    mounts += identity
     mounts += system.host_files(system.kept_bind_paths(config.items("bind path"), skipped),
                                 resolv_conf=config.flag("config resolv_conf") and not request.dns
                                 and not skipped & {"bind-paths", "/etc/resolv.conf"})

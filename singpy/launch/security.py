@@ -17,7 +17,9 @@ GetParam ([1] internal/pkg/security/security.go).
   SCMP_ACT_ERRNO, a rule's `errnoRet` is honoured (Docker's profile returns
   ENOSYS for clone3 that way: glibc then falls back to clone).
 * uid / gid: root only. singpy is never setuid, and a user's namespace maps
-  only their own id, so there is nothing else a user could become.
+  only their own id, so there is nothing else a user could become. The
+  container's /etc/passwd and /etc/group then get the target's entries, as
+  Apptainer writes them (`target_identity`).
 * apparmor / selinux: only where the host's kernel has them enabled, else one
   FATAL line (Apptainer's words); both at once are refused, as in Apptainer.
 """
@@ -29,6 +31,10 @@ import os
 from singpy.errors import SingpyError, UsageError
 from singpy.host.hostfiles import shown
 from singpy.plan import SeccompFilter, SeccompRule, SecuritySpec
+
+TYPE_CHECKING = False  # see singpy.record
+if TYPE_CHECKING:
+    from singpy.host.host import HostInfo
 
 FEATURES = ("seccomp", "apparmor", "selinux", "uid", "gid")
 ACTIONS = ("SCMP_ACT_KILL", "SCMP_ACT_KILL_THREAD", "SCMP_ACT_KILL_PROCESS", "SCMP_ACT_TRAP", "SCMP_ACT_ERRNO",
@@ -69,6 +75,27 @@ def plan_security(values: tuple[str, ...], *, uid: int, kept_caps: tuple[str, ..
     if "seccomp" in params:
         spec = spec.replace(seccomp=read_profile(os.path.abspath(params["seccomp"]), uid=uid, kept_caps=kept_caps))
     return spec
+
+
+def target_identity(spec: SecuritySpec, host: HostInfo) -> tuple[tuple[str, int, int, str, str],
+                                                                 tuple[tuple[int, str], ...]] | None:
+    """Whose entries the container's /etc/passwd and /etc/group get under uid:/gid: (root only), as Apptainer's
+    setUserInfo(useTargetIDs) and addIdentityMount: uid N's host entry (name, uid, gid, gecos, shell), or root's
+    own with gid: alone; the groups gid: names, else the entry's primary group, each where the host names it
+    ((gid, name) pairs). None where uid N has no host entry: Apptainer then writes neither file (a warning)."""
+    from singpy.host.host import account, group_names
+
+    if spec.uid:
+        found = account(spec.uid)
+        if found is None:
+            return None
+        name, gid, gecos, shell = found
+    else:  # gid: alone: the launcher's own entry, root's
+        name, gid, gecos, shell = host.user, host.gid, host.gecos, host.shell
+    wanted = list(dict.fromkeys(spec.gids)) or [gid]
+    names = group_names(wanted)
+    return (name, spec.uid or 0, gid, gecos, shell), tuple((number, names[number]) for number in wanted
+                                                           if number in names)
 
 
 def recorded(values: tuple[str, ...]) -> tuple[str, ...]:

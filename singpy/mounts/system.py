@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+from singpy.errors import UsageError
+from singpy.host.hostfiles import shown
 from singpy.plan import Missing, MountOp, MountSpec, Stage
 
 TYPE_CHECKING = False  # see singpy.record
@@ -27,6 +29,7 @@ if TYPE_CHECKING:  # collections.abc (with collections, operator, keyword...) co
 MINIMAL_DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
              ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
+_HOSTNAME_MAX = 64  # HOST_NAME_MAX: what sethostname() takes
 # Working directories that are never bound: they are the container's own.
 SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/sbin", "/sys",
                "/usr", "/var")
@@ -100,20 +103,30 @@ def identity_files(host: HostInfo, *, home: str, fakeroot: bool, passwd: bool, g
 
     With --fakeroot the user is uid 0 inside: the entry merged is root's, the
     image's root line taking the home (/root), or, for an image without one, the
-    host's (`root`: its name, gecos and shell, singpy.host.host.root_entry); the
-    groups stay the host's, as Apptainer writes them (their names for the host's
-    gids, the user as member).
+    host's (`root`: its name, gecos and shell, singpy.host.host.root_entry; where
+    Apptainer 1.5 appends the user's own entry at their host uid); the groups stay
+    the host's, as Apptainer writes them (their names for the host's gids, the
+    user as member).
     """
-    specs = []
-    if passwd:
-        user, gecos, shell = (root or ("root", "root", "/bin/sh")) if fakeroot else (host.user, host.gecos, host.shell)
-        uid, gid = (0, 0) if fakeroot else (host.uid, host.gid)
-        entry = passwd_line(user=user, uid=uid, gid=gid, gecos=gecos, home=home, shell=shell)
-        specs.append(MountSpec(op=MountOp.FILE, dest="/etc/passwd", content=entry, readonly=True,
-                               missing=Missing.SKIP, stage=Stage.SYSTEM_FILES))
+    user, gecos, shell = (root or ("root", "root", "/bin/sh")) if fakeroot else (host.user, host.gecos, host.shell)
+    uid, gid = (0, 0) if fakeroot else (host.uid, host.gid)
     named = ((host.gid, host.group),) if host.group else ()
-    lines = [group_line(group=name, gid=number, user=host.user) for number, name in (*named, *host.groups)
-             if group]
+    return target_identity_files((user, uid, gid, gecos, shell), (*named, *host.groups), home=home, passwd=passwd,
+                                 group=group, member=host.user)
+
+
+def target_identity_files(entry: tuple[str, int, int, str, str], groups: tuple[tuple[int, str], ...], *, home: str,
+                          passwd: bool, group: bool, member: str = "") -> list[MountSpec]:
+    """/etc/passwd with `entry` (name, uid, gid, gecos, shell) merged in, /etc/group with `groups` ((gid, name),
+    `member` their member: the entry's name unless given): `identity_files`' and --security uid:/gid:'s
+    (singpy.launch.security.target_identity)."""
+    specs = []
+    name, uid, gid, gecos, shell = entry
+    if passwd:
+        specs.append(MountSpec(op=MountOp.FILE, dest="/etc/passwd", readonly=True, missing=Missing.SKIP,
+                               content=passwd_line(user=name, uid=uid, gid=gid, gecos=gecos, home=home, shell=shell),
+                               stage=Stage.SYSTEM_FILES))
+    lines = [group_line(group=group_name, gid=number, user=member or name) for number, group_name in groups if group]
     if lines:  # none where no group of the user's has an entry on the host: Apptainer skips a gid without one
         specs.append(MountSpec(op=MountOp.FILE, dest="/etc/group", content="\n".join(lines), readonly=True,
                                missing=Missing.SKIP, stage=Stage.SYSTEM_FILES))
@@ -249,6 +262,24 @@ def hostname_file(hostname: str) -> MountSpec:
     """--hostname: the container's /etc/hostname, holding that name (Apptainer's addHostnameMount)."""
     return MountSpec(op=MountOp.FILE, dest="/etc/hostname", content=hostname, readonly=True, merge=False,
                      stage=Stage.SYSTEM_FILES)
+
+
+def check_hostname(name: str) -> None:
+    """A name sethostname() takes and that is a host name (RFC 1123 labels; `_` tolerated, as real clusters use it).
+
+    The kernel takes any 64 bytes, newlines, `/` and control characters
+    included, which would then break /etc/hosts, prompts and log lines.
+    """
+    bad = f"bad --hostname {shown(name)!r}"
+    if not name or len(os.fsencode(name)) > _HOSTNAME_MAX:  # fsencode: argv may hold undecodable bytes
+        raise UsageError(f"{bad}: a host name has 1 to {_HOSTNAME_MAX} characters")
+    for label in name.split("."):
+        if not label or len(label) > 63:
+            raise UsageError(f"{bad}: each dot-separated label has 1 to 63 characters")
+        if not label.isascii() or not label.replace("-", "").replace("_", "").isalnum():
+            raise UsageError(f"{bad}: only letters, digits, '-', '_' and '.' may be used")
+        if label.startswith("-") or label.endswith("-"):
+            raise UsageError(f"{bad}: a label can't start or end with '-'")
 
 
 def passwd_line(*, user: str, uid: int, gid: int, gecos: str, home: str, shell: str) -> str:

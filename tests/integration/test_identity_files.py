@@ -1,5 +1,6 @@
 """The container's /etc/passwd and /etc/group as Apptainer 1.5 writes them (its files/passwd.go, group.go and
-addIdentityMount): every group of the user's, none for an image without the file, root's entry with --fakeroot.
+addIdentityMount): every group of the user's, none for an image without the file, root's entry with --fakeroot,
+the target's with --security uid:/gid: (root only: `as_root`).
 
 Each test runs as root and as the test user (the `singpy` fixture). The supplementary groups are given to the
 process that starts singpy (subprocess's `extra_groups`, setgroups(2) as root): groups the host's /etc/group
@@ -18,7 +19,7 @@ import pytest
 
 from tests.conftest import Singpy, readable_by_all
 from tests.support.images import build_busybox_rootfs
-from tests.support.users import is_root
+from tests.support.users import ensure_test_user, is_root
 
 IMAGE_PASSWD = "root:x:0:0:Image Root:/toor:/bin/ash\nnobody:x:65534:65534::/:/bin/false\n"
 IMAGE_GROUP = "root:x:0:\nnogroup:x:65534:\n"
@@ -135,7 +136,8 @@ def test_fakeroot_gets_the_images_root_entry(singpy: Singpy, workdir: Path) -> N
 
 def test_fakeroot_on_an_image_without_root_gets_the_hosts_root_entry(singpy: Singpy, workdir: Path) -> None:
     """An image whose /etc/passwd has no uid 0 (built FROM scratch with its own users): --fakeroot appends the
-    host's root entry (its name, gecos and shell) with /root as its home, as Apptainer (user.GetPwUID(0))."""
+    host's root entry (its name, gecos and shell) with /root as its home, so that `whoami` says root (Apptainer
+    1.5 appends the user's own entry at their host uid, and uid 0 stays without a name: docs/isolation.md)."""
     image = _image(workdir, "no-root", passwd="app:x:1000:1000:App:/app:/bin/sh\n", group=IMAGE_GROUP)
     result = singpy.run("exec", "--fakeroot", str(image), "sh", "-c", "cat /etc/passwd; whoami")
     assert result.returncode == 0, result.stderr
@@ -155,3 +157,62 @@ def test_root_writing_the_container_keeps_the_images_files(singpy: Singpy, workd
         assert out == IMAGE_PASSWD + IMAGE_GROUP
     else:
         assert f"{singpy.user}:x:{singpy.uid}:" in out
+
+
+def _unknown_uid() -> int:
+    """A uid the host's passwd database has no entry for."""
+    return next(uid for uid in range(54321, 54421) if uid not in {entry.pw_uid for entry in pwd.getpwall()})
+
+
+def _target_line(target: pwd.struct_passwd) -> str:
+    """uid N's passwd line as --security uid:N writes it: its host entry, root's home (the launcher's)."""
+    return (f"{target.pw_name}:x:{target.pw_uid}:{target.pw_gid}:{target.pw_gecos}:{pwd.getpwuid(0).pw_dir}:"
+            f"{target.pw_shell}\n")
+
+
+@pytest.mark.parametrize("flags", [[], ["--writable-tmpfs"]], ids=["read-only", "writable-tmpfs"])
+def test_security_uid_gets_that_users_host_entry(as_root: Singpy, workdir: Path, flags: list[str]) -> None:
+    """--security uid:N as root: N's host entry and its own group (N the member), as Apptainer's
+    setUserInfo(useTargetIDs); a writable container keeps them (the payload is not root)."""
+    target = ensure_test_user()
+    image = _image(workdir, "groups", passwd=IMAGE_PASSWD, group=IMAGE_GROUP)
+    out = as_root.ok("exec", *flags, "--security", f"uid:{target.pw_uid}", str(image), "sh", "-c",
+                     "cat /etc/passwd /etc/group; whoami")
+    group = f"{grp.getgrgid(target.pw_gid).gr_name}:x:{target.pw_gid}:{target.pw_name}\n"
+    assert out == IMAGE_PASSWD + _target_line(target) + IMAGE_GROUP + group + f"{target.pw_name}\n"
+
+
+def test_security_uid_and_gid_get_the_gid_groups(as_root: Singpy, workdir: Path) -> None:
+    """With gid: the groups are the gid: list's (a gid the host can't name left out), not N's own."""
+    target = ensure_test_user()
+    named = sorted({entry.gr_gid for entry in grp.getgrall()} - {target.pw_gid, 0})[:2]
+    if len(named) < 2:
+        pytest.skip("the host's /etc/group has fewer than two groups besides the test user's")
+    image = _image(workdir, "groups", passwd=IMAGE_PASSWD, group=IMAGE_GROUP)
+    gids = ":".join(str(gid) for gid in (named[1], _unknown_gid(), named[0]))
+    out = as_root.ok("exec", "--security", f"uid:{target.pw_uid},gid:{gids}", str(image), "sh", "-c",
+                     "cat /etc/passwd /etc/group; id -g")
+    groups = "".join(f"{grp.getgrgid(gid).gr_name}:x:{gid}:{target.pw_name}\n" for gid in (named[1], named[0]))
+    assert out == IMAGE_PASSWD + _target_line(target) + IMAGE_GROUP + groups + f"{named[1]}\n"
+
+
+def test_security_gid_alone_keeps_roots_entry(as_root: Singpy, workdir: Path) -> None:
+    """gid: alone (the payload stays uid 0): root's entry as without it, the gid: groups with root their member."""
+    gid = sorted({entry.gr_gid for entry in grp.getgrall()} - {0})[0]
+    image = _image(workdir, "groups", passwd=IMAGE_PASSWD, group=IMAGE_GROUP)
+    out = as_root.ok("exec", "--security", f"gid:{gid}", str(image), "cat", "/etc/passwd", "/etc/group")
+    root = pwd.getpwuid(0)
+    assert out == IMAGE_PASSWD.replace("/toor", root.pw_dir) + IMAGE_GROUP + \
+        f"{grp.getgrgid(gid).gr_name}:x:{gid}:{root.pw_name}\n"
+
+
+def test_security_uid_without_a_host_entry_leaves_the_images_files(as_root: Singpy, workdir: Path) -> None:
+    """A uid the host's passwd lacks: a warning, and the image's two files as they are (Apptainer's warning and
+    skipped binds), the payload still running as that uid."""
+    uid = _unknown_uid()
+    image = _image(workdir, "groups", passwd=IMAGE_PASSWD, group=IMAGE_GROUP)
+    result = as_root.run("exec", "--security", f"uid:{uid}", str(image), "sh", "-c",
+                         "cat /etc/passwd /etc/group; id -u")
+    assert (result.returncode, result.stdout) == (0, IMAGE_PASSWD + IMAGE_GROUP + f"{uid}\n"), result.stderr
+    assert result.stderr == f"WARNING: --security uid:{uid}: the host has no passwd entry for uid {uid}: the " \
+        "image's /etc/passwd and /etc/group are left as they are\n"

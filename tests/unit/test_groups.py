@@ -48,8 +48,8 @@ def test_config_group_no_plans_no_group() -> None:
 
 
 def test_fakeroot_merges_roots_entry() -> None:
-    """The host's root entry (its name, gecos and shell), merged into the image's root line or added (Apptainer's
-    user.GetPwUID(0)); not the user's name."""
+    """The host's root entry (its name, gecos and shell), merged into the image's root line or added (where
+    Apptainer 1.5 adds the user's own entry: docs/isolation.md); not the user's name."""
     root = ("root", "Super User", "/bin/bash")
     assert _content(_host(), "/etc/passwd", root, fakeroot=True) == "root:x:0:0:Super User:/home/alice:/bin/bash"
     assert _content(_host(), "/etc/passwd", fakeroot=True) == "root:x:0:0:root:/home/alice:/bin/sh"  # none known
