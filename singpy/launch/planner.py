@@ -317,7 +317,8 @@ def _identity_files(request: LaunchRequest, config: SysConfig, host: HostInfo, h
     """/etc/passwd and /etc/group with the user's entries (root's with --fakeroot; with --security uid:/gid:,
     the target's, singpy.launch.security: imported only then), and the warnings."""
     passwd, group = config.flag("config passwd"), config.flag("config group")
-    if security is None or not (security.uid or security.gids):
+    # instance://: the instance's container, files and all, written when it started (so no warning again)
+    if security is None or not (security.uid or security.gids) or request.instance:
         return system.identity_files(host, home=home_dest, fakeroot=request.fakeroot, passwd=passwd, group=group,
                                      root=root_entry() if request.fakeroot and passwd else None), ()
     from singpy.launch.security import target_identity

@@ -83,6 +83,8 @@ def test_joins_run_with_the_instances_ids(as_root: Singpy, image: Path, named: C
         who, caps = out.splitlines()
         assert who == "1234 2345 2345 27", action
         assert caps.split()[1] == "0000000000000000", action  # no longer root: no capability, as a plain launch
+    joined = as_root.run("exec", f"instance://{name}", "true")  # its files were written at start: no word of them
+    assert (joined.returncode, joined.stderr) == (0, ""), joined.stderr
     plan = json.loads(as_root.ok("exec", "--dry-run", f"instance://{name}", "true"))["plan"]
     assert (plan["process"]["security"]["uid"], plan["process"]["security"]["gids"]) == (1234, [2345, 27])
     # the joiner's own uid: wins, the instance's gid: still applies
