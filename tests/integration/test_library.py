@@ -298,7 +298,7 @@ def test_library_flag_and_its_conflict_with_a_host(singpy: Singpy, library: Libr
 def test_library_requests_go_through_the_proxy_variables(singpy: Singpy, workdir: Path) -> None:
     """http(s)_proxy as for docker://: a TLS library and its object storage through CONNECT tunnels, a plain
     one by absolute URLs with the proxy's credentials; no_proxy bypasses it."""
-    from tests.integration.test_oci_registry import ForwardProxy
+    from tests.support.registry_front import ForwardProxy
 
     source = singpy_sif(workdir)
     with start_library(workdir / f"library-proxy-{singpy.profile}", tls=True) as server, ForwardProxy() as proxy:
