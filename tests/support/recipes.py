@@ -5,11 +5,13 @@ The base images are made once per session under the session `workdir`, readable 
     base_sandbox(workdir)    busybox sandbox (tests.support.images) with /etc/base-marker "sandbox base" and /mnt
     base_sif(workdir)        the same as a SIF, made by `singpy build x.sif sandbox/` (marker "sandbox base")
     base_oci_image()         busybox OCI image with /etc/base-marker "oci base" (for the registry, layouts, archives)
+    oci_base(workdir, name, extra)   an OCI layout of busybox plus a layer of `extra`, made once under `name`
 
 Per test: `out_dir(singpy, workdir, name)` is an empty directory the profile's user owns (outputs, recipes,
 files to copy in), `write_recipe(directory, text)` writes a dedented definition file there.
 `sif_owners(sif)` reads the owners in a SIF's partition with `unsquashfs -lln` (the reference tool).
 `build_dirs(directory)` lists the build work directories (`.singpy-build-*`) a directory holds.
+`build(singpy, *args)` runs `singpy build ARGS`, which must succeed within BUILD_TIMEOUT.
 `read_until(process, text)` reads the merged output of a running singpy until `text` shows.
 `subordinate_ranges(user, workdir, name, present)` gives the test user a subordinate id range (or none)
 for the singpy runs of a `with` block (tests.support.hostsim; root only).
@@ -35,6 +37,7 @@ SINGPY = str(Path(sys.executable).parent / "singpy")
 BUILD_DIR_PREFIX = ".singpy-build-"
 SUBUID_START = 200000  # the simulated range: SUBUID_START:65536 for the test user
 SUBUID_COUNT = 65536
+BUILD_TIMEOUT = 120  # seconds: one `singpy build` of a test
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -139,3 +142,19 @@ def subordinate_ranges(user: Singpy, workdir: Path, name: str, present: bool) ->
     line = f"{user.user}:{SUBUID_START}:{SUBUID_COUNT}" if present else None
     with hostsim.subid_files(*hostsim.subid_copies(user.user, user.uid, line, str(workdir / f"recipe-{name}"))):
         yield
+
+
+def build(singpy: Singpy, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`singpy build ARGS`, which must succeed; the result (its output) for further checks."""
+    result = singpy.run("build", *args, env=env, timeout=BUILD_TIMEOUT)
+    assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    return result
+
+
+def oci_base(workdir: Path, name: str, extra: list[oci.Entry]) -> Path:
+    """An OCI layout of busybox plus a layer of `extra`, made once per session under `name`."""
+    layout = workdir / f"recipe-{name}-layout"
+    if not layout.exists():
+        oci.write_layout(layout, {"latest": oci.busybox_image(extra=extra)})
+        subprocess.run(["chmod", "-R", "a+rX", str(layout)], check=True)
+    return layout
