@@ -8,7 +8,7 @@ the default where it is installed):
 * a zstd layer followed, after the tar's end marker, by 256 GiB of compressed zeros (a few MiB of blob):
   read a little past the end, as the tree path does, the digest checked on the compressed blob.
 
-The tree path's side (holes left holes, the host's attributes skipped) is in tests/unit/test_oci_layers.py.
+The tree path's side (holes left holes, the host's attributes skipped) is in tests/unit/test_oci_layers_hostile.py.
 """
 
 from __future__ import annotations
