@@ -23,7 +23,7 @@ from singpy.gpu.request import squashfs_hints
 from singpy.image.detect import detect
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
 from tests.gpu import simhost
-from tests.gpu.test_discover import discover_nv
+from tests.gpu.discovering import discover_nv
 from tests.gpu.test_nv_launch import REPO, SimHostRun, _host, _sim
 from tests.support.images import build_busybox_rootfs
 from tests.support.mpi import build_sif

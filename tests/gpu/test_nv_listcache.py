@@ -64,7 +64,7 @@ def test_the_listing_is_kept_until_the_tool_changes(listed: DriverRun, image: Pa
 def test_glibc_needs_are_kept_with_the_listing(tmp_path: Path) -> None:
     """The newest GLIBC_2.x of each listed file is read when the listing is saved, not on every launch."""
     from singpy.gpu import ImageHints
-    from tests.gpu.test_discover import discover_nv, lib_binds
+    from tests.gpu.discovering import discover_nv, lib_binds
 
     host = simhost.build_nvidia_host(tmp_path / "host")
     env = {"SINGPY_CACHEDIR": str(tmp_path / "cache")}
