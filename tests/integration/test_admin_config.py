@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal, readable_by_all
-from tests.unit.test_sysconf import IGNORED_IN_STOCK, STOCK_APPTAINER_CONF
+from tests.support.sysconf_expected import IGNORED_IN_STOCK, STOCK_APPTAINER_CONF
 
 REPO = Path(__file__).resolve().parents[2]
 
