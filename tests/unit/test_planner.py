@@ -1,86 +1,51 @@
-"""singpy.launch.planner.build_plan: real configuration, host facts and a sandbox image in, a LaunchPlan out."""
+"""singpy.launch.planner.build_plan: real configuration, host facts and a sandbox image in, a LaunchPlan out:
+its mounts, user binds and --home (namespaces, process, environment and JSON: test_planner_process.py)."""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from singpy.config import sysconf
-from singpy.constants import DEFAULT_PATH
 from singpy.errors import BindSpecError, UsageError
-from singpy.host import host as host_module
 from singpy.host.host import HostInfo
-from singpy.launch.planner import LaunchRequest, Planned, build_plan
+from singpy.launch.planner import LaunchRequest, build_plan
 from singpy.mounts.parse import parse_bind_list
-from singpy.mounts.system import DEV_LINKS, MINIMAL_DEV_NODES
-from singpy.plan import ImageSpec, LaunchPlan, Missing, MountOp, MountSpec, Namespaces, Stage
+from singpy.mounts.system import MINIMAL_DEV_NODES
+from singpy.plan import ImageSpec, Missing, MountOp, MountSpec, Stage
 
 if TYPE_CHECKING:
-    from singpy.plan import MountOpName
-
-CWD = "/srv/project"  # not under /tmp or the home, not a system directory: bound by default
-HOST_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin", "LD_LIBRARY_PATH": "/opt/host/lib", "TERM": "xterm-256color",
-    "LANG": "en_US.UTF-8", "http_proxy": "http://proxy:3128", "MYVAR": "mine", "SINGULARITY_BIND": "/x",
-    "APPTAINER_CONTAIN": "1", "SINGPY_CONFIG": "/c.conf",
-}
+    pass
+from tests.support.planning import (
+    CWD,
+    MINIMAL_DEV,
+    alice,
+    by_dest,
+    config,
+    dests,
+    home_dir,
+    plan,
+    request,
+    sandbox_image,
+    summary,
+)
 
 
 @pytest.fixture
 def home(tmp_path: Path) -> str:
-    path = tmp_path / "home" / "alice"
-    path.mkdir(parents=True)
-    return str(path)
+    return home_dir(tmp_path)
 
 
 @pytest.fixture
 def image(tmp_path: Path) -> ImageSpec:
-    rootfs = tmp_path / "images" / "busybox.sandbox"
-    (rootfs / "bin").mkdir(parents=True)
-    return ImageSpec(kind="sandbox", path=str(rootfs), rootfs=str(rootfs))
+    return sandbox_image(tmp_path)
 
 
 @pytest.fixture
 def host(home: str) -> HostInfo:
-    captured = host_module.capture({**HOST_ENV, "HOME": home})
-    return captured.replace(uid=1000, gid=1000, user="alice", group="users", gecos="Alice Liddell",
-                            shell="/bin/bash", home=home, cwd=CWD)
-
-
-def config(text: str = "") -> sysconf.SysConfig:
-    return sysconf.parse(text, "test.conf")
-
-
-def request(**fields: object) -> LaunchRequest:
-    values: dict[str, object] = {"action": "exec", "image": "busybox.sandbox", "args": ("true",)}
-    return LaunchRequest(**{**values, **fields})  # type: ignore[arg-type]
-
-
-def plan(host: HostInfo, image: ImageSpec, conf: str = "", **fields: object) -> LaunchPlan:
-    return build_plan(request(**fields), config(conf), host, image).plan
-
-
-def summary(mounts: tuple[MountSpec, ...]) -> list[tuple[str, str, str | None]]:
-    return [(spec.op, spec.dest, spec.source) for spec in mounts]
-
-
-def dests(mounts: tuple[MountSpec, ...], op: MountOpName | None = None) -> list[str]:
-    return [spec.dest for spec in mounts if op is None or spec.op == op]
-
-
-def by_dest(mounts: tuple[MountSpec, ...], dest: str) -> MountSpec:
-    found = [spec for spec in mounts if spec.dest == dest]
-    assert len(found) == 1, (dest, found)
-    return found[0]
-
-
-MINIMAL_DEV = [("tmpfs", "/dev", None), *[("bind", f"/dev/{n}", f"/dev/{n}") for n in MINIMAL_DEV_NODES],
-               ("devpts", "/dev/pts", None), ("tmpfs", "/dev/shm", None),
-               *[("symlink", f"/dev/{name}", target) for name, target in DEV_LINKS]]
+    return alice(home)
 
 
 # --- mounts -------------------------------------------------------------------------------------------------------
@@ -375,168 +340,3 @@ def test_home_option_relative_source_uses_host_cwd(host: HostInfo, image: ImageS
     (tmp_path / "relative-home-7f3a").mkdir()
     built = plan(host.replace(cwd=str(tmp_path)), image, home="relative-home-7f3a:/home/guest")
     assert by_dest(built.mounts, "/home/guest").source == str(tmp_path / "relative-home-7f3a")
-
-
-# --- namespaces, process ------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("uid", "fields", "expected"),
-    [
-        (1000, {}, Namespaces(user=True)),
-        (0, {}, Namespaces(user=False)),
-        (1000, {"pid": True, "ipc": True}, Namespaces(user=True, pid=True, ipc=True)),
-        (1000, {"uts": True}, Namespaces(user=True, uts=True)),
-        (0, {"hostname": "box"}, Namespaces(user=False, uts=True)),
-    ],
-    ids=["user", "root-no-userns", "pid-ipc", "uts", "hostname-implies-uts"],
-)
-def test_namespaces(host: HostInfo, image: ImageSpec, uid: int, fields: dict[str, Any],
-                    expected: Namespaces) -> None:
-    built = plan(host.replace(uid=uid), image, **fields)
-    assert built.namespaces == expected
-    assert built.uid == uid
-    assert built.gid == 1000
-
-
-def test_hostname_and_plan_fields(host: HostInfo, image: ImageSpec) -> None:
-    built = plan(host, image, hostname="box", writable_tmpfs=True)
-    assert (built.hostname, built.writable_tmpfs, built.image) == ("box", True, image)
-    assert plan(host, image).hostname is None
-
-
-def test_process(host: HostInfo, image: ImageSpec) -> None:
-    built = plan(host, image, action="shell", args=(), shell="/bin/ash", pwd="/work")
-    assert (built.process.action, built.process.args, built.process.shell, built.process.cwd) == (
-        "shell", (), "/bin/ash", "/work")
-    assert plan(host, image, args=("ls", "-l")).process.args == ("ls", "-l")
-    assert plan(host, image, contain=True, pwd="/opt").process.cwd == "/opt"
-
-
-# --- environment --------------------------------------------------------------------------------------------------
-
-
-def test_env_base(host: HostInfo, image: ImageSpec, home: str) -> None:
-    env = build_plan(request(action="run"), config(), host, image).plan.process.env
-    base = dict(env.base)
-    assert base == {
-        "HOME": home, "PATH": DEFAULT_PATH, "PS1": "Singpy> ",
-        "SINGULARITY_CONTAINER": image.path, "SINGULARITY_NAME": "busybox.sandbox", "SINGULARITY_COMMAND": "run",
-        "APPTAINER_CONTAINER": image.path, "APPTAINER_NAME": "busybox.sandbox", "APPTAINER_COMMAND": "run",
-        "SINGULARITY_BIND": "", "APPTAINER_BIND": "",  # no bind asked for
-    }
-    assert "LANG" not in base
-    # PATH, LD_LIBRARY_PATH and the launcher's own variables never pass; HOME passes but the base wins.
-    assert dict(env.host) == {"TERM": "xterm-256color", "LANG": "en_US.UTF-8", "http_proxy": "http://proxy:3128",
-                              "MYVAR": "mine", "HOME": home}
-    assert (env.injected, env.prepend_path, env.append_path, env.path) == ((), "", "", "")
-
-
-def test_env_cleanenv(host: HostInfo, image: ImageSpec) -> None:
-    env = plan(host, image, cleanenv=True).process.env
-    assert dict(env.base)["LANG"] == "C"
-    assert dict(env.host) == {"TERM": "xterm-256color", "http_proxy": "http://proxy:3128"}
-
-
-def test_env_keep_host_env_survives_cleanenv(host: HostInfo, image: ImageSpec) -> None:
-    env = build_plan(request(cleanenv=True), config(), host, image, keep_host_env=("MYVAR", "ABSENT")).plan.process.env
-    assert dict(env.host) == {"TERM": "xterm-256color", "http_proxy": "http://proxy:3128", "MYVAR": "mine"}
-
-
-def test_env_home_is_the_home_destination(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
-    built = plan(host.replace(env={**host.env, "SINGULARITYENV_HOME": "/evil"}), image, home=f"{tmp_path}:/h")
-    assert dict(built.process.env.base)["HOME"] == "/h"
-    assert "HOME" not in dict(built.process.env.injected)
-
-
-def test_env_precedence(host: HostInfo, image: ImageSpec) -> None:
-    host_env = {**host.env, "SINGULARITYENV_A": "s", "APPTAINERENV_A": "a", "SINGULARITYENV_B": "s",
-                "SINGULARITYENV_C": "s", "APPTAINERENV_C": "a", "SINGPYENV_C": "p", "SINGULARITYENV_D": "s"}
-    env = plan(host.replace(env=host_env), image, env_file=(("A", "file"), ("B", "file"), ("E", "file")),
-               env=(("A", "cli"), ("F", "cli"))).process.env
-    assert dict(env.injected) == {"A": "cli", "B": "file", "C": "p", "D": "s", "E": "file", "F": "cli"}
-
-
-def test_env_path_rules_split_out(host: HostInfo, image: ImageSpec) -> None:
-    host_env = {**host.env, "SINGULARITYENV_PREPEND_PATH": "/pre", "APPTAINERENV_APPEND_PATH": "/app",
-                "SINGULARITYENV_PATH": "/host-path", "SINGULARITYENV_X": "1"}
-    env = plan(host.replace(env=host_env), image, env=(("PATH", "/cli-path"),)).process.env
-    assert (env.prepend_path, env.append_path, env.path) == ("/pre", "/app", "/cli-path")
-    assert dict(env.injected) == {"X": "1"}
-    assert dict(env.base)["PATH"] == DEFAULT_PATH
-
-
-def test_env_home_cannot_be_overridden(host: HostInfo, image: ImageSpec, home: str) -> None:
-    host_env = {**host.env, "SINGULARITYENV_HOME": "/a"}
-    planned = build_plan(request(env=(("HOME", "/c"),), env_file=(("HOME", "/f"),)), config(),
-                         host.replace(env=host_env), image)
-    env = planned.plan.process.env
-    assert dict(env.base)["HOME"] == home
-    assert "HOME" not in dict(env.injected)
-    assert len(planned.warnings) == 3
-    assert all("HOME" in warning and "not permitted" in warning for warning in planned.warnings)
-
-
-def test_no_warnings_by_default(host: HostInfo, image: ImageSpec) -> None:
-    planned = build_plan(request(), config(), host, image)
-    assert isinstance(planned, Planned)
-    assert planned.warnings == ()
-
-
-# --- JSON ---------------------------------------------------------------------------------------------------------
-
-
-def test_to_json_data(host: HostInfo, image: ImageSpec, tmp_path: Path) -> None:
-    host_env = {**host.env, "SINGULARITYENV_PREPEND_PATH": "/pre", "SINGULARITYENV_X": "x y"}
-    built = plan(host.replace(env=host_env), image, pid=True, contain=True, hostname="box",
-                 binds=parse_bind_list([f"{tmp_path}:/data:ro"], CWD))
-    data: Any = built.to_json_data()
-    text = json.dumps(data)
-    assert json.loads(text) == data
-    assert data["namespaces"] == {"user": True, "pid": True, "ipc": False, "uts": True, "net": False}
-    assert data["image"] == image.as_dict()
-    assert data["image"]["kind"] == "sandbox" and data["image"]["rootfs"] == image.rootfs
-    assert data["process"]["env"]["prepend_path"] == "/pre"
-    assert ["X", "x y"] in data["process"]["env"]["injected"]
-    assert len(data["mounts"]) == len(built.mounts)
-    for entry, spec in zip(data["mounts"], built.mounts, strict=True):
-        assert isinstance(entry["op"], str) and isinstance(entry["missing"], str)
-        assert type(entry["stage"]) is int
-        assert entry["op"] in MountOp.ALL and entry["missing"] in Missing.ALL and entry["stage"] in Stage.ALL
-        rebuilt = MountSpec(**entry)
-        assert rebuilt == spec
-    assert {entry["op"] for entry in data["mounts"]} >= {"proc", "tmpfs", "devpts", "symlink", "file", "bind"}
-
-
-def test_plan_is_deterministic(host: HostInfo, image: ImageSpec) -> None:
-    assert plan(host, image) == plan(host, image)
-    assert os.path.isdir(image.path)  # planning touched nothing
-
-
-@pytest.mark.parametrize(("conf", "fields"), [("", {"writable": True}),
-                                              ("enable overlay = no\nenable underlay = no\n", {})])
-def test_home_staged_without_a_layer(host: HostInfo, image: ImageSpec, conf: str, fields: dict[str, object]) -> None:
-    """No layer of mount points (issue 26): the default home is made in a tmpfs on its first directory, as
-    Apptainer stages it, and left out (a warning) rather than fatal where even that can't be."""
-    host = host.replace(home="/home/alice")  # not on this host: an empty home (a tmpfs), as with --contain
-    mounts = plan(host, image, conf, **fields).mounts
-    staged = [spec for spec in mounts if spec.dest in ("/home", "/home/alice")]
-    assert [(spec.op, spec.dest, spec.missing) for spec in staged] == [
-        (MountOp.TMPFS, "/home", Missing.SKIP), (MountOp.TMPFS, "/home/alice", Missing.SKIP)]
-
-
-def test_home_not_staged_with_a_layer_or_when_asked(host: HostInfo, image: ImageSpec, home: str) -> None:
-    host = host.replace(home="/home/alice")
-    assert "/home" not in dests(plan(host, image).mounts)
-    assert by_dest(plan(host, image).mounts, "/home/alice").missing == Missing.REQUIRED
-    asked = plan(host, image, writable=True, home=f"{home}:/home/alice").mounts  # --home: a bind of the user's
-    assert "/home" not in dests(asked)
-    assert by_dest(asked, "/home/alice").missing == Missing.REQUIRED
-
-
-@pytest.mark.parametrize("home_dir", ["/root", "/var/lib/svc"])
-def test_home_never_staged_over_a_system_directory(host: HostInfo, image: ImageSpec, home_dir: str) -> None:
-    """/root is the home itself; a tmpfs on /var would hide the image's /var (Apptainer's staging does)."""
-    mounts = plan(host.replace(home=home_dir), image, writable=True).mounts
-    assert by_dest(mounts, home_dir).missing == Missing.SKIP
-    assert not [spec for spec in mounts if spec.op == MountOp.TMPFS and spec.dest in ("/root", "/var")]
