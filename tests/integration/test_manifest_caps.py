@@ -1,7 +1,7 @@
 """An image manifest lists at most MAX_LAYERS layers, whoever serves it; a layer listed twice is applied twice.
 
 A registry, an OCI layout or an OCI archive that lists one small layer 1001 times is one FATAL line naming
-the count and the limit, before any layer is fetched or applied (docker archives: tests/integration/test_pull.py).
+the count and the limit, before any layer is fetched or applied (docker archives: test_pull_sources.py).
 A layer repeated in a manifest is legal (umoci and Apptainer apply it again, in its place): it is downloaded
 once and applied at each place it is listed.
 """

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy
-from tests.integration.test_pull import cache_env, user_dir
 from tests.support import oci
 from tests.support.oci import busybox_image, file
+from tests.support.pulling import cache_env, user_dir
 from tests.support.registry import RegistryServer
 
 _SIZE = 24 << 20  # above blobfetch._THREAD_FROM: the blob is hashed on a thread of its own
