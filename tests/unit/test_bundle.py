@@ -2,7 +2,7 @@
 
 Each case builds a small package in tmp_path, writes its bundle with the real writer, and imports it in a
 fresh interpreter (`-I -S`, as the tuned script starts) that prints where each module came from: "bundle" or
-the normal import's loader.
+the normal import's loader. A top-level package and the bundled code's lines: test_bundle_toplevel.py.
 """
 
 from __future__ import annotations
@@ -19,62 +19,13 @@ import pytest
 
 from singpy.cli import bundle, launcher
 from tests.conftest import readable_by_all
+from tests.support.bundles import IMPORTER, built_package, make_package, run_importer, run_installed, source_stat
 from tests.support.users import ensure_test_user, is_root
-
-# Installs the bundle given as argv[2] for the package root argv[1], imports argv[3:], prints what served them.
-IMPORTER = """
-import sys
-sys.path.append(sys.argv[1])
-from singpy.cli.bundle import install
-print("installed" if install(sys.argv[2]) else "not installed")
-for name in sys.argv[3:]:
-    module = __import__(name, fromlist=["x"])
-    print(name, type(module.__spec__.loader).__name__, module.VALUE, module.__file__ == module.SOURCE)
-"""
-
-
-def make_package(root: Path) -> list[tuple[str, str]]:
-    """pkg/ (imported normally, as `singpy` is) holding pkg/sub/__init__.py and pkg/sub/mod.py (bundled), each
-    module knowing its VALUE and its own path."""
-    package = root / "pkg" / "sub"
-    package.mkdir(parents=True)
-    paths = ((root / "pkg" / "__init__.py", "top"), (package / "__init__.py", "package"), (package / "mod.py", "first"))
-    for path, value in paths:
-        path.write_text(f"VALUE = {value!r}\nSOURCE = {str(path)!r}\n")
-    return [("pkg.sub", str(package / "__init__.py")), ("pkg.sub.mod", str(package / "mod.py"))]
-
-
-def run_importer(root: Path, path: Path, *names: str, flags: tuple[str, ...] = (), **ids: object) -> str:
-    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
-    done = subprocess.run(  # type: ignore[call-overload]
-        [sys.executable, "-I", "-S", *flags, "-c", f"import sys; sys.path.insert(0, {singpy_root!r})\n{IMPORTER}",
-         str(root), str(path), *names], capture_output=True, text=True, timeout=60, check=False, cwd="/", **ids)
-    assert done.returncode == 0, done.stderr
-    output: str = done.stdout
-    return output
-
-
-def run_installed(root: Path, path: Path, body: str) -> str:
-    """What `body` prints, run in a fresh interpreter (`-I -S`) once the bundle at `path` is installed for the
-    package root `root`."""
-    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
-    script = (f"import sys; sys.path.insert(0, {singpy_root!r}); sys.path.append({str(root)!r})\n"
-              f"from singpy.cli.bundle import install\nassert install({str(path)!r})\n{body}")
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=60,
-                          check=False, cwd="/")
-    assert done.returncode == 0, done.stderr
-    output: str = done.stdout
-    return output
 
 
 @pytest.fixture
 def built(workdir: Path) -> tuple[Path, Path]:
-    """The package and its bundle, in the session's scratch directory (which the test user can reach)."""
-    root = Path(tempfile.mkdtemp(dir=workdir, prefix="bundle-")) / "tree"
-    modules = make_package(root)
-    path = Path(bundle.bundle_path(str(root / "pkg")))
-    assert launcher.write_bundle(str(path), modules) == 2
-    return root, path
+    return built_package(workdir)
 
 
 def test_modules_come_from_the_bundle(built: tuple[Path, Path]) -> None:
@@ -194,17 +145,12 @@ def test_a_package_found_elsewhere_is_not_served_from_the_bundle(built: tuple[Pa
     root, path = built
     code = memoryview(marshal.dumps(compile("VALUE = 1", "mod.py", "exec")))
     entries = {"pkg.sub.mod": bundle._Entry(str(root / "pkg" / "sub" / "mod.py"), str(root / "pkg" / "sub"), False,
-                                        *_stat(root / "pkg" / "sub" / "mod.py"), code)}
+                                        *source_stat(root / "pkg" / "sub" / "mod.py"), code)}
     finder = bundle.BundleFinder(entries)
     assert finder.find_spec("pkg.sub.mod", ["/elsewhere/pkg/sub"]) is None
     assert finder.find_spec("pkg.sub.mod", None) is None
     spec = finder.find_spec("pkg.sub.mod", [str(root / "pkg" / "sub")])
     assert spec is not None and spec.origin == str(root / "pkg" / "sub" / "mod.py")
-
-
-def _stat(path: Path) -> tuple[int, int]:
-    info = path.stat()
-    return info.st_mtime_ns, info.st_size
 
 
 # Installs the bundle argv[2] for the package root argv[1], then does argv[3] to it ("replace": a copy renamed over
@@ -368,177 +314,3 @@ def test_the_hot_path_modules_are_the_launch_path() -> None:
     parts = [[name for name, _ in part] for part in launcher.later_parts(package_root)]
     assert sorted(sum(parts, [])) == sorted(set(later) | set(gpu))  # each module once
     assert not set(parts[0]) & set(gpu) and not set(parts[1]) & set(later)  # a SIF reads no GPU code
-
-
-# Imports argv[3:] with the bundle argv[2] installed and the package root argv[1] appended to sys.path, after
-# PYTHONPATH-like entries (the environment's SEARCH_FIRST, ":"-separated, inserted at sys.path[0] once the bundle's
-# code is imported: no finder of theirs made yet, as in the console script).
-TOP_IMPORTER = """
-import os, sys
-from singpy.cli.bundle import install
-sys.path[0:0] = [entry for entry in os.environ.get("SEARCH_FIRST", "").split(":") if entry]
-sys.path.append(sys.argv[1])
-print("installed" if install(sys.argv[2]) else "not installed")
-for name in sys.argv[3:]:
-    module = __import__(name, fromlist=["x"])
-    print(name, type(module.__spec__.loader).__name__, module.VALUE)
-"""
-
-
-def run_top_importer(root: Path, path: Path, *names: str, first: str = "") -> str:
-    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {singpy_root!r})\n"
-                           f"{TOP_IMPORTER}", str(root), str(path), *names], capture_output=True, text=True,
-                          timeout=60, check=False, cwd="/", env={"SEARCH_FIRST": first})
-    assert done.returncode == 0, done.stderr
-    output: str = done.stdout
-    return output
-
-
-@pytest.fixture
-def built_with_top(tmp_path: Path) -> tuple[Path, Path]:
-    """The package with its top level bundled too (as `singpy` is)."""
-    root = tmp_path / "tree"
-    modules = make_package(root)
-    path = Path(bundle.bundle_path(str(root / "pkg")))
-    assert launcher.write_bundle(str(path), [("pkg", str(root / "pkg" / "__init__.py")), *modules]) == 3
-    return root, path
-
-
-def test_the_top_level_package_comes_from_the_bundle(built_with_top: tuple[Path, Path], tmp_path: Path) -> None:
-    """No directory before the tree's on sys.path holds it (a plain one, or one whose finder the import made)."""
-    root, path = built_with_top
-    (tmp_path / "plain").mkdir()
-    (tmp_path / "plain" / "pkgother.py").write_text("VALUE = 'not this'\n")
-    (tmp_path / "plain" / "pkg").write_text("#!/bin/sh\n")  # a file so named, as the console script is: no module
-    served = "installed\npkg BundleFinder top\npkg.sub BundleFinder package\npkg.sub.mod BundleFinder first\n"
-    assert run_top_importer(root, path, "pkg", "pkg.sub", "pkg.sub.mod", first=str(tmp_path / "plain")) == served
-    assert run_top_importer(root, path, "pkgother", "pkg", "pkg.sub", "pkg.sub.mod",  # its finder made first
-                            first=str(tmp_path / "plain")) == served.replace(
-                                "installed\n", "installed\npkgother SourceFileLoader not this\n")
-    assert run_top_importer(root, path, "pkg", first=f"{tmp_path}/none:{tmp_path}/plain/pkgother.py") == (
-        "installed\npkg BundleFinder top\n")  # a missing entry, a file: the import skips both
-
-
-@pytest.mark.parametrize("other", ["package", "module", "extension", "cached finder", "zip"])
-def test_a_top_level_package_earlier_on_sys_path_wins(built_with_top: tuple[Path, Path], tmp_path: Path,
-                                                      other: str) -> None:
-    """A PYTHONPATH that provides another `pkg` (as another singpy): that one is imported, none of the bundle's."""
-    root, path = built_with_top
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    if other in ("package", "cached finder"):
-        (elsewhere / "pkg" / "sub").mkdir(parents=True)
-        (elsewhere / "pkg" / "__init__.py").write_text("VALUE = 'other'\n")
-        (elsewhere / "pkg" / "sub" / "__init__.py").write_text("VALUE = 'other sub'\n")
-        expected = "pkg SourceFileLoader other\npkg.sub SourceFileLoader other sub\n"
-    elif other == "zip":
-        import zipfile
-
-        with zipfile.ZipFile(tmp_path / "elsewhere.zip", "w") as archive:
-            archive.writestr("pkg/__init__.py", "VALUE = 'zipped'\n")
-            archive.writestr("pkg/sub/__init__.py", "VALUE = 'zipped sub'\n")
-        elsewhere = tmp_path / "elsewhere.zip"
-        expected = "pkg zipimporter zipped\npkg.sub zipimporter zipped sub\n"
-    else:  # a module of that name: its own loader, whatever it is (an .so that is no library fails to load)
-        (elsewhere / ("pkg.py" if other == "module" else "pkg.cpython-311-x86_64-linux-gnu.so")).write_text(
-            "VALUE = 'module'\n")
-        if other == "extension":
-            assert run_top_importer_fails(root, path, "pkg", first=str(elsewhere))
-            return
-        expected = "pkg SourceFileLoader module\n"
-    names = ("pkg", "pkg.sub") if other != "module" else ("pkg",)
-    if other == "cached finder":  # the import made the directory's finder before the bundle was asked
-        (elsewhere / "warm.py").write_text("VALUE = 'warm'\n")
-        names, expected = ("warm", *names), f"warm SourceFileLoader warm\n{expected}"
-    assert run_top_importer(root, path, *names, first=str(elsewhere)) == f"installed\n{expected}"
-
-
-def run_top_importer_fails(root: Path, path: Path, *names: str, first: str) -> bool:
-    """Whether importing `names` fails as the normal import of what `first` holds would (not from the bundle)."""
-    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {singpy_root!r})\n"
-                           f"{TOP_IMPORTER}", str(root), str(path), *names], capture_output=True, text=True,
-                          timeout=60, check=False, cwd="/", env={"SEARCH_FIRST": first})
-    return done.returncode == 1 and "ImportError" in done.stderr and "BundleFinder" not in done.stdout
-
-
-def test_a_namespace_directory_earlier_on_sys_path_leaves_the_normal_import(built_with_top: tuple[Path, Path],
-                                                                           tmp_path: Path) -> None:
-    """A directory `pkg` without __init__.py earlier: the normal import decides (and finds the tree's package,
-    whose modules the bundle then serves)."""
-    root, path = built_with_top
-    (tmp_path / "portion" / "pkg").mkdir(parents=True)
-    assert run_top_importer(root, path, "pkg", "pkg.sub", first=str(tmp_path / "portion")) == (
-        "installed\npkg SourceFileLoader top\npkg.sub BundleFinder package\n")
-
-
-def test_the_tree_not_on_sys_path_serves_no_top_level(built_with_top: tuple[Path, Path]) -> None:
-    root, path = built_with_top
-    entries = {"pkg": bundle._Entry(str(root / "pkg" / "__init__.py"), str(root), True,
-                                    *_stat(root / "pkg" / "__init__.py"), memoryview(b"code"))}
-    assert str(root) not in sys.path
-    assert bundle.BundleFinder(entries).find_spec("pkg", None) is None
-
-
-# A module whose code runs from the bundle: a __future__ import, an annotation naming nothing, a failure on line 9.
-FUTURE_MODULE = '''"""A module."""
-
-from __future__ import annotations
-
-VALUE = "future"
-
-
-def fail(argument: Undefined) -> None:
-    raise ValueError(argument)
-'''
-FUTURE_CHECK = """
-import sys, traceback
-sys.path.append(sys.argv[1])
-from singpy.cli.bundle import install
-assert install(sys.argv[2])
-import pkg.sub.mod
-print(type(pkg.sub.mod.__spec__.loader).__name__, "__future__" in sys.modules, pkg.sub.mod.fail.__annotations__,
-      hasattr(pkg.sub.mod, "annotations"))
-try:
-    pkg.sub.mod.fail(1)
-except ValueError as error:
-    frame = traceback.extract_tb(error.__traceback__)[-1]
-    print(frame.filename == pkg.sub.mod.__file__, frame.lineno, frame.line)
-"""
-
-
-def test_the_bundled_code_imports_no_future_and_keeps_its_lines(built: tuple[Path, Path]) -> None:
-    """`from __future__ import annotations` becomes a compile flag: nothing imports __future__ (~0.2 ms), the
-    annotations stay strings, and a traceback names the source's own file and line."""
-    root, path = built
-    source = root / "pkg" / "sub" / "mod.py"
-    source.write_text(FUTURE_MODULE)
-    assert launcher.write_bundle(str(path), [("pkg.sub", str(root / "pkg" / "sub" / "__init__.py")),
-                                           ("pkg.sub.mod", str(source))]) == 2
-    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", f"import sys; sys.path.insert(0, {singpy_root!r})\n"
-                           f"{FUTURE_CHECK}", str(root), str(path)], capture_output=True, text=True, timeout=60,
-                          check=False, cwd="/")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == ("BundleFinder False {'argument': 'Undefined', 'return': 'None'} False\n"
-                           "True 9 raise ValueError(argument)\n")
-
-
-def test_the_directories_before_the_tree_are_not_listed(built_with_top: tuple[Path, Path], tmp_path: Path) -> None:
-    """The check that no earlier sys.path entry holds `pkg` stats the few names the import would look for, without
-    the finder (and listing) the import would make for the directory: the console script, named `singpy`, lies in
-    sys.path[0], a file, not a package (~0.2 ms for a venv's bin and lib-dynload)."""
-    root, path = built_with_top
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "pkg").write_text("#!/bin/sh\n")
-    singpy_root = str(Path(bundle.__file__).resolve().parents[2])
-    script = (f"import sys; sys.path.insert(0, {singpy_root!r})\n"
-              "from singpy.cli.bundle import install\n"
-              f"sys.path[0:0] = [{str(tmp_path / 'bin')!r}]; sys.path.append({str(root)!r})\n"
-              f"assert install({str(path)!r})\n"
-              "import pkg\n"
-              f"print(type(pkg.__spec__.loader).__name__, {str(tmp_path / 'bin')!r} in sys.path_importer_cache)\n")
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, timeout=60,
-                          check=False, cwd="/")
-    assert (done.returncode, done.stdout) == (0, "BundleFinder False\n"), done.stderr
