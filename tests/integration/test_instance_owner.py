@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
-from tests.integration.test_instances import SESSION, Instance
+from tests.support.instances import SESSION, Instance
 from tests.support.users import is_root
 
 # Binds every name given, then says so and waits (the attacker's squatting process). A name already bound is

@@ -10,14 +10,14 @@ nothing names the image any more.
 The records and logs live in the profile's home (~/.singpy/instances), which
 another copy of this suite shares: every name is unique to this session
 (`names`), `instance stop --all` is never run, and each test stops what it
-started and removes its logs.
+started and removes its logs. The errors and instances with a PID namespace of their own are in
+test_instances_errors.py; the helpers in tests/support/instances.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -27,39 +27,23 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SINGPY, Singpy, assert_one_fatal, readable_by_all
-from tests.support.images import build_busybox_rootfs
-from tests.support.leftovers import in_pid_namespace, settled, traces, wait_until_gone
-from tests.support.users import is_root
-from tests.support.waiting import wait_for_text
-
-# Reports itself, then waits: TERM (unless its first argument is "stubborn") and HUP end it, USR1 is reported only.
-STARTSCRIPT = """#!/bin/sh
-echo "startscript pid=$$ mnt=$(readlink /proc/self/ns/mnt) user=$(readlink /proc/self/ns/user) args=$*"
-echo "startscript's stderr" >&2
-if [ "$1" = stubborn ]; then trap 'echo ignored TERM' TERM; else trap 'echo got TERM; exit 0' TERM; fi
-trap 'echo got HUP; exit 0' HUP
-trap 'echo got USR1' USR1
-while :; do sleep 0.05; done
-"""
-STARTED = re.compile(r"^startscript pid=(\d+) mnt=(\S+) user=(\S+) args=(.*)$", re.MULTILINE)
-NS = "readlink /proc/self/ns/mnt; readlink /proc/self/ns/user"
-SESSION = f"t{os.getpid()}-{uuid.uuid4().hex[:6]}"  # in every instance name: the homes are shared
+from tests.conftest import Singpy, assert_one_fatal
+from tests.support.instances import (
+    NS,
+    SESSION,
+    Instance,
+    assert_gone,
+    command_line,
+    instance_images,
+    named_instances,
+    running,
+)
+from tests.support.leftovers import settled, traces
 
 
 @pytest.fixture(scope="module")
 def images(workdir: Path) -> dict[str, Path]:
-    """A sandbox with the startscript above, and a SIF made of it by `singpy build`."""
-    sandbox = build_busybox_rootfs(workdir / "instance-sandbox")
-    script = sandbox / ".singularity.d" / "startscript"
-    script.write_text(STARTSCRIPT)
-    script.chmod(0o755)
-    readable_by_all(sandbox)
-    sif = workdir / "instance.sif"
-    if not sif.exists():  # (pytest may set a module's fixtures up again, once per profile)
-        subprocess.run([SINGPY, "-q", "build", str(sif), str(sandbox)], check=True)
-        sif.chmod(0o644)
-    return {"sandbox": sandbox, "sif": sif}
+    return instance_images(workdir)
 
 
 @pytest.fixture(params=["sandbox", "sif"])
@@ -67,89 +51,9 @@ def image_of_kind(request: pytest.FixtureRequest, images: dict[str, Path]) -> Pa
     return images[request.param]
 
 
-class Instance:
-    """One instance name of a test, and where singpy keeps what it knows of it."""
-
-    def __init__(self, singpy: Singpy, name: str) -> None:
-        self.singpy, self.name = singpy, name
-        self.logs = Path(singpy.home, ".singpy", "instances", "logs", os.uname().nodename, singpy.user)
-        self.records = Path(singpy.home, ".singpy", "instances", "app", os.uname().nodename, singpy.user)
-
-    @property
-    def out(self) -> Path:
-        return self.logs / f"{self.name}.out"
-
-    @property
-    def err(self) -> Path:
-        return self.logs / f"{self.name}.err"
-
-    @property
-    def record(self) -> Path:
-        return self.records / f"{self.name}.json"
-
-    def start(self, image: Path, *args: str, flags: tuple[str, ...] = ()) -> None:
-        result = self.singpy.run("instance", "start", *flags, str(image), self.name, *args)
-        assert result.returncode == 0, result.stderr
-        assert result.stderr == "INFO:    instance started successfully\n"
-        assert result.stdout == ""
-
-    def wait_for_log(self, text: str, log: Path | None = None, timeout: float = 10.0) -> str:
-        """The log once it holds `text` (the startscript runs in the background)."""
-        return wait_for_text(log or self.out, text, timeout)
-
-    def startscript(self) -> tuple[int, str, str, str]:
-        """The startscript's pid, mount and user namespaces and arguments, as it wrote them."""
-        found = STARTED.search(self.wait_for_log("startscript pid="))
-        assert found is not None
-        return int(found[1]), found[2], found[3], found[4]
-
-    def listed(self) -> dict[str, object]:
-        out = self.singpy.ok("instance", "list", "--json", self.name)
-        entries = json.loads(out)["instances"]
-        assert len(entries) == 1, out
-        return dict(entries[0])
-
-
 @pytest.fixture
 def names(singpy: Singpy) -> Iterator[Callable[[str], Instance]]:
-    """Unique instances for this test; stopped (SIGKILL) and their logs removed at the end, whatever happened."""
-    made: list[Instance] = []
-
-    def make(label: str = "i") -> Instance:
-        made.append(Instance(singpy, f"{SESSION}-{label}-{uuid.uuid4().hex[:6]}"))
-        return made[-1]
-
-    yield make
-    for instance in made:
-        if instance.record.exists():
-            singpy.run("instance", "stop", "--force", instance.name)
-        for path in (instance.out, instance.err, instance.record):
-            path.unlink(missing_ok=True)
-
-
-def command_line(pid: int) -> str:
-    """The process's command line; "" while it is in execve, or once it has gone (listed, then ended)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            return handle.read().rstrip(b"\0").replace(b"\0", b" ").decode()
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
-
-
-def running(*pids: object) -> dict[int, str]:
-    """The command lines of `pids`, processes of an instance that run now (asserted)."""
-    found = {}
-    for pid in pids:
-        assert isinstance(pid, int)
-        found[pid] = command_line(pid)
-        assert found[pid], f"{pid} does not run"
-    return found
-
-
-def assert_gone(processes: dict[int, str]) -> None:
-    """Each of `processes` (from `running`) has ended: exited, a zombie, or its pid now runs something else."""
-    for pid, command in processes.items():
-        assert wait_until_gone([pid], command) == [], f"{pid} {command} still runs"
+    yield from named_instances(singpy)
 
 
 # --- start, list, join, stop ----------------------------------------------------------------------------------------
@@ -370,166 +274,3 @@ def test_a_killed_instance_is_gone_with_its_startscript(singpy: Singpy, image_of
     assert not instance.record.exists()  # `list` removed the record of a holder that no longer listens
     assert_one_fatal(singpy.run("exec", f"instance://{instance.name}", "true"), "no instance found with name")
     assert settled(before, image_of_kind) == before
-
-
-# --- errors ----------------------------------------------------------------------------------------------------------
-
-
-def test_a_name_is_started_once(singpy: Singpy, images: dict[str, Path], names: Callable[[str], Instance]) -> None:
-    instance = names("twice")
-    instance.start(images["sandbox"])
-    holder = instance.listed()["pid"]
-    assert_one_fatal(singpy.run("instance", "start", str(images["sif"]), instance.name), "already exists")
-    assert instance.listed()["pid"] == holder  # the running one is untouched
-    assert singpy.ok("exec", f"instance://{instance.name}", "echo", "still") == "still\n"
-
-
-def test_a_name_being_started_is_taken(singpy: Singpy, images: dict[str, Path],
-                                       names: Callable[[str], Instance]) -> None:
-    """Two starts of one name at once: the second finds the first's lock on the log, and starts nothing."""
-    import fcntl
-
-    instance = names("racing")
-    singpy.ok("instance", "list")  # the directories
-    with open(instance.out, "a") as log:
-        os.chown(instance.out, singpy.uid, singpy.gid)
-        fcntl.flock(log, fcntl.LOCK_EX)  # as the first start holds it
-        result = singpy.run("instance", "start", str(images["sandbox"]), instance.name)
-    assert_one_fatal(result, f"instance {instance.name} already exists (it is being started)")
-    assert not instance.record.exists()
-    instance.start(images["sandbox"])  # once the lock is gone
-
-
-def test_the_socket_name_is_not_the_instance_name(singpy: Singpy, images: dict[str, Path],
-                                                  names: Callable[[str], Instance]) -> None:
-    """Anyone can bind an abstract name: one derived from the instance's could be taken first (see
-    test_instance_owner.py); it is random, and kept in the record, which only its user can write."""
-    first, second = names("sock"), names("sock")
-    first.start(images["sandbox"])
-    second.start(images["sandbox"])
-    sockets = [json.loads(instance.record.read_text())["socket"] for instance in (first, second)]
-    for socket_name, instance in zip(sockets, (first, second), strict=True):
-        assert re.fullmatch(rf"singpy-instance/{singpy.uid}/[0-9a-f]{{32}}", socket_name), socket_name
-        assert instance.name not in socket_name
-    assert sockets[0] != sockets[1]
-    assert instance.record.stat().st_mode & 0o777 == 0o600 and instance.record.parent.stat().st_mode & 0o777 == 0o700
-    assert not [entry for entry in os.listdir(first.records) if entry.endswith(".partial")
-                and entry.startswith((f".{first.name}.", f".{second.name}."))]
-
-
-@pytest.mark.parametrize("action", ["exec", "run", "shell"])
-def test_joining_an_unknown_instance_fails(singpy: Singpy, action: str) -> None:
-    name = f"{SESSION}-unknown"
-    args = ["true"] if action == "exec" else []
-    assert_one_fatal(singpy.run(action, f"instance://{name}", *args), f"no instance found with name {name}")
-
-
-def test_stopping_an_unknown_instance_fails(singpy: Singpy) -> None:
-    name = f"{SESSION}-unknown"
-    assert_one_fatal(singpy.run("instance", "stop", name), f"no instance found with name {name}")
-
-
-@pytest.mark.parametrize("name", ["bad/name", ".hidden", "x" * 129])
-def test_a_bad_name_is_a_usage_error(singpy: Singpy, images: dict[str, Path], name: str) -> None:
-    assert_one_fatal(singpy.run("instance", "start", str(images["sandbox"]), name), "bad instance name", code=1)
-    assert_one_fatal(singpy.run("exec", f"instance://{name}", "true"), "bad instance name", code=1)
-
-
-def test_start_needs_an_image_and_a_name(singpy: Singpy, images: dict[str, Path]) -> None:
-    assert_one_fatal(singpy.run("instance", "start", str(images["sandbox"])), "IMAGE and a NAME", code=1)
-
-
-def test_a_failed_start_leaves_nothing(singpy: Singpy, images: dict[str, Path],
-                                       names: Callable[[str], Instance]) -> None:
-    """The holder fails in building the container (the SIF: its loop device or squashfuse must go too)."""
-    before = traces(images["sif"])
-    instance = names("fails")
-    result = singpy.run("instance", "start", "-B", "/etc:/bin/busybox/x", str(images["sif"]), instance.name)
-    assert_one_fatal(result, "/bin/busybox is not a directory")
-    assert not instance.record.exists()
-    assert instance.name not in singpy.ok("instance", "list")
-    assert settled(before, images["sif"]) == before
-
-
-def test_a_missing_image_fails(singpy: Singpy, workdir: Path, names: Callable[[str], Instance]) -> None:
-    instance = names("missing")
-    assert_one_fatal(singpy.run("instance", "start", str(workdir / "no-such-image"), instance.name),
-                     "does not exist")
-    assert not instance.record.exists()
-
-
-def test_another_users_instance_is_not_found(as_root: Singpy, as_user: Singpy, images: dict[str, Path]) -> None:
-    if not is_root():
-        pytest.skip("needs root: two users")
-    instance = Instance(as_user, f"{SESSION}-other-{uuid.uuid4().hex[:6]}")
-    try:
-        instance.start(images["sandbox"])
-        assert_one_fatal(as_root.run("exec", f"instance://{instance.name}", "true"), "no instance found with name")
-        stopped = as_root.run("instance", "stop", instance.name)
-        assert stopped.returncode != 0 and "no instance found with name" in stopped.stderr
-        assert instance.listed()["pid"]  # still running
-    finally:
-        as_user.run("instance", "stop", "--force", instance.name)
-        for path in (instance.out, instance.err, instance.record):
-            path.unlink(missing_ok=True)
-
-
-# The namespace, its PID 1's name and how many startscripts it holds (the pattern does not match itself).
-# The startscripts running, seen from a joiner: its loop's fork, before the fork execs `sleep`, has the startscript's
-# command line too, so a process whose parent is a startscript is not counted.
-PID_NS = ("readlink /proc/self/ns/pid; cat /proc/1/comm; n=0; for p in /proc/[0-9]*; do "
-          "grep -q 'singularity.d/[s]tartscript' $p/cmdline 2>/dev/null || continue; pp=; "
-          "while read -r key value; do [ \"$key\" = PPid: ] && pp=$value; done < $p/status 2>/dev/null; "
-          "[ -n \"$pp\" ] || continue; "
-          "grep -q 'singularity.d/[s]tartscript' /proc/$pp/cmdline 2>/dev/null || n=$((n+1)); done; echo $n")
-
-
-@pytest.mark.parametrize("flag", ["--pid", "--containall"])
-def test_instance_with_its_own_pid_namespace(singpy: Singpy, images: dict[str, Path], flag: str,
-                                             names: Callable[[str], Instance]) -> None:
-    """--pid, --containall (issue 26): the instance has a PID namespace, which every joiner enters; its PID 1
-    is singpy's init; `instance stop` ends everything in it, orphans that nobody waits for included."""
-    image = images["sandbox"]
-    before = traces(image)
-    instance = names("pid")
-    instance.start(image, flags=(flag,))
-    instance.startscript()
-    holder = instance.listed()["pid"]
-    assert isinstance(holder, int)
-    first = singpy.ok("exec", f"instance://{instance.name}", "sh", "-c", PID_NS).split()
-    namespace, init, startscripts = first
-    assert namespace != os.readlink("/proc/self/ns/pid")
-    assert (init, startscripts) == ("singpy-init", "1")  # the startscript runs in it, seen from a joiner
-    assert "Hello from a singpy container" in singpy.ok("run", f"instance://{instance.name}")  # run joins too
-    assert singpy.ok("exec", f"instance://{instance.name}", "readlink", "/proc/self/ns/pid") == namespace + "\n"
-    # An orphan of a joiner (reparented to the namespace's PID 1) still runs once the joiner has gone...
-    singpy.ok("exec", f"instance://{instance.name}", "sh", "-c", "sleep 300 >/dev/null 2>&1 &")
-    # init, the startscript, the orphan; a joiner's process still ending when listed is not counted (a race
-    # under load: it had gone before its command line was read)
-    members = {pid: command for pid in in_pid_namespace(namespace) if (command := command_line(pid))}
-    assert len(members) >= 3, members
-    processes = {**running(holder), **members}
-    # ...and nothing of the namespace outlives `instance stop`.
-    singpy.ok("instance", "stop", instance.name)
-    assert instance.wait_for_log("got TERM\n").endswith("got TERM\n")
-    assert_gone(processes)
-    assert in_pid_namespace(namespace) == []
-    assert not instance.record.exists()
-    assert settled(before, image) == before
-
-
-def test_pid_instance_joiner_gets_signals_and_status(singpy: Singpy, images: dict[str, Path],
-                                                     names: Callable[[str], Instance]) -> None:
-    """A joiner of a PID namespace supervises its payload (forked into it): exit status and signals pass."""
-    instance = names("pidsig")
-    instance.start(images["sandbox"], flags=("--pid",))
-    assert singpy.run("exec", f"instance://{instance.name}", "sh", "-c", "exit 7").returncode == 7
-    joined = singpy.popen(["exec", f"instance://{instance.name}", "sh", "-c",
-                           "trap 'echo got TERM; exit 3' TERM; echo ready; while :; do sleep 0.05; done"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert joined.stdout is not None
-    assert joined.stdout.readline() == "ready\n"
-    joined.send_signal(signal.SIGTERM)
-    out, _ = joined.communicate(timeout=10)
-    assert (joined.returncode, out) == (3, "got TERM\n")
-    singpy.ok("instance", "stop", instance.name)
