@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from tests.support.registry import RegistryServer
 
 
@@ -34,7 +36,27 @@ class _Threaded(http.server.ThreadingHTTPServer):
         """Quiet: a client that hangs up on a huge or garbage answer is what some tests do on purpose."""
 
 
-class Front:
+class _Served:
+    """A server of this module on 127.0.0.1 (its `host`), served by a thread from `with` to its end."""
+
+    def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        self._server = _Threaded(("127.0.0.1", 0), handler)
+        self._server.owner = self
+        self.host = f"127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+
+class Front(_Served):
     """A reverse proxy before `upstream` that misbehaves on request (rules used in order, each once)."""
 
     def __init__(self, upstream: RegistryServer) -> None:
@@ -44,21 +66,8 @@ class Front:
         self.drop_range = False  # forward blob requests without their Range header (a server without ranges)
         self._rules: list[tuple[str, str, Any]] = []
         self._lock = threading.Lock()
-        self._server = _Threaded(("127.0.0.1", 0), _FrontHandler)
-        self._server.owner = self
+        super().__init__(_FrontHandler)
         self.port = self._server.server_address[1]
-        self.host = f"127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    def __enter__(self) -> Front:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(10)
 
     def answer(self, path_part: str, status: int, body: bytes, headers: Mapping[str, str],
                *, chunked: bool = False) -> None:
@@ -151,26 +160,13 @@ class _FrontHandler(http.server.BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-class ForwardProxy:
+class ForwardProxy(_Served):
     """An HTTP proxy: CONNECT tunnels and absolute-URL requests; records request lines and Proxy-Authorization."""
 
     def __init__(self) -> None:
         self.lines: list[str] = []
         self.authorizations: list[str] = []
-        self._server = _Threaded(("127.0.0.1", 0), _ProxyHandler)
-        self._server.owner = self
-        self.host = f"127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    def __enter__(self) -> ForwardProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(10)
+        super().__init__(_ProxyHandler)
 
 
 class _ProxyHandler(http.server.BaseHTTPRequestHandler):
