@@ -327,7 +327,7 @@ def _identity_files(request: LaunchRequest, config: SysConfig, host: HostInfo, h
     if target is None:
         return [], (f"--security uid:{security.uid}: the host has no passwd entry for uid {security.uid}: the "
                     "image's /etc/passwd and /etc/group are left as they are",)
-    return system.target_identity_files(*target, home=home_dest, passwd=passwd, group=group), ()
+    return system.identity_files_of(*target, home=home_dest, passwd=passwd, group=group), ()
 
 
 def _fakeroot(request: LaunchRequest, host: HostInfo) -> IdMap | None:

@@ -111,12 +111,12 @@ def identity_files(host: HostInfo, *, home: str, fakeroot: bool, passwd: bool, g
     user, gecos, shell = (root or ("root", "root", "/bin/sh")) if fakeroot else (host.user, host.gecos, host.shell)
     uid, gid = (0, 0) if fakeroot else (host.uid, host.gid)
     named = ((host.gid, host.group),) if host.group else ()
-    return target_identity_files((user, uid, gid, gecos, shell), (*named, *host.groups), home=home, passwd=passwd,
-                                 group=group, member=host.user)
+    return identity_files_of((user, uid, gid, gecos, shell), (*named, *host.groups), home=home, passwd=passwd,
+                             group=group, member=host.user)
 
 
-def target_identity_files(entry: tuple[str, int, int, str, str], groups: tuple[tuple[int, str], ...], *, home: str,
-                          passwd: bool, group: bool, member: str = "") -> list[MountSpec]:
+def identity_files_of(entry: tuple[str, int, int, str, str], groups: tuple[tuple[int, str], ...], *, home: str,
+                      passwd: bool, group: bool, member: str = "") -> list[MountSpec]:
     """/etc/passwd with `entry` (name, uid, gid, gecos, shell) merged in, /etc/group with `groups` ((gid, name),
     `member` their member: the entry's name unless given): `identity_files`' and --security uid:/gid:'s
     (singpy.launch.security.target_identity)."""
