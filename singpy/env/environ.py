@@ -223,21 +223,13 @@ def _run_for_output(*argv: str) -> str:
     needs none, and the host's may hold names posix_spawn refuses ("=x")."""
     import os
 
-    read_end, write_end = os.pipe()
+    from singpy.host.hostfiles import spawn_reading  # loaded already: every launch reads singpy.conf with it
+
     try:
-        pid = os.posix_spawn(argv[0], list(argv), {},
-                             file_actions=[(os.POSIX_SPAWN_DUP2, write_end, 1), (os.POSIX_SPAWN_CLOSE, 2)])
+        _, output = spawn_reading(list(argv), {}, 1, ((os.POSIX_SPAWN_CLOSE, 2),))
     except OSError:  # no such program, or no process to spare: nothing found, as a failed pipeline finds nothing
-        os.close(read_end)
-        os.close(write_end)
         return ""
-    os.close(write_end)
-    chunks = []
-    with open(read_end, "rb") as pipe:
-        while chunk := pipe.read(65536):
-            chunks.append(chunk)
-    os.waitpid(pid, 0)
-    return b"".join(chunks).decode(errors="surrogateescape")
+    return output.decode(errors="surrogateescape")
 
 
 def with_libs_dir(value: str, libs32: str = "") -> str:

@@ -13,6 +13,9 @@ kernel takes. Here every such case becomes one clear `SingpyError`:
   launch never meets ENAMETOOLONG;
 * `which`: a program on a PATH, as execvp(3) and a shell find it, the one
   lookup of the package (host tools, and inside the container the payload).
+* `spawn_reading`: a host tool run with one of its standard streams read to
+  its end (posix_spawn: no copy of the launcher's page tables, nothing of
+  Python's run between the spawn and the exec).
 
 Stdlib `os` and `stat` only: `read_text` is on the path of every
 `singpy exec` (singpy.conf).
@@ -129,6 +132,30 @@ def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def spawn_reading(argv: list[str], env: dict[str, str], stream: int,
+                  actions: tuple[tuple[object, ...], ...] = (), setsigdef: tuple[int, ...] = ()) -> tuple[int, bytes]:
+    """(exit code, what it wrote) of host program `argv` run with `env`, its descriptor `stream` a pipe read to
+    its end; `actions` are further posix_spawn file actions (another stream to /dev/null, closed...), `setsigdef`
+    the signals it gets back at their default. Raises OSError where it can't be started."""
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.posix_spawn(argv[0], argv, env, setsigdef=setsigdef,
+                             file_actions=[(os.POSIX_SPAWN_DUP2, write_end, stream), *actions])
+    except BaseException:
+        os.close(read_end)
+        raise
+    finally:
+        os.close(write_end)
+    try:
+        chunks = []
+        while chunk := os.read(read_end, 1 << 16):
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return code, b"".join(chunks)
 
 
 def read_bounded(fd: int, limit: int) -> bytes:

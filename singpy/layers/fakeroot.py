@@ -24,7 +24,7 @@ import os
 
 from singpy.constants import SYSTEM_PATH
 from singpy.errors import KernelError
-from singpy.host.hostfiles import read_bounded, which
+from singpy.host.hostfiles import read_bounded, spawn_reading, which
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_proc_file
 from singpy.launch.process import fork_tied
@@ -185,24 +185,11 @@ def _run_map_tool(name: str, target: int, lines: tuple[tuple[int, int, int], ...
     if tool is None:
         return f"can't map ids for --fakeroot: {name} not found in {TOOL_PATH}"
     argv = [tool, str(target), *(str(number) for line in lines for number in line)]
-    read_end, write_end = os.pipe()  # its standard error; its output is never read
-    try:
-        pid = os.posix_spawn(tool, argv, {"PATH": TOOL_PATH}, setsigdef=_IGNORED_BY_PYTHON,
-                             file_actions=[(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-                                           (os.POSIX_SPAWN_DUP2, write_end, 2)])
-    except BaseException:
-        os.close(read_end)
-        raise
-    finally:
-        os.close(write_end)
-    try:
-        errors = _read_all(read_end)
-    finally:
-        os.close(read_end)
-        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    code, errors = spawn_reading(argv, {"PATH": TOOL_PATH}, 2,  # its standard error; its output is never read
+                                 ((os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),), _IGNORED_BY_PYTHON)
     if code == 0:
         return ""
-    said = [line.strip() for line in errors.splitlines() if line.strip()]
+    said = [line.strip() for line in errors.decode(errors="replace").splitlines() if line.strip()]
     report = f"can't map ids for --fakeroot with {name}: {said[-1] if said else f'exit status {code}'}"
     from singpy.host.hostcheck import map_tool_failure
 
@@ -222,4 +209,3 @@ def _read_all(fd: int) -> str:
     while chunk := os.read(fd, 4096):
         chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
-
