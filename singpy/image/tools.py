@@ -64,6 +64,9 @@ class Interrupted(ImageError):
 
 
 def _raise_interrupted(number: int, frame: object) -> None:
+    if _holding:  # the main thread is starting a thread: taken at the end of SignalsHeld
+        _held.append(number)
+        return
     for other in _SIGNALS:  # a second signal must not cut the clean-up short
         signal.signal(other, signal.SIG_IGN)
     interrupted = Interrupted(f"interrupted by {_NAMES.get(number, number)}")
@@ -101,6 +104,8 @@ def _send_later(main: int, number: int) -> None:
 _AGAIN_AFTER = 0.01  # seconds before a signal taken in a callback is sent again
 
 
+_holding: list[None] = []  # one per SignalsHeld block the main thread is in
+_held: list[int] = []  # signals that came during those blocks, sent again at the end of the outermost
 _previous_hooks: list[Any] = []  # the unraisable hooks that Interruptible blocks replaced, innermost last
 
 
@@ -128,6 +133,39 @@ class Interruptible:
         for number, handler in self.previous.items():
             signal.signal(number, handler)
         sys.unraisablehook = _previous_hooks.pop()
+
+
+class SignalsHeld:
+    """`with SignalsHeld(): thread.start()`: a signal Interruptible would raise waits for the block's end.
+
+    CPython's Thread.start drops the new thread from its table when an exception comes between the
+    thread's start and the moment it is seen started (`except Exception` there); the thread then dies
+    on the missing entry with a traceback on stderr ("Exception ignored in thread started by", seen in
+    CI when SIGINT cut a pull as it started a layer's read-ahead). Held, the signal is sent to the main
+    thread again as the block ends, and taken there. Only the main thread holds: it alone runs handlers.
+    """
+
+    def __enter__(self) -> None:
+        import threading  # loaded already: the caller starts a thread
+
+        self.main = threading.current_thread() is threading.main_thread()
+        if self.main:
+            _holding.append(None)
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.main:
+            return
+        _holding.pop()
+        if _held and not _holding:
+            number = _held[0]
+            _held.clear()
+            signal.raise_signal(number)  # the main thread's own: its handler runs at the next bytecode
+
+
+def start_thread(thread: Any) -> None:
+    """thread.start(), never cut by a signal that Interruptible turns into an exception (see SignalsHeld)."""
+    with SignalsHeld():
+        thread.start()
 
 
 def show_progress() -> bool:

@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 
 from singpy.errors import ImageError
+from singpy.image.tools import start_thread
 from singpy.oci.regerrors import CantWrite, DigestMismatch, detail
 from singpy.oci.retries import backoff
 
@@ -319,7 +320,7 @@ class _HashThread:
         self.made = 0  # buffers made so far (at most _BUFFERS)
         self.error: BaseException | None = None  # what ended the thread: raised on the reader's side
         self.thread = threading.Thread(target=self._run, name="singpy-hash", daemon=True)
-        self.thread.start()
+        start_thread(self.thread)
 
     def free_buffer(self) -> Buffer:
         """A buffer the hash is done with; a new one while fewer than _BUFFERS exist and none is free.

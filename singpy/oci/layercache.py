@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from singpy.image.tools import start_thread
 from singpy.oci import store
 
 TYPE_CHECKING = False  # see singpy.record: `typing` is not loaded at run time
@@ -41,7 +42,7 @@ class Blobs:
             self.queue = pending
             self.lock = threading.Lock()
             for _ in range(min(MAX_DOWNLOADS, len(pending))):
-                threading.Thread(target=self._work, daemon=True).start()
+                start_thread(threading.Thread(target=self._work, daemon=True))
 
     def _work(self) -> None:
         while True:

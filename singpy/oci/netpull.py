@@ -151,9 +151,11 @@ class _HeaderWatch:
     def start(self, connection: Any) -> Any:
         import threading
 
+        from singpy.image.tools import start_thread
+
         timer = threading.Timer(self.seconds, self._cut, (connection,))
         timer.daemon = True
-        timer.start()
+        start_thread(timer)
         return timer
 
     @staticmethod

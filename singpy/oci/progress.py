@@ -40,7 +40,8 @@ class Steps:
             # markup=False: a description may quote a registry's names, never read as rich markup
             self.bar = Progress(TextColumn("{task.description}", markup=False), BarColumn(), Amount(""),
                                 console=Console(stderr=True), transient=True)
-            self.bar.start()
+            with tools.SignalsHeld():  # rich starts its refresh thread
+                self.bar.start()
         console.info(self.title)
         return self
 

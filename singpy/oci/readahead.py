@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import threading
 
+from singpy.image.tools import start_thread
 from singpy.oci.streams import CHUNK, Readable
 
 AHEAD = 4  # chunks read before the reader asks: 4 MiB at most, enough to keep the other core busy
@@ -39,7 +40,7 @@ class ReadAhead:
         self.at_end = False
 
     def __enter__(self) -> ReadAhead:
-        self.thread.start()
+        start_thread(self.thread)
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 from singpy import console
 from singpy.errors import ImageError
+from singpy.image.tools import start_thread
 from singpy.oci.layertree import EntryError, sparse_regions
 from singpy.oci.streamdata import Offsets, copy_data, header, send_ranges, send_sparse
 from singpy.oci.streams import drain
@@ -142,8 +143,8 @@ class _Reading:
         self.done = threading.Event()
         self.members: list[tarfile.TarInfo] = []
         self.error: BaseException | None = None
-        threading.Thread(target=self._read, args=(blobs, digest, what, stop), name="layer-headers",
-                         daemon=True).start()
+        start_thread(threading.Thread(target=self._read, args=(blobs, digest, what, stop), name="layer-headers",
+                                      daemon=True))
 
     def _read(self, blobs: Any, digest: str, what: str, stop: Any) -> None:
         try:
@@ -356,7 +357,7 @@ class _Messages:
         self.stream, self.size = stream, 0
         self.kept: list[bytes] = []
         self.thread = threading.Thread(target=self._read, name="tar2sqfs-stderr", daemon=True)
-        self.thread.start()
+        start_thread(self.thread)
 
     def _read(self) -> None:
         try:

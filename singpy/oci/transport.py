@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from urllib.parse import unquote, urlsplit
 
 from singpy.errors import ImageError
+from singpy.image.tools import start_thread
 from singpy.oci.limits import Limits, Meter, TooSlow
 from singpy.oci.tlsconf import host_ca_files, tls_context
 
@@ -196,7 +197,7 @@ class _ConnectWatch:
         sock = socket.create_connection(address, timeout, source_address)
         self.timer = threading.Timer(CONNECT_TIMEOUT, self._fire, (sock,))
         self.timer.daemon = True
-        self.timer.start()
+        start_thread(self.timer)
         return sock
 
     def _fire(self, sock: socket.socket) -> None:

@@ -98,3 +98,41 @@ def test_a_signal_taken_inside_a_callback_still_interrupts_without_a_traceback(n
     result = subprocess.run([sys.executable, "-c", _IN_A_CALLBACK % name], capture_output=True, text=True,
                             timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert result.stdout == f"interrupted by {name}\n" and result.stderr == "", result
+
+
+_IN_A_THREAD_START = """
+import os, signal, threading
+from singpy.image.tools import Interruptible, Interrupted, start_thread
+
+real_start = threading._start_new_thread
+
+def start_then_signal(*args):  # the signal where CI's SIGINT fell: the thread runs, Thread.start not yet over
+    ident = real_start(*args)
+    os.kill(os.getpid(), signal.%s)
+    for _ in range(100000):  # the handler runs here, at a check between bytecodes
+        pass
+    return ident
+
+threading._start_new_thread = start_then_signal
+ran = threading.Event()
+try:
+    with Interruptible():
+        thread = threading.Thread(target=ran.set, daemon=True)
+        start_thread(thread)
+        for _ in range(10000000):  # the work the signal was meant to end (a pull)
+            pass
+        print("not interrupted")
+except Interrupted as error:
+    print(error.message, ran.wait(10))
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_thread_start_interrupts_once_the_thread_runs(name: str) -> None:
+    """CI saw SIGINT cut a pull inside Thread.start: CPython then dropped the new thread from its table and the
+    thread died with a traceback ("Exception ignored in thread started by"). The signal waits for the start."""
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _IN_A_THREAD_START % name], capture_output=True, text=True,
+                            timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert result.stdout == f"interrupted by {name} True\n" and result.stderr == "", result
