@@ -233,9 +233,9 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
 
 def _checked_fields(values: Mapping[str, Any], cwd: str) -> dict[str, Any]:
     """The fields of flags checked here or read apart: --workdir and --scratch (checked by singpy.mounts.workdir,
-    imported only then), --no-env, --no-nv, --no-rocm, --compat32, --runscript-timeout."""
+    imported only then), --no-env, --no-nv, --no-rocm, --compat32, --intel-hpu, --runscript-timeout."""
     fields: dict[str, Any] = {"no_nv": bool(values.get("no_nv")), "no_rocm": bool(values.get("no_rocm")),
-                              "compat32": bool(values.get("compat32"))}
+                              "compat32": bool(values.get("compat32")), "intel_hpu": bool(values.get("intel_hpu"))}
     if values.get("runscript_timeout"):  # checked here, a command-line mistake (exit 1) as Apptainer's
         from singpy.launch.scripttimer import parse_duration
 

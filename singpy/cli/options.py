@@ -166,6 +166,8 @@ ACTION_OPTIONS: tuple[Option, ...] = (
     Option("nvccli", "--nvccli", "--nv with the library list from nvidia-container-cli (which must be there)",
            env="NVCCLI", group="GPU"),
     Option("rocm", "--rocm", "enable AMD ROCm GPU support", env="ROCM", group="GPU"),
+    Option("intel_hpu", "--intel-hpu", "enable Intel(R) Gaudi accelerator support while using a minimal /dev",
+           env="INTEL_HPU", group="GPU"),
     Option("compat32", "--compat32", "with --nv or --rocm: the host's 32-bit GPU libraries too, in "
            "/.singularity.d/libs32 (for 32-bit programs)", env="COMPAT32", group="GPU"),
     Option("device", "--device", "a CDI device: VENDOR/CLASS=NAME, as nvidia.com/gpu=all or =0 (comma lists)",

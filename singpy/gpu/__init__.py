@@ -1,4 +1,4 @@
-"""GPU discovery for --nv (NVIDIA) and --rocm (AMD): leaf modules that return data.
+"""GPU discovery for --nv (NVIDIA), --rocm (AMD) and --intel-hpu (Intel Gaudi): leaf modules that return data.
 
 `singpy.gpu.nvidia.discover` and `singpy.gpu.rocm.discover` look at the host
 (device nodes, the ld cache, $PATH, a few files under /proc and /var/run) and
@@ -38,6 +38,7 @@ class GpuHost(Record):
     nvidia_container_cli: str | None = None  # its path when singpy.conf lets it be used
     nvccli: bool = False  # --nvccli: the library list comes from nvidia-container-cli or the launch fails
     dev_dir: str = "/dev"
+    sys_dir: str = "/sys"  # where --intel-hpu finds the accelerators' RDMA devices (class/infiniband)
     ldconfig: str = "/sbin/ldconfig"  # the fallback when the ld cache can't be read directly
     ld_cache_file: str | None = None  # the ld cache read directly (None: /etc/ld.so.cache)
     persistenced_socket: str = "/var/run/nvidia-persistenced/socket"

@@ -1,4 +1,4 @@
-"""From --nv / --rocm and singpy.conf to one GpuContribution.
+"""From --nv / --rocm / --intel-hpu and singpy.conf to one GpuContribution.
 
 The launcher calls `discover_gpus` before planning; the vendor modules stay
 leaves that take every host path as an argument. What the image needs (its
@@ -34,17 +34,20 @@ _LIBC_PATHS = ("lib/x86_64-linux-gnu/libc.so.6", "lib/aarch64-linux-gnu/libc.so.
 
 def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, host_env: Mapping[str, str],
                   rootfs: str | None, nvccli: bool = False, image_spec: ImageSpec | None = None,
-                  compat32: bool = False) -> GpuContribution:
+                  compat32: bool = False, intel_hpu: str | None = None) -> GpuContribution:
     """Devices, libraries, binaries and warnings for the requested vendors.
 
     GpuError (one FATAL) when the image's NVIDIA_REQUIRE_* do not hold on this host.
     `image_spec` lets --nv read a mounted SIF's environment (`squashfs_hints`).
     `compat32`: each vendor's 32-bit libraries too, in /.singularity.d/libs32 (singpy.gpu.compat32).
+    `intel_hpu`: with --intel-hpu, the accelerators to bind (HABANA_VISIBLE_DEVICES: singpy.gpu.intelhpu).
     """
     host = gpu_host(config, host_env)
     if nvccli:
         host = host.replace(nvidia_container_cli=_required_container_cli(config, host.path_env), nvccli=True)
-    if rootfs:
+    if not (nv or rocm):  # --intel-hpu alone reads nothing from the image
+        image = ImageHints()
+    elif rootfs:
         image = image_hints(rootfs)
     elif nv and image_spec is not None and image_spec.kind in ("sif", "squashfs"):
         image = squashfs_hints(image_spec, host_env)
@@ -61,6 +64,10 @@ def discover_gpus(*, nv: bool, rocm: bool, contain: bool, config: SysConfig, hos
         from singpy.gpu import rocm as amd
 
         parts.append(amd.discover(host, contain=contain, image=image))
+    if intel_hpu is not None:
+        from singpy.gpu import intelhpu
+
+        parts.append(intelhpu.discover(host, contain=contain, selection=intel_hpu))
     if compat32:
         from singpy.gpu import compat32 as bits32
 

@@ -149,17 +149,17 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Imag
     if compat32 and not (nv or rocm):  # Apptainer's words (singpy.gpu.compat32, not imported for a warning)
         console.warning("ignoring --compat32, it requires a GPU option such as --nv or --rocm")
         compat32 = False
-    if not (nv or rocm or request.devices):
+    if not (nv or rocm or request.intel_hpu or request.devices):
         return None
     from singpy.gpu import merge
 
     parts = []
-    if nv or rocm:
+    if nv or rocm or request.intel_hpu:
         from singpy.gpu.request import discover_gpus
 
         parts.append(discover_gpus(nv=nv, rocm=rocm, contain=request.contain, config=config, host_env=host.env,
                                    rootfs=image.rootfs, nvccli=request.nvccli, image_spec=image,
-                                   compat32=compat32))
+                                   compat32=compat32, intel_hpu=_hpu_selection(request, host)))
     if request.devices:
         from singpy.gpu import CDI_DIRS, cdicache
         from singpy.host.cachefiles import cache_dir
@@ -167,6 +167,21 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Imag
         parts.append(cdicache.discover(tuple(request.devices), tuple(request.cdi_dirs or CDI_DIRS),
                                        cache=cache_dir(host.env, host.home)))
     return merge(*parts)
+
+
+def _hpu_selection(request: LaunchRequest, host: HostInfo) -> str | None:
+    """--intel-hpu's HABANA_VISIBLE_DEVICES as the container is given it, `all` when it is not; None without the flag.
+
+    As Apptainer, which reads it from the variables injected into the container (its APPTAINERENV_ map: the
+    prefixed host variables, --env-file, --env), never from the host's own HABANA_VISIBLE_DEVICES.
+    """
+    if not request.intel_hpu:
+        return None
+    from singpy.env.environ import injected_from_host
+
+    injected, _ = injected_from_host(host.env)  # its warnings: the planner shows them
+    injected.update({**dict(request.env_file), **dict(request.env)})  # --env-file < --env
+    return injected.get("HABANA_VISIBLE_DEVICES", "all")
 
 
 def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tuple[str, ...],

@@ -41,6 +41,7 @@ class LaunchRequest(Record):
     pem_path: str = ""  # --pem-path: the RSA private key of an encrypted image
     nv: bool = False  # --nv (or `always use nv`)
     rocm: bool = False  # --rocm (or `always use rocm`)
+    intel_hpu: bool = False  # --intel-hpu: Intel Gaudi accelerators in a minimal /dev (singpy.gpu.intelhpu)
     net: bool = False  # --net: a new network namespace
     network: str | None = None  # --network TYPE (implies --net)
     network_args: tuple[str, ...] = ()  # --network-args values, as given

@@ -7,7 +7,9 @@ host in place of the real one, the way the brief asks for:
   (all made with mknod: a bind of the simulated files would do as well, but
   the nodes must live in a tmpfs anyway to replace the real /dev);
 * the simulated ld.so.cache bound over /etc/ld.so.cache, so `ldconfig -p`
-  finds the gcc-built driver libraries;
+  finds the gcc-built driver libraries (when the host has one);
+* the simulated sys/class bound over /sys/class (when the host has one: the
+  Intel Gaudi host's RDMA devices, /sys/class/infiniband);
 
 then drops to UID:GID (0:0 stays root) and execs CMD. Nothing outside the
 namespace changes, and the namespace ends with CMD.
@@ -49,7 +51,9 @@ def simulate(sim_root: str) -> None:
     k.mount("devpts", "/dev/pts", "devpts", k.MS_NOSUID | k.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     os.mkdir("/dev/shm", 0o1777)
     copy_tree_nodes(os.path.join(sim_root, "dev"), "/dev")
-    k.mount(os.path.join(sim_root, "etc", "ld.so.cache"), "/etc/ld.so.cache", None, k.MS_BIND)
+    for sim_path, real_path in (("etc/ld.so.cache", "/etc/ld.so.cache"), ("sys/class", "/sys/class")):
+        if os.path.exists(os.path.join(sim_root, sim_path)):
+            k.mount(os.path.join(sim_root, sim_path), real_path, None, k.MS_BIND)
 
 
 def main(argv: list[str]) -> None:
