@@ -13,7 +13,7 @@ come before the image, and everything after the image belongs to the payload.
 
 from __future__ import annotations
 
-from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, EXAMPLES, GLOBAL_OPTIONS, Option
+from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, EXAMPLES, GLOBAL_OPTIONS, NOT_SUPPORTED, Option
 from singpy.errors import UsageError
 
 TYPE_CHECKING = False  # see singpy.record
@@ -81,6 +81,8 @@ def _take(rest: list[str], index: dict[str, Option], values: dict[str, Any], com
         if inline.startswith("=") and index.get(name) is not None and index[name].value:
             inline = inline[1:]  # -B=/data means /data, as with Apptainer's flag parser
     option = index.get(name)
+    if option is None and index is _ACTION_INDEX and command in NOT_SUPPORTED.get(name, ((), ""))[0]:
+        raise UsageError(f"{name} is not supported: {NOT_SUPPORTED[name][1]}")
     if option is None or (option.commands and command not in option.commands):
         known = [word for word, known_option in index.items() if command in known_option.commands or
                  not known_option.commands]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, GLOBAL_OPTIONS, Option
+from singpy.cli.options import ACTION_OPTIONS, ACTIONS, ENV_PREFIXES, GLOBAL_OPTIONS, NOT_SUPPORTED, Option
 from singpy.cli.parse import action_help, parse_action, split_global
 from singpy.errors import ExitCode, UsageError
 
@@ -423,3 +424,21 @@ def test_completion_without_a_shell_lists_them(capsys: pytest.CaptureFixture[str
 
     assert main(["completion"]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()] == ["bash", "zsh", "fish"]
+
+
+_FLAG_COMMANDS = [(action, flag) for action in ("exec", "run", "shell", "test", "instance start", "instance run")
+                  for flag in sorted(NOT_SUPPORTED)]
+
+
+@pytest.mark.parametrize(("action", "flag"), _FLAG_COMMANDS, ids=[f"{a}:{f}" for a, f in _FLAG_COMMANDS])
+def test_apptainer_flags_singpy_lacks_are_refused_as_such(action: str, flag: str) -> None:
+    """Not "unknown flag", which reads as a typing mistake, where Apptainer has the flag for the command (its
+    table of flags with variables, extracted from its source); "unknown flag" where it has not, as Apptainer."""
+    table = (Path(__file__).parents[1] / "data/apptainer_envkeys.tsv").read_text()
+    assert flag not in {option.long for option in ACTION_OPTIONS}
+    with pytest.raises(UsageError) as caught:
+        parse_action(action, [flag, "img"], {})
+    if f"\n{action}\t{flag}\t" in table:
+        assert caught.value.message == f"{flag} is not supported: {NOT_SUPPORTED[flag][1]}" and not caught.value.hint
+    else:
+        assert caught.value.message.startswith(f"unknown flag: {flag}")
