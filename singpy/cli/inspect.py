@@ -1,6 +1,7 @@
 """`singpy inspect IMAGE`: the image's metadata, as Apptainer's inspect shows it.
 
-Without a selection flag the labels are shown, as in Apptainer. `--list`
+Without a selection flag the labels are shown, as in Apptainer; `--app NAME`
+shows those of the app's own files (/scif/apps/NAME/scif) instead. `--list`
 adds the SIF's data objects (a table like `siftool list`); `--json` prints
 Apptainer's document (`{"data": {"attributes": ...}, "type": "container"}`)
 with, for a SIF, the header and descriptors under "sif".
@@ -27,8 +28,9 @@ from singpy.image import metadata
 
 _TEXT = "\n\t"  # what a multi-line section (a script, the definition file) keeps as it is
 
-# Apptainer's order when several sections are asked for.
 SECTIONS = ("labels", "deffile", "runscript", "startscript", "test", "helpfile", "environment")
+# The order Apptainer prints them in when several are asked for (labels last).
+_PRINTED = ("deffile", "runscript", "startscript", "test", "helpfile", "environment", "labels")
 
 
 def inspect_command(
@@ -43,6 +45,7 @@ def inspect_command(
     all_: bool = typer.Option(False, "--all", help="show all available data (implies --json)"),
     list_: bool = typer.Option(False, "--list", help="list the SIF's data objects (descriptors)"),
     list_apps: bool = typer.Option(False, "--list-apps", help="list all apps in a container"),
+    app: str = typer.Option("", "--app", help="inspect a specific app (its labels, scripts, help and environment)"),
     as_json: bool = typer.Option(False, "--json", "-j", help="print JSON (with the SIF descriptors)"),
     docker_login: bool = DOCKER_LOGIN,
     authfile: str = AUTHFILE,
@@ -60,15 +63,23 @@ def inspect_command(
 
         image = pulled(image, {"docker_login": docker_login, "authfile": authfile, "no_https": no_https},
                        os.environ, host.capture().home)
-    as_json = as_json or all_  # Apptainer: --all is JSON only
+    as_json = as_json or all_  # Apptainer: --all is JSON only, and every app's
+    app = "" if all_ else app
+    if app:
+        from singpy.image.apps import check_app_name
+
+        check_app_name(app)
     spec = classify(image)
     chosen = {"labels": labels, "deffile": deffile, "runscript": runscript, "startscript": startscript,
               "test": test, "helpfile": helpfile, "environment": environment}
     wanted = [name for name in SECTIONS if chosen[name] or all_]
     if not wanted and not list_ and not list_apps:  # Apptainer: labels unless another section is asked for
         wanted = ["labels"]
-    attributes = metadata.read_metadata(spec, os.environ) if wanted else {}
-    selected = {name: attributes[name] for name in wanted if name in attributes}
+    if app:
+        selected = _app_sections(spec, app, wanted)
+    else:
+        attributes = metadata.read_metadata(spec, os.environ) if wanted else {}
+        selected = {name: attributes[name] for name in wanted if name in attributes}
     if as_json and (list_apps or all_):  # Apptainer's data.attributes.apps: each app with its attributes
         from singpy.image.apps import app_attributes
 
@@ -88,9 +99,29 @@ def inspect_command(
     if list_:
         print(descriptor_table(spec.path) if spec.kind == "sif" else f"{escape(spec.path)} is a {spec.kind} "
               "image: it has no SIF data objects")
-    for name in wanted:
-        if name in selected:
-            print(render(name, selected[name]), end="")
+    sections = {**selected, **selected.get("apps", {}).get(app, {})} if app else selected
+    for name in _PRINTED:
+        if name in sections:
+            print(render(name, sections[name]), end="")
+
+
+def _app_sections(spec: Any, app: str, wanted: list[str]) -> dict[str, Any]:
+    """--app APP: the `wanted` sections of the app's own files (/scif/apps/APP/scif, read by Apptainer in place of
+    /.singularity.d), as {"apps": {APP: ...}}, {} when the image has no such app; beside them the image's
+    definition file when asked for and a SIF records one (Apptainer reads it from the SIF's object)."""
+    import os
+
+    from singpy.image.apps import app_attributes
+
+    found = app_attributes(spec, os.environ)
+    selected: dict[str, Any] = {}
+    if "deffile" in wanted and spec.kind == "sif":
+        definition = metadata.sif_definition(spec.path)
+        if definition is not None:
+            selected["deffile"] = definition
+    if app in found:
+        selected["apps"] = {app: {name: found[app][name] for name in wanted if name in found[app]}}
+    return selected
 
 
 def render(name: str, value: Any) -> str:

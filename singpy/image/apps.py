@@ -1,4 +1,4 @@
-"""An image's SCIF apps (/scif/apps/NAME/scif), for `inspect --list-apps` and `run-help --app`.
+"""An image's SCIF apps (/scif/apps/NAME/scif), for `inspect --list-apps`/`--app` and `run-help --app`.
 
 Apptainer lists as apps the directories of /scif/apps that hold a `scif`
 directory, sorted by name, and reads an app's help from
@@ -52,13 +52,13 @@ def app_file(image: ImageSpec, app: str, name: str, env: Mapping[str, str]) -> s
 _APP_FILES = (("runscript", "runscript"), ("startscript", "startscript"), ("test", "test"),
               ("runscript.help", "helpfile"))
 _READ = frozenset({*(file for file, _ in _APP_FILES), "labels.json", "env"})  # what is unpacked of an app's scif
-_ENV_SCRIPTS = ("10-docker*.sh", "9*-environment.sh")
+_ENV_SCRIPTS = ("9*-environment.sh",)  # an app's (Apptainer reads 10-docker*.sh of /.singularity.d only)
 
 
 def app_attributes(image: ImageSpec, env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """Every app with its attributes, as Apptainer's inspect document has them (data.attributes.apps: its
     AppAttributes, empty ones left out): labels (labels.json), runscript, startscript, test, helpfile
-    (runscript.help) and environment (env/10-docker*.sh and env/9*-environment.sh, by their path)."""
+    (runscript.help) and environment (env/9*-environment.sh, by their path)."""
     with _apps_root(image, env) as (root, notes), Tree(root) as tree:
         return {name: _attributes_of(tree, name, notes) for name in _apps(tree)}
 

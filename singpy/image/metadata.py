@@ -69,6 +69,16 @@ def _from_sif_objects(path: str) -> tuple[dict[str, Any], bool]:
     return attributes, bool(recorded)
 
 
+def sif_definition(path: str) -> str | None:
+    """The definition file SIF `path` records as a data object (its first), None when it records none."""
+    from singpy.image import sif
+
+    image = sif.read_sif(path)
+    for desc in image.find(sif.DATA_DEFFILE)[:1]:
+        return image.read_object(desc, max_size=_MAX_OBJECT).decode(errors="replace")
+    return None
+
+
 def _json(data: bytes, path: str, what: str) -> Any:
     try:
         return json.loads(data)
