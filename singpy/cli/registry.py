@@ -35,6 +35,15 @@ def login_command(
     """Log in to an OCI/Docker registry: the credentials are checked, then stored for pulls and pushes."""
     from typer._click.core import ParameterSource
 
+    typed = bool(password) and context.get_parameter_source("password") == ParameterSource.COMMANDLINE
+    login(uri, username, password, password_stdin=password_stdin, authfile=authfile, no_https=no_https,
+          password_typed=typed)
+
+
+def login(uri: str, username: str, password: str, *, password_stdin: bool, authfile: str, no_https: bool,
+          password_typed: bool) -> None:
+    """`registry login` (and `remote login` of a registry, Apptainer's older way); `password_typed`: the
+    password came on the command line, where other users can read it."""
     from singpy import console
     from singpy.errors import UsageError
     from singpy.host import host
@@ -46,7 +55,7 @@ def login_command(
     if "/" in registry:  # Apptainer's go-containerregistry name.NewRegistry refuses it; no pull would ever use it
         raise UsageError(f"registries must be valid RFC 3986 URI authorities: {registry} (log in to "
                          f"docker://{registry.split('/', 1)[0]}: a login is the registry's, for all its paths)")
-    if password and context.get_parameter_source("password") == ParameterSource.COMMANDLINE:
+    if password_typed:
         console.warning("a password given with --password is visible to other users of this host "
                         "(ps, /proc): use --password-stdin")
     if password_stdin:

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import typer
 
+from singpy.cli import registry
 from singpy.cli.pull import variables
 
 TYPE_CHECKING = False  # see singpy.record
@@ -162,18 +163,49 @@ def status_command(name: str = typer.Argument("", metavar="[NAME]")) -> None:
 
 
 @remote_app.command("login")
-def login_command(name: str = typer.Argument("", metavar="[NAME]"), tokenfile: str = TOKENFILE) -> None:
-    """Log in to a remote endpoint with an access token (--tokenfile, or typed at the prompt)."""
+def login_command(
+    context: typer.Context,
+    name: str = typer.Argument("", metavar="[NAME]"),
+    tokenfile: str = TOKENFILE,
+    username: str = registry.USERNAME,
+    password: str = registry.PASSWORD,
+    password_stdin: bool = registry.PASSWORD_STDIN,
+    insecure: bool = typer.Option(False, "--insecure", "-i", help="allow insecure login (a registry over HTTP)",
+                                  envvar=variables("LOGIN_INSECURE"), show_envvar=False),
+) -> None:
+    """Log in to a remote endpoint with an access token (--tokenfile, or typed at the prompt); a docker:// or
+    oras:// registry as `registry login` does (deprecated, as in Apptainer)."""
     from singpy.library import remotes
 
     env, home, config = _context()
     view = remotes.user_view(env, home, config)
+    if name.startswith(("docker://", "oras://")) and name not in view.remotes:  # NGC's documented `remote login`
+        _registry_login(context, name, tokenfile, username, password, password_stdin, insecure)
+        return
     name = name or view.default()[0]
     if _login(view, name, tokenfile):
         remotes.save(view)
         from singpy import console
 
         console.info(f"Token stored in {view.path}")
+
+
+def _registry_login(context: typer.Context, uri: str, tokenfile: str, username: str, password: str,
+                    password_stdin: bool, insecure: bool) -> None:
+    """Apptainer's `remote login` of a registry: a warning, then `registry login` (--insecure: over HTTP)."""
+    from typer._click.core import ParameterSource
+
+    from singpy import console
+    from singpy.errors import UsageError
+
+    if tokenfile:  # Apptainer's words
+        raise UsageError("--tokenfile is only supported for login to a remote endpoint, not OCI (docker/oras) or "
+                         "keyservers")
+    console.warning("'remote login' is deprecated for registries or keyservers and will be removed in a future "
+                    "release; running 'registry login'")
+    typed = bool(password) and context.get_parameter_source("password") == ParameterSource.COMMANDLINE
+    registry.login(uri, username, password, password_stdin=password_stdin, authfile="", no_https=insecure,
+                   password_typed=typed)
 
 
 @remote_app.command("logout")

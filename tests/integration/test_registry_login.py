@@ -155,3 +155,26 @@ def test_login_without_authfile_is_listed_in_remote_yaml_as_apptainer_lists_it(
     singpy.ok("push", "--no-https", str(sif), reference, env=env)
     singpy.ok("registry", "logout", f"docker://{host}", env=env)
     assert singpy.ok("registry", "list", env=env).splitlines()[2:] == [f"oras://{host}  \u2717!"]
+
+
+def test_remote_login_of_a_registry_is_registry_login_with_a_warning(
+        singpy: Singpy, registry_basic: RegistryServer, workdir: Path) -> None:
+    """Apptainer's older way, still in NVIDIA NGC's instructions (`remote login --username '$oauthtoken'
+    docker://nvcr.io`): deprecated, it runs `registry login` (-i: over HTTP, as --no-https)."""
+    configdir = user_dir(singpy, workdir, "remote-login") / "apptainer"
+    env = singpy.env(APPTAINER_CONFIGDIR=str(configdir))
+    host = registry_basic.host
+    done = singpy.run("remote", "login", "-i", "-u", registry_basic.username, "--password-stdin",
+                      f"docker://{host}", input=registry_basic.password + "\n", env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ("WARNING: 'remote login' is deprecated for registries or keyservers and will be removed in "
+                           "a future release; running 'registry login'\n"
+                           f"INFO:    Token stored in {configdir}/docker-config.json\n")
+    token = base64.b64encode(f"{registry_basic.username}:{registry_basic.password}".encode()).decode()
+    assert json.loads((configdir / "docker-config.json").read_text()) == {"auths": {host: {"auth": token}}}
+    wrong = singpy.run("remote", "login", "-i", "-u", "alice", "--password-stdin", f"oras://{host}",
+                       input="not the password\n", env=env)
+    assert wrong.returncode == 255 and wrong.stderr.splitlines()[1:] == [
+        f"FATAL:   login to {host} failed: the password of 'alice' was refused"], wrong.stderr
+    refused = singpy.run("remote", "login", "--tokenfile", "t.txt", f"docker://{host}", env=env)
+    assert_one_fatal(refused, "--tokenfile is only supported for login to a remote endpoint", code=1)
