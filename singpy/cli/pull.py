@@ -45,8 +45,14 @@ def pull_command(
     disable_cache: bool = typer.Option(False, "--disable-cache", help="use a temporary cache for this pull, removed "
                                        "after it: nothing is read from or written to yours",
                                        envvar=variables(*ENV_KEYS["disable_cache"]), show_envvar=False),
+    allow_unsigned: bool = typer.Option(False, "--allow-unsigned", "-U", "--allow-unauthenticated", hidden=True),
 ) -> None:
     """Pull an image from a registry (docker://) or an OCI layout/archive and write it as a SIF file; download
     a SIF stored in an OCI registry (oras://), or an image file (SIF) from an http:// or https:// URL."""
+    if allow_unsigned:  # Apptainer's deprecated flags, accepted: its pull refuses no unsigned image either
+        from singpy import console
+
+        console.warning("--allow-unsigned (--allow-unauthenticated) is deprecated and changes nothing: a pull "
+                        "refuses no unsigned image")
     pull_words(words, force=force, arch=arch, docker_login=docker_login, authfile=authfile, no_https=no_https,
                name=name, directory=directory, library=library, disable_cache=disable_cache)

@@ -158,6 +158,12 @@ def test_local_layouts_and_archives(singpy: Singpy, workdir: Path) -> None:
     for reference in (f"oci:{layout}:v1", f"oci-archive:{archive}", f"docker-archive:{saved}"):
         assert singpy.ok("run", reference, "x", env=env) == "tool ran x\n", reference
     assert singpy.ok("exec", f"oci:{layout}:multi", "cat", "/etc/platform-marker", env=env) == "linux/amd64\n"
+    # Apptainer's deprecated -U/--allow-unsigned/--allow-unauthenticated: accepted, with a warning
+    for flag in ("-U", "--allow-unsigned", "--allow-unauthenticated"):
+        pulled = singpy.run("pull", flag, str(tmp_path / f"pulled{flag}.sif"), f"oci:{layout}:v1", env=env)
+        assert pulled.returncode == 0 and pulled.stderr.startswith(
+            "WARNING: --allow-unsigned (--allow-unauthenticated) is deprecated and changes nothing"), pulled.stderr
+        assert (tmp_path / f"pulled{flag}.sif").stat().st_size > 0
 
 
 def test_a_docker_archive_listing_one_layer_100000_times_is_one_fatal_at_once(singpy: Singpy, workdir: Path) -> None:
