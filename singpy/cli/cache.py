@@ -30,11 +30,47 @@ def _location() -> str:
     return location
 
 
+# Apptainer's cache types (`cache list|clean -T`, comma lists), and singpy's own: its unpacked images and the bases
+# unpacked for builds. `shub` is accepted and names nothing (singpy pulls no shub:// image).
+TYPES = ("library", "oci", "shub", "blob", "blobs", "net", "oras", "unpacked", "all")
+TYPE = typer.Option([], "--type", "-T", metavar="TYPE,...", show_default=False,
+                    help="only these cache types: library, oci (docker://, oci:, archives), oras, net (http(s)://), "
+                         "blob (layer blobs), unpacked (singpy's unpacked images), shub, all (the default)")
+
+
+def _types(values: list[str]) -> set[str]:
+    """The cache types `-T` names ("blobs" is "blob"), every one when none or `all` is named."""
+    from singpy.errors import UsageError
+
+    named = {word.strip() for value in values for word in value.split(",") if word.strip()}
+    for word in sorted(named - set(TYPES)):
+        raise UsageError(f"unknown cache type {escape(word)!r}: the types are {', '.join(TYPES)}")
+    named = {"blob" if word == "blobs" else word for word in named}
+    return set(TYPES) - {"blobs", "all"} if not named or "all" in named else named
+
+
+def source_type(record: dict[str, object]) -> str:
+    """The cache type of a pulled image, from the source its record names (oci for docker://, oci:, archives)."""
+    source = str(record.get("source", ""))
+    for prefix, kind in (("library://", "library"), ("oras://", "oras"), ("http://", "net"), ("https://", "net")):
+        if source.startswith(prefix):
+            return kind
+    return "oci"
+
+
 @cache_app.command("list")
-def list_command() -> None:
+def list_command(
+    types: list[str] = TYPE,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="list each entry (as singpy always does)"),
+) -> None:
     """List the unpacked and pulled images in your cache: digest, size, when, from which image."""
     location = _location()
-    _list_pulled(location)
+    chosen = _types(types)
+    listed = _list_pulled(location, chosen)
+    if "unpacked" not in chosen:
+        if not listed:
+            print(f"nothing of type {', '.join(sorted(chosen))} in {location}")
+        return
     rows = []
     total = 0
     for digest in cache.entries(location):
@@ -55,6 +91,7 @@ def list_command() -> None:
 
 @cache_app.command("clean")
 def clean_command(
+    types: list[str] = TYPE,
     force: bool = typer.Option(False, "--force", "-f", help="do not ask for confirmation"),
     days: int = typer.Option(0, "--days", help="only remove images unpacked or pulled more than DAYS days ago "
                              "(blobs stay)"),
@@ -65,10 +102,13 @@ def clean_command(
     from singpy.oci import store
 
     location = _location()
-    doomed = _selected(location, days)
-    pulled = [digest for digest, _ in store.pulled_images(location)]
-    trees = _old_build_trees(location, days)
-    if not doomed and not pulled and not trees and not store.blobs_usage(location)[0]:
+    chosen = _types(types)
+    unpacked = "unpacked" in chosen
+    doomed = _selected(location, days) if unpacked else []
+    pulled = [digest for digest, info in store.pulled_images(location) if source_type(info) in chosen]
+    trees = _old_build_trees(location, days) if unpacked else []
+    blobs = "blob" in chosen and store.blobs_usage(location)[0]
+    if not doomed and not pulled and not trees and not blobs:
         if not dry_run:  # a killed unpacking's lock, a failed one's marker: internal, removed unasked
             from singpy.image import warm
 
@@ -82,13 +122,13 @@ def clean_command(
                   else f"would remove {digest}")
         for name in trees:
             print(f"would remove the base unpacked for builds {name}")
-        count = len(doomed) - len(kept) + len(trees) + _clean_pulled(location, days, dry_run=True)
+        count = len(doomed) - len(kept) + len(trees) + _clean_pulled(location, days, chosen, dry_run=True)
         print(f"would remove {count} cache entries from {location}")
         return
     if not force and not _confirm(f"Remove the cached images from {location}?"):
         console.info("nothing removed")
         raise typer.Exit(1)
-    removed = _clean_pulled(location, days, dry_run=False)
+    removed = _clean_pulled(location, days, chosen, dry_run=False)
     from singpy.image import warm
 
     warm.remove_stale_locks(location)  # left by a killed background unpacking (singpy.image.warm)
@@ -142,37 +182,45 @@ def _old_build_trees(location: str, days: int) -> list[str]:
     return [name for name, made, _ in build_trees(location) if limit is None or made < limit]
 
 
-def _list_pulled(location: str) -> None:
+def _list_pulled(location: str, chosen: set[str]) -> bool:
+    """The pulled images and layer blobs of the `chosen` types, listed; whether there were any."""
     from singpy.oci import store
 
-    pulled = store.pulled_images(location)
-    count, size = store.blobs_usage(location)
+    pulled = [(digest, info) for digest, info in store.pulled_images(location) if source_type(info) in chosen]
+    count, size = store.blobs_usage(location) if "blob" in chosen else (0, 0)
     if not pulled and not count:
-        return
-    rows = [("DIGEST", "SIZE", "CREATED", "PLATFORM", "SOURCE")]
-    for digest, info in pulled:
-        rows.append((digest[:16], human_size(_number(info.get("size")) or 0), _when(info.get("created")),
-                     escape(str(info.get("platform", "?"))), escape(str(info.get("source", "?")))))
-    widths = [max(len(row[column]) for row in rows) for column in range(4)]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])
-    print(f"{len(rows) - 1} pulled image(s), {human_size(sum(int(info['size']) for _, info in pulled))}; "
-          f"{count} layer blob(s), {human_size(size)}")
+        return False
+    if pulled:
+        rows = [("DIGEST", "SIZE", "CREATED", "PLATFORM", "SOURCE")]
+        for digest, info in pulled:
+            rows.append((digest[:16], human_size(_number(info.get("size")) or 0), _when(info.get("created")),
+                         escape(str(info.get("platform", "?"))), escape(str(info.get("source", "?")))))
+        widths = [max(len(row[column]) for row in rows) for column in range(4)]
+        for row in rows:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[4])
+    parts = [f"{len(pulled)} pulled image(s), {human_size(sum(int(info['size']) for _, info in pulled))}"] \
+        if chosen - {"blob", "unpacked"} else []
+    if "blob" in chosen:
+        parts.append(f"{count} layer blob(s), {human_size(size)}")
+    print("; ".join(parts))
     print()
+    return True
 
 
-def _clean_pulled(location: str, days: int, dry_run: bool) -> int:
-    """Remove pulled SIFs (older than `days` if given) and, without --days, the layer blobs: the count."""
+def _clean_pulled(location: str, days: int, chosen: set[str], dry_run: bool) -> int:
+    """Remove the pulled SIFs of the `chosen` types (older than `days` if given) and, without --days, the layer
+    blobs if chosen: the count."""
     from singpy import console
     from singpy.oci import store
 
     limit = time.time() - days * 86400 if days else None
     doomed = [digest for digest, info in store.pulled_images(location)
-              if limit is None or store.created(info) < limit]
+              if source_type(info) in chosen and (limit is None or store.created(info) < limit)]
+    blobs_too = limit is None and "blob" in chosen
     if dry_run:
         for digest in doomed:
             print(f"would remove the pulled image {digest}")
-        blobs = _blob_count(location) if limit is None else 0
+        blobs = _blob_count(location) if blobs_too else 0
         if blobs:
             print(f"would remove {blobs} layer blob(s)")
         return len(doomed) + blobs
@@ -182,7 +230,7 @@ def _clean_pulled(location: str, days: int, dry_run: bool) -> int:
             removed += 1
         else:
             console.warning(f"{digest[:16]} is being converted by another singpy: left alone")
-    if limit is None:
+    if blobs_too:
         removed += store.remove_blobs(location)
     return removed
 

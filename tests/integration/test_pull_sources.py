@@ -209,6 +209,27 @@ def test_cache_clean_removes_pulled_images_and_blobs(singpy: Singpy, plain: Regi
     assert "pulled" not in singpy.ok("cache", "list", env=env)
 
 
+def test_cache_types_select_what_is_listed_and_cleaned(singpy: Singpy, plain: RegistryServer, workdir: Path) -> None:
+    """Apptainer's `cache list|clean -T TYPE,...`: a docker:// pull is an `oci` image, its layers `blob`s."""
+    env = cache_env(singpy, workdir, "clean-types")
+    singpy.ok("exec", "--no-https", plain.ref("pull/main"), "true", env=env)
+    cache = Path(env["SINGPY_CACHEDIR"])
+    blobs = len(os.listdir(cache / "blobs" / "sha256"))
+    listed = singpy.ok("cache", "list", "-T", "library", env=env)
+    assert listed == f"nothing of type library in {cache}\n"
+    listed = singpy.ok("cache", "list", "--type", "blobs", "-v", env=env)
+    assert listed.startswith(f"{blobs} layer blob(s), ") and "pulled" not in listed and "unpacked" not in listed
+    listed = singpy.ok("cache", "list", "-T", "oci,shub", env=env)
+    assert f"{plain.host}/pull/main:latest" in listed and "1 pulled image(s)" in listed and "blob" not in listed
+    assert singpy.ok("cache", "clean", "-f", "-T", "library,net,oras", env=env) == f"nothing to remove in {cache}\n"
+    assert singpy.ok("cache", "clean", "-f", "-T", "blob", env=env) == f"removed {blobs} cache entries from {cache}\n"
+    assert os.listdir(cache / "blobs" / "sha256") == []
+    assert any(name.endswith(".sif") for name in os.listdir(cache / "sif"))
+    assert singpy.ok("cache", "clean", "-f", "-T", "oci", env=env) == f"removed 1 cache entries from {cache}\n"
+    assert os.listdir(cache / "sif") == []
+    assert_one_fatal(singpy.run("cache", "list", "-T", "bogus", env=env), "unknown cache type 'bogus'", code=1)
+
+
 # --- errors ----------------------------------------------------------------------------------------------------------
 
 
