@@ -58,6 +58,9 @@ def build_command(
                                    "the image (so that a sandbox can be removed)", envvar=variables("FIXPERMS"),
                                    show_envvar=False),
     nv: bool = typer.Option(False, "--nv", help="the host's NVIDIA libraries and devices in %post and %test"),
+    nvccli: bool = typer.Option(False, "--nvccli", help="--nv with the library list from nvidia-container-cli "
+                                "(which must be there) in %post and %test", envvar=variables("NVCCLI"),
+                                show_envvar=False),
     rocm: bool = typer.Option(False, "--rocm", help="the host's ROCm libraries and devices in %post and %test"),
     compat32: bool = typer.Option(False, "--compat32", help="with --nv or --rocm, the host's 32-bit driver libraries "
                                   "too (in /.singularity.d/libs32)"),
@@ -117,7 +120,7 @@ def build_command(
                            build_arg=build_arg, build_arg_file=build_arg_file, bind=bind, cwd=info.cwd,
                            warn_unused=warn_unused_build_args)
         request = request.replace(mounts=tuple(mount), sections=wanted, update=update, fix_perms=fix_perms,
-                                  nv=nv, rocm=rocm, compat32=compat32, writable_tmpfs=writable_tmpfs,
+                                  nv=nv, nvccli=nvccli, rocm=rocm, compat32=compat32, writable_tmpfs=writable_tmpfs,
                                   disable_cache=disable_cache)
         _check_specs(request, info.cwd)
         console.info(build(request, options=options, env=os.environ, home=info.home, cwd=info.cwd))

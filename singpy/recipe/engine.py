@@ -53,6 +53,7 @@ class BuildRequest(Record):
     binds: tuple[str, ...] = ()  # --bind values, for %post and %test
     mounts: tuple[str, ...] = ()  # --mount values, for %post and %test
     nv: bool = False  # --nv in %post and %test
+    nvccli: bool = False  # --nvccli in %post and %test (--nv, its library list from nvidia-container-cli)
     rocm: bool = False  # --rocm in %post and %test
     compat32: bool = False  # --compat32 (with --nv/--rocm) in %post and %test
     writable_tmpfs: bool = False  # --writable-tmpfs: %test may write (in memory)
@@ -141,8 +142,8 @@ def build(request: BuildRequest, *, options: PullOptions, env: Mapping[str, str]
 
 def _launch_flags(request: BuildRequest) -> tuple[str, ...]:
     """The launcher's flags for %post and %test that the build's own flags ask for (as Apptainer's)."""
-    flags = [flag for flag, wanted in (("--nv", request.nv), ("--rocm", request.rocm), ("--compat32", request.compat32))
-             if wanted]
+    flags = [flag for flag, wanted in (("--nv", request.nv), ("--nvccli", request.nvccli), ("--rocm", request.rocm),
+                                       ("--compat32", request.compat32)) if wanted]
     for mount in request.mounts:
         flags += ["--mount", mount]
     return tuple(flags)

@@ -237,7 +237,8 @@ def test_mount_and_writable_tmpfs_reach_post_and_test(singpy: Singpy, workdir: P
 
 
 def test_mount_variable_reaches_post_and_test(singpy: Singpy, workdir: Path) -> None:
-    """APPTAINER_MOUNT, build's variable for --mount, reaches %post and %test once (see test_env_flags' PENDING)."""
+    """APPTAINER_MOUNT, build's variable for --mount, reaches %post and %test once (see PENDING in
+    tests/support/envkeys.py)."""
     out = out_dir(singpy, workdir, "mount-variable")
     (out / "host").mkdir()
     (out / "host" / "from-host").write_text("host data\n")
@@ -283,6 +284,19 @@ def test_gpu_flags_reach_post(singpy: Singpy, workdir: Path, flag: str, vendor: 
     recipe = write_recipe(out, GPU.format(base=base_sandbox(workdir)))
     assert gpu_seen(build(singpy, flag, "--sandbox", str(out / "with"), str(recipe)), vendor, maker)
     assert not gpu_seen(build(singpy, "--sandbox", str(out / "without"), str(recipe)), vendor, maker)
+
+
+def test_nvccli_reaches_post(singpy: Singpy, workdir: Path) -> None:
+    """--nvccli is handed to the launcher of %post, which (no nvidia-container-cli on its PATH) says so: the build
+    fails with that one line, and leaves no sandbox."""
+    out = out_dir(singpy, workdir, "nvccli")
+    recipe = write_recipe(out, GPU.format(base=base_sandbox(workdir)))
+    if any(os.path.exists(f"{directory}/nvidia-container-cli") for directory in ("/usr/bin", "/bin")):
+        pytest.skip("this host has nvidia-container-cli: --nvccli would work here")
+    result = singpy.run("build", "--nvccli", "--sandbox", str(out / "with"), str(recipe),
+                        env=singpy.env(PATH="/usr/bin:/bin"), timeout=BUILD_TIMEOUT)
+    assert result.returncode != 0 and "--nvccli: no executable nvidia-container-cli on PATH" in result.stderr, result
+    assert not (out / "with").exists()
 
 
 def test_compat32_reaches_post(singpy: Singpy, workdir: Path) -> None:
