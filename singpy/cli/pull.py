@@ -30,6 +30,7 @@ DIR = typer.Option("", "--dir", help="write the file into this directory", metav
 
 
 def pull_command(
+    context: typer.Context,
     words: list[str] = WORDS,
     force: bool = typer.Option(False, "--force", "-F", help="overwrite OUT.sif if it exists",
                                envvar=variables(*ENV_KEYS["force"]), show_envvar=False),
@@ -45,14 +46,23 @@ def pull_command(
     disable_cache: bool = typer.Option(False, "--disable-cache", help="use a temporary cache for this pull, removed "
                                        "after it: nothing is read from or written to yours",
                                        envvar=variables(*ENV_KEYS["disable_cache"]), show_envvar=False),
-    allow_unsigned: bool = typer.Option(False, "--allow-unsigned", "-U", "--allow-unauthenticated", hidden=True),
+    allow_unsigned: bool = typer.Option(False, "--allow-unsigned", "-U", "--allow-unauthenticated", hidden=True,
+                                        envvar=variables("ALLOW_UNSIGNED", "ALLOW_UNAUTHENTICATED")),
 ) -> None:
     """Pull an image from a registry (docker://) or an OCI layout/archive and write it as a SIF file; download
     a SIF stored in an OCI registry (oras://), or an image file (SIF) from an http:// or https:// URL."""
     if allow_unsigned:  # Apptainer's deprecated flags, accepted: its pull refuses no unsigned image either
+        _deprecated_on_command_line(context)
+    pull_words(words, force=force, arch=arch, docker_login=docker_login, authfile=authfile, no_https=no_https,
+               name=name, directory=directory, library=library, disable_cache=disable_cache)
+
+
+def _deprecated_on_command_line(context: typer.Context) -> None:
+    """The warning of -U/--allow-unsigned/--allow-unauthenticated typed (a variable set for all pulls says nothing)."""
+    from typer._click.core import ParameterSource
+
+    if context.get_parameter_source("allow_unsigned") == ParameterSource.COMMANDLINE:
         from singpy import console
 
         console.warning("--allow-unsigned (--allow-unauthenticated) is deprecated and changes nothing: a pull "
                         "refuses no unsigned image")
-    pull_words(words, force=force, arch=arch, docker_login=docker_login, authfile=authfile, no_https=no_https,
-               name=name, directory=directory, library=library, disable_cache=disable_cache)
