@@ -77,16 +77,19 @@ def test_anything_else_is_left_to_typer(argv: list[str], env: dict[str, str]) ->
 
 
 def test_it_knows_every_flag_of_the_typer_command() -> None:
-    """A flag added to `pull` must be added to the hand parser too (or it would silently fall back)."""
+    """A flag added to `pull` must be added to the hand parser too (or it would silently fall back); not a hidden
+    one (Apptainer's deprecated -U, which changes nothing): typer parses those, and says they are deprecated."""
     import typer.main
 
     from singpy.cli.app import app
 
     command = typer.main.get_command(app).commands["pull"]  # type: ignore[attr-defined]
-    names = {name for param in command.params for name in (*param.opts, *param.secondary_opts)
+    shown = [param for param in command.params if not getattr(param, "hidden", False)]
+    names = {name for param in shown for name in (*param.opts, *param.secondary_opts)
              if name.startswith("-")} - {"--help", "-h"}
     assert names == set(fastpull.FLAGS)
-    variables = {param.name: sorted(param.envvar or []) for param in command.params if param.name != "words"}
+    assert len(shown) == len(command.params) - 1  # -U
+    variables = {param.name: sorted(param.envvar or []) for param in shown if param.name != "words"}
     assert variables == {dest: sorted(fastpull.variables(*keys)) for dest, keys in fastpull.ENV_KEYS.items()}
 
 
