@@ -20,7 +20,8 @@ import pytest
 
 from tests.conftest import Singpy
 from tests.gpu import simhost
-from tests.gpu.test_nv_launch import SimHostRun, _host, _sim, build_cuda_check_image
+from tests.support.cdi_specs import cdi_spec_dir
+from tests.support.simhost_runs import SimHostRun, build_cuda_check_image, sim_host, sim_run
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
 
@@ -95,7 +96,7 @@ def _yaml_scalar(value: object) -> str:
 
 @pytest.fixture(scope="session")
 def cdi_host(workdir: Path) -> simhost.SimHost:
-    return _host(workdir, "sim-cdi", simhost.build_nvidia_host)
+    return sim_host(workdir, "sim-cdi", simhost.build_nvidia_host)
 
 
 @pytest.fixture(scope="session")
@@ -119,16 +120,7 @@ def spec_dirs(workdir: Path, cdi_host: simhost.SimHost) -> dict[str, Path]:
 
 @pytest.fixture
 def sim(singpy: Singpy, cdi_host: simhost.SimHost, workdir: Path) -> SimHostRun:
-    return _sim(singpy, cdi_host, workdir / f"conf-cdi-{singpy.profile}", "nvliblist.conf")
-
-
-def _spec_dir(singpy: Singpy, name: str, text: str, suffix: str = "yaml") -> Path:
-    """A directory of this test's own with one spec file."""
-    directory = singpy.workdir / f"cdi-{name}-{singpy.profile}"
-    directory.mkdir(exist_ok=True)
-    directory.chmod(0o755)
-    (directory / f"spec.{suffix}").write_text(text)
-    return directory
+    return sim_run(singpy, cdi_host, workdir / f"conf-cdi-{singpy.profile}", "nvliblist.conf")
 
 
 def _fatal(result: subprocess.CompletedProcess[str]) -> str:
@@ -190,7 +182,7 @@ def test_without_contain_all_host_nodes_stay(sim: SimHostRun, image: Path, spec_
 def test_later_directory_wins(sim: SimHostRun, image: Path, spec_dirs: dict[str, Path]) -> None:
     override = json.loads((spec_dirs["json"] / "nvidia.json").read_text())
     override["containerEdits"]["env"] = ["NVIDIA_VISIBLE_DEVICES=override"]
-    later = _spec_dir(sim.runner, "later", json.dumps(override), "json")
+    later = cdi_spec_dir(sim.runner, "later", json.dumps(override), "json")
     show = ["sh", "-c", "echo $NVIDIA_VISIBLE_DEVICES"]
     dirs = f"{spec_dirs['yaml']},{later}"
     assert sim.ok("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", dirs, str(image), *show) == "override\n"
@@ -227,7 +219,7 @@ def test_unknown_kind_and_bad_syntax(sim: SimHostRun, image: Path, spec_dirs: di
 
 
 def test_malformed_yaml_names_file_and_line(sim: SimHostRun, image: Path) -> None:
-    directory = _spec_dir(sim.runner, "malformed", "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: &x\n")
+    directory = cdi_spec_dir(sim.runner, "malformed", "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices: &x\n")
     line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(directory), str(image), "true"))
     assert f"{directory}/spec.yaml:3" in line
 
@@ -241,7 +233,7 @@ def test_spec_in_flow_style_yaml(sim: SimHostRun, image: Path) -> None:
     text = ('cdiVersion: "0.6.0"\nkind: example.com/flow\ndevices:\n'
             f'  - {{name: x, containerEdits: {{mounts: [{{hostPath: {host}/tool.txt, containerPath: /opt/tool.txt,'
             ' options: [ro, nosuid, nodev, bind]}], env: [FLOW=yes]}}\n')
-    directory = _spec_dir(sim.runner, "flow", text)
+    directory = cdi_spec_dir(sim.runner, "flow", text)
     out = sim.ok("exec", "--device", "example.com/flow=x", "--cdi-dirs", str(directory), str(image), "sh", "-c",
                  "cat /opt/tool.txt; echo $FLOW; echo x >> /opt/tool.txt || echo read-only")
     assert out.split("\n")[:3] == ["from a flow-style spec", "yes", "read-only"]
@@ -251,7 +243,7 @@ def test_missing_or_mismatched_node(sim: SimHostRun, image: Path, cdi_host: simh
     spec = nvidia_spec(cdi_host)
     spec["devices"] = [{"name": "7", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia7"}]}},
                        {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0", "minor": 3}]}}]
-    directory = _spec_dir(sim.runner, "stale", json.dumps(spec), "json")
+    directory = cdi_spec_dir(sim.runner, "stale", json.dumps(spec), "json")
     line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=7", "--cdi-dirs", str(directory), str(image), "true"))
     assert "/dev/nvidia7 does not exist" in line
     line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(directory), str(image), "true"))
@@ -259,14 +251,14 @@ def test_missing_or_mismatched_node(sim: SimHostRun, image: Path, cdi_host: simh
 
 
 def test_newer_version_and_unknown_hook(sim: SimHostRun, image: Path, cdi_host: simhost.SimHost) -> None:
-    directory = _spec_dir(sim.runner, "newer", json.dumps(nvidia_spec(cdi_host, version="0.9.0")), "json")
+    directory = cdi_spec_dir(sim.runner, "newer", json.dumps(nvidia_spec(cdi_host, version="0.9.0")), "json")
     line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(directory), str(image), "true"))
     assert "cdiVersion 0.9.0 is newer than 0.8.0" in line
     spec = nvidia_spec(cdi_host)
     spec["containerEdits"]["hooks"].append(  # type: ignore[index]
         {"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "chmod",
                                                                                       "--mode", "755"]})
-    directory = _spec_dir(sim.runner, "hook", json.dumps(spec), "json")
+    directory = cdi_spec_dir(sim.runner, "hook", json.dumps(spec), "json")
     line = _fatal(sim.run("exec", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(directory), str(image), "true"))
     assert "hook `/usr/bin/nvidia-cdi-hook chmod --mode 755`" in line
 
@@ -306,7 +298,7 @@ def test_mounts_get_the_spec_read_only_flag(sim: SimHostRun, image: Path, conf: 
               for name, options in (("a.so", OPTIONS), ("b.so", ["ro", "bind"]), ("c.so", ["rw", "bind"]))]
     spec = {"cdiVersion": "0.5.0", "kind": "example.com/flags",
             "devices": [{"name": "x", "containerEdits": {"mounts": mounts}}]}
-    directory = _spec_dir(sim.runner, "flags", json.dumps(spec), "json")
+    directory = cdi_spec_dir(sim.runner, "flags", json.dumps(spec), "json")
     out = sim.ok("exec", "--device", "example.com/flags=x", "--cdi-dirs", str(directory), str(image), "sh", "-c",
                  "grep ' /opt/cdi-flags/' /proc/self/mountinfo; echo ---; cat /opt/cdi-flags/*; echo;"
                  " echo more >> /opt/cdi-flags/c.so && echo c-written; echo more >> /opt/cdi-flags/a.so || true",
@@ -337,7 +329,7 @@ def test_kept_edits_follow_the_specs_and_the_host(sim: SimHostRun, image: Path) 
         "mounts": [{"hostPath": str(library), "containerPath": "/opt/kept/libkept.so.7.1", "options": OPTIONS}],
         "hooks": [{"hookName": "createContainer", "path": "/usr/bin/nvidia-cdi-hook",
                    "args": ["nvidia-cdi-hook", "update-ldcache", "--folder", "/opt/kept"]}]}}]}
-    directory = _spec_dir(sim.runner, "kept", json.dumps(spec), "json")
+    directory = cdi_spec_dir(sim.runner, "kept", json.dumps(spec), "json")
     args = ("-v", "exec", "--contain", "--device", "example.com/kept=x", "--cdi-dirs", str(directory), str(image),
             "sh", "-c", "echo $KEPT; ls /.singularity.d/libs; ls /dev/kept")
 

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
-from tests.gpu.test_cdi import _spec_dir
+from tests.support.cdi_specs import cdi_spec_dir
 
 
 def spec_dir(runner: Singpy, name: str, text: str, suffix: str = "json") -> Path:
     """A directory of this test's own, readable by the profile's user, holding one spec file."""
-    return _spec_dir(runner, f"untrusted-{name}", text, suffix)
+    return cdi_spec_dir(runner, f"untrusted-{name}", text, suffix)
 
 
 def env_spec(*entries: str) -> str:

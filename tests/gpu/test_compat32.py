@@ -21,8 +21,8 @@ import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
 from tests.gpu import simhost
-from tests.gpu.test_nv_launch import SimHostRun, _host, _sim
 from tests.support.images import build_busybox_rootfs
+from tests.support.simhost_runs import SimHostRun, sim_host, sim_run
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
 
@@ -37,7 +37,7 @@ SHOW = (f"for d in {LIBS} {LIBS32}; do echo \"== $d\"; for f in $d/*; do"
 
 @pytest.fixture(scope="session")
 def c32_host(workdir: Path) -> simhost.SimHost:
-    host = _host(workdir, "sim-nvidia-compat32", simhost.build_nvidia_host)
+    host = sim_host(workdir, "sim-nvidia-compat32", simhost.build_nvidia_host)
     if host.lib32_dir is None:
         pytest.skip("gcc -m32 cannot link here: no i386 library to simulate")
     return host
@@ -45,7 +45,7 @@ def c32_host(workdir: Path) -> simhost.SimHost:
 
 @pytest.fixture(scope="session")
 def c32_rocm_host(workdir: Path) -> simhost.SimHost:
-    host = _host(workdir, "sim-rocm-compat32", simhost.build_rocm_host)
+    host = sim_host(workdir, "sim-rocm-compat32", simhost.build_rocm_host)
     if host.lib32_dir is None:
         pytest.skip("gcc -m32 cannot link here: no i386 library to simulate")
     return host
@@ -60,12 +60,12 @@ def ld_path_image(workdir: Path) -> Path:
 
 @pytest.fixture
 def nv(singpy: Singpy, c32_host: simhost.SimHost, workdir: Path) -> SimHostRun:
-    return _sim(singpy, c32_host, workdir / f"conf-c32-{singpy.profile}", "nvliblist.conf")
+    return sim_run(singpy, c32_host, workdir / f"conf-c32-{singpy.profile}", "nvliblist.conf")
 
 
 @pytest.fixture
 def rocm(singpy: Singpy, c32_rocm_host: simhost.SimHost, workdir: Path) -> SimHostRun:
-    return _sim(singpy, c32_rocm_host, workdir / f"conf-c32rocm-{singpy.profile}", "rocmliblist.conf")
+    return sim_run(singpy, c32_rocm_host, workdir / f"conf-c32rocm-{singpy.profile}", "rocmliblist.conf")
 
 
 def _seen(out: str) -> tuple[dict[str, dict[str, tuple[str, str]]], str]:

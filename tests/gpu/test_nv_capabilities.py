@@ -12,8 +12,6 @@ MIG capability files.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,51 +19,27 @@ import pytest
 from singpy.gpu import ImageHints
 from singpy.gpu.request import squashfs_hints
 from singpy.image.detect import detect
-from tests.conftest import SINGPY, Singpy, assert_one_fatal
+from tests.conftest import Singpy, assert_one_fatal
 from tests.gpu import simhost
 from tests.gpu.discovering import discover_nv
-from tests.gpu.test_nv_launch import REPO, SimHostRun, _host, _sim
 from tests.support.images import build_busybox_rootfs
 from tests.support.mpi import build_sif
+from tests.support.simhost_runs import DriverRun, sim_host, sim_run
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
 
-# simrun, after a tmpfs over /proc/driver with the simulated driver's version file in nvidia/.
-WITH_DRIVER = """
-import os, shutil, sys
-from singpy.kernel import syscalls as k
-from tests.gpu import simrun
-k.unshare(k.CLONE_NEWNS)
-k.mount(None, "/", None, k.MS_REC | k.MS_PRIVATE)
-k.mount("simproc", "/proc/driver", "tmpfs", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, "mode=0755")
-shutil.copytree(os.path.join(sys.argv[1], "proc/driver/nvidia"), "/proc/driver/nvidia")
-simrun.main(sys.argv[1:])
-"""
 LIBS = "/.singularity.d/libs"
 SHOW = ["sh", "-c", f"ls {LIBS}; ls /usr/bin/nvidia-smi 2>/dev/null || echo no-smi"]
 
 
-class DriverRun(SimHostRun):
-    """singpy on the simulated host, its driver version visible at /proc/driver/nvidia/version."""
-
-    def run(self, *args: str, conf: str = "", **env: str) -> subprocess.CompletedProcess[str]:
-        conf_file = self.confdir / f"singpy-{abs(hash(conf))}.conf"
-        conf_file.write_text(conf)
-        command = [sys.executable, "-c", WITH_DRIVER, str(self.host.root), str(self.runner.uid),
-                   str(self.runner.gid), "--", SINGPY, "--config", str(conf_file), *args]
-        environment = self.runner.env(PATH=f"{self.host.bin_dir}:/usr/bin:/bin", PYTHONPATH=str(REPO), **env)
-        return subprocess.run(command, env=environment, cwd=self.runner.workdir, capture_output=True, text=True,
-                              timeout=120)
-
-
 @pytest.fixture(scope="session")
 def caps_host(workdir: Path) -> simhost.SimHost:
-    return _host(workdir, "sim-nvidia-caps", simhost.build_nvidia_host)
+    return sim_host(workdir, "sim-nvidia-caps", simhost.build_nvidia_host)
 
 
 @pytest.fixture
 def nv(singpy: Singpy, caps_host: simhost.SimHost, workdir: Path) -> DriverRun:
-    sim = _sim(singpy, caps_host, workdir / f"conf-caps-{singpy.profile}", "nvliblist.conf")
+    sim = sim_run(singpy, caps_host, workdir / f"conf-caps-{singpy.profile}", "nvliblist.conf")
     return DriverRun(sim.runner, sim.host, sim.confdir)
 
 

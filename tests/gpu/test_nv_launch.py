@@ -12,97 +12,37 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SINGPY, Singpy
+from tests.conftest import Singpy
 from tests.gpu import simhost
-from tests.support.images import build_busybox_rootfs
-
-REPO = Path(__file__).resolve().parent.parent.parent
-CUDA_CHECK_C = r"""
-#include <dlfcn.h>
-#include <stdio.h>
-int main(void) {
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
-    if (!lib) { printf("dlopen failed: %s\n", dlerror()); return 1; }
-    int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
-    int (*version)(int *) = (int (*)(int *))dlsym(lib, "cuDriverGetVersion");
-    int v = 0;
-    int rc = init(0);
-    version(&v);
-    printf("cuInit=%d driver=%d\n", rc, v);
-    return rc;
-}
-"""
+from tests.support.simhost_runs import SimHostRun, build_cuda_check_image, sim_host, sim_run
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
 
 
-class SimHostRun:
-    """singpy on a simulated GPU host, as one profile's user."""
-
-    def __init__(self, runner: Singpy, host: simhost.SimHost, confdir: Path) -> None:
-        self.runner, self.host, self.confdir = runner, host, confdir
-
-    def run(self, *args: str, conf: str = "", **env: str) -> subprocess.CompletedProcess[str]:
-        conf_file = self.confdir / f"singpy-{abs(hash(conf))}.conf"
-        conf_file.write_text(conf)
-        command = [sys.executable, "-m", "tests.gpu.simrun", str(self.host.root), str(self.runner.uid),
-                   str(self.runner.gid), "--", SINGPY, "--config", str(conf_file), *args]
-        environment = self.runner.env(PATH=f"{self.host.bin_dir}:/usr/bin:/bin", PYTHONPATH=str(REPO), **env)
-        return subprocess.run(command, env=environment, cwd=self.runner.workdir, capture_output=True, text=True,
-                              timeout=60)
-
-    def ok(self, *args: str, conf: str = "", **env: str) -> str:
-        result = self.run(*args, conf=conf, **env)
-        assert result.returncode == 0, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
-        return result.stdout
-
-
-def _confdir(base: Path, liblist: Path, name: str) -> Path:
-    confdir = base / name
-    confdir.mkdir(exist_ok=True)
-    shutil.copy(liblist, confdir / name)
-    return confdir
-
-
-def _host(workdir: Path, name: str, build: Callable[..., simhost.SimHost], **options: bool) -> simhost.SimHost:
-    """A simulated host in workdir/name, readable by the test user too."""
-    root = workdir / name
-    root.mkdir()
-    host = build(root, **options)
-    for path in [root, *root.rglob("*")]:
-        if path.is_dir() and not path.is_symlink():
-            path.chmod(0o755)
-    return host
-
-
 @pytest.fixture(scope="session")
 def nv_host(workdir: Path) -> simhost.SimHost:
-    return _host(workdir, "sim-nvidia", simhost.build_nvidia_host)
+    return sim_host(workdir, "sim-nvidia", simhost.build_nvidia_host)
 
 
 @pytest.fixture(scope="session")
 def bare_host(workdir: Path) -> simhost.SimHost:
     """A host with the driver's libraries but neither GPU nodes nor UVM."""
-    return _host(workdir, "sim-nodevices", simhost.build_nvidia_host, devices=False)
+    return sim_host(workdir, "sim-nodevices", simhost.build_nvidia_host, devices=False)
 
 
 @pytest.fixture(scope="session")
 def no_uvm_host(workdir: Path) -> simhost.SimHost:
     """GPUs and nvidiactl, but the nvidia_uvm module is not loaded."""
-    return _host(workdir, "sim-nouvm", simhost.build_nvidia_host, uvm=False)
+    return sim_host(workdir, "sim-nouvm", simhost.build_nvidia_host, uvm=False)
 
 
 @pytest.fixture(scope="session")
 def rocm_host(workdir: Path) -> simhost.SimHost:
-    return _host(workdir, "sim-rocm", simhost.build_rocm_host)
+    return sim_host(workdir, "sim-rocm", simhost.build_rocm_host)
 
 
 @pytest.fixture(scope="session")
@@ -110,41 +50,14 @@ def cuda_image(workdir: Path) -> Path:
     return build_cuda_check_image(workdir / "cuda-check-image")
 
 
-def build_cuda_check_image(directory: Path) -> Path:
-    """A busybox image plus the host's glibc and a program that dlopen()s libcuda.so.1: no CUDA inside."""
-    root = build_busybox_rootfs(directory)
-    program = root / "usr" / "bin" / "cuda-check"
-    subprocess.run(["gcc", "-O2", "-o", str(program), "-x", "c", "-", "-ldl"], input=CUDA_CHECK_C, text=True,
-                   check=True)
-    needed = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=True).stdout
-    for line in needed.splitlines():
-        path = line.split("=>")[-1].split("(")[0].strip()
-        if path.startswith("/"):
-            target = root / path.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(os.path.realpath(path), target)
-    assert not list(root.rglob("libcuda*"))
-    return root
-
-
-def _sim(runner: Singpy, host: simhost.SimHost, parent: Path, liblist_name: str) -> SimHostRun:
-    """`host` for `runner`, its conf directory in `parent` (made if missing, open to the test user)."""
-    parent.mkdir(exist_ok=True)
-    parent.chmod(0o777)
-    confdir = _confdir(parent, host.liblist, liblist_name)
-    confdir.chmod(0o777)
-    (confdir / "singpy.conf").touch()
-    return SimHostRun(runner, host, confdir)
-
-
 @pytest.fixture
 def nv(singpy: Singpy, nv_host: simhost.SimHost, workdir: Path) -> SimHostRun:
-    return _sim(singpy, nv_host, workdir / f"conf-nv-{singpy.profile}", "nvliblist.conf")
+    return sim_run(singpy, nv_host, workdir / f"conf-nv-{singpy.profile}", "nvliblist.conf")
 
 
 @pytest.fixture
 def rocm(singpy: Singpy, rocm_host: simhost.SimHost, workdir: Path) -> SimHostRun:
-    return _sim(singpy, rocm_host, workdir / f"conf-rocm-{singpy.profile}", "rocmliblist.conf")
+    return sim_run(singpy, rocm_host, workdir / f"conf-rocm-{singpy.profile}", "rocmliblist.conf")
 
 
 NV_NODES = {"nvidiactl", "nvidia0", "nvidia1", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "nvidia-caps"}
@@ -212,7 +125,7 @@ def test_nvidia_visible_devices_by_uuid(nv: SimHostRun, nv_host: simhost.SimHost
 
 def test_no_devices_warns_and_still_runs(singpy: Singpy, bare_host: simhost.SimHost, workdir: Path,
                                          image: Path) -> None:
-    bare = _sim(singpy, bare_host, workdir / f"conf-bare-{singpy.profile}", "nvliblist.conf")
+    bare = sim_run(singpy, bare_host, workdir / f"conf-bare-{singpy.profile}", "nvliblist.conf")
     result = bare.run("exec", "--nv", str(image), "echo", "payload ran")
     assert result.returncode == 0 and result.stdout == "payload ran\n"
     assert "WARNING: no NVIDIA GPU devices found" in result.stderr
@@ -220,7 +133,7 @@ def test_no_devices_warns_and_still_runs(singpy: Singpy, bare_host: simhost.SimH
 
 def test_missing_uvm_warns_with_hint(singpy: Singpy, no_uvm_host: simhost.SimHost, workdir: Path,
                                      image: Path) -> None:
-    sim = _sim(singpy, no_uvm_host, workdir / f"conf-nouvm-{singpy.profile}", "nvliblist.conf")
+    sim = sim_run(singpy, no_uvm_host, workdir / f"conf-nouvm-{singpy.profile}", "nvliblist.conf")
     result = sim.run("exec", "--nv", str(image), "true")
     assert result.returncode == 0
     assert "nvidia-uvm is missing" in result.stderr and "modprobe nvidia_uvm" in result.stderr

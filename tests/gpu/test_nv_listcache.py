@@ -16,8 +16,7 @@ import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
 from tests.gpu import simhost
-from tests.gpu.test_nv_capabilities import DriverRun
-from tests.gpu.test_nv_launch import _host, _sim
+from tests.support.simhost_runs import DriverRun, sim_host, sim_run
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
 SHOW = ["sh", "-c", "ls /.singularity.d/libs"]
@@ -35,8 +34,8 @@ def base(workdir: Path) -> Path:
 @pytest.fixture
 def listed(singpy: Singpy, base: Path) -> DriverRun:
     """A simulated host of this test's own (its tool is changed here)."""
-    host = _host(base, "sim-nvidia", simhost.build_nvidia_host)
-    sim = _sim(singpy, host, base / "conf", "nvliblist.conf")
+    host = sim_host(base, "sim-nvidia", simhost.build_nvidia_host)
+    sim = sim_run(singpy, host, base / "conf", "nvliblist.conf")
     return DriverRun(sim.runner, sim.host, sim.confdir)
 
 

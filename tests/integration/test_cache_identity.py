@@ -20,22 +20,20 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
-from tests.integration.test_sif_warm import (
+from tests.support import sifs
+from tests.support.warming import (
     STALLING,
     STARTED_NOTE,
     UNPACKED_NOTE,
     WARM_WAIT_LEAST,
-    _wait_file,
     busy,
     calls,
-    conf,
     run,
     trees,
     unpacker_dir,
+    wait_file,
 )
-from tests.support import sifs
-
-__all__ = ["conf"]  # the fixture, imported for these tests
+from tests.support.warming import fixture_conf as fixture_conf  # noqa: F401
 
 FAILED_NOTE = "an unpacking of this very file failed before"
 
@@ -175,7 +173,7 @@ def test_extract_waits_a_bounded_time_for_a_stopped_unpacking(
     tools = unpacker_dir(workdir, "identity-stopped-tools", STALLING)
     first = run(as_user, conf, cache, str(home / "img"), "true", path=f"{tools}:/usr/bin:/bin")
     assert first.returncode == 0 and STARTED_NOTE in first.stderr, first.stderr
-    stalled, unpacker = _wait_file(tools / "calls"), _wait_file(tools / "unpacker")
+    stalled, unpacker = wait_file(tools / "calls"), wait_file(tools / "unpacker")
     try:
         started = time.monotonic()
         second = as_user.run("--config", str(conf), "exec", "--unsquash", str(home / "copy"), "cat", "/etc/marker",

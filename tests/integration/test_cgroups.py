@@ -26,31 +26,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
-
-
-def _mounts() -> list[tuple[str, str]]:
-    with open("/proc/self/mountinfo") as mountinfo:
-        lines = mountinfo.read().splitlines()
-    found = []
-    for line in lines:
-        fields, _, tail = line.partition(" - ")
-        found.append((fields.split()[4], tail.split()[0]))
-    return found
-
-
-def _v1_host() -> bool:
-    return ("/sys/fs/cgroup", "cgroup2") not in _mounts() and any(kind == "cgroup" for _, kind in _mounts())
+from tests.support.cgroup_host import mounts, needs_v1, v1_host
 
 
 def _unified() -> str | None:
     """Where the host's cgroup v2 hierarchy is mounted, if anywhere."""
     for point in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
-        if (point, "cgroup2") in _mounts():
+        if (point, "cgroup2") in mounts():
             return point
     return None
-
-
-needs_v1 = pytest.mark.skipif(not _v1_host(), reason="this host does not run cgroup v1")
 
 
 def _own_cgroups(pid: int) -> list[str]:
@@ -194,7 +178,7 @@ def test_dry_run_shows_the_cgroup(as_root: Singpy, image: Path) -> None:
 
 
 def test_two_containers_get_two_cgroups(as_root: Singpy, image: Path) -> None:
-    show = "grep ':pids:' /proc/self/cgroup" if _v1_host() else "grep '^0::' /proc/self/cgroup"
+    show = "grep ':pids:' /proc/self/cgroup" if v1_host() else "grep '^0::' /proc/self/cgroup"
     first = as_root.popen(["exec", "--pids-limit", "50", str(image), "sh", "-c", f"{show}; sleep 1"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     second = as_root.ok("exec", "--pids-limit", "50", str(image), "sh", "-c", show)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
-from tests.integration.test_keys import UNIT_TEST_KEY, golden
 from tests.support import sifs
+from tests.support.signing_cases import GOLDEN_FINGERPRINT, golden
 
 
 class Site:
@@ -81,14 +81,15 @@ def site(workdir: Path) -> Site:
 
 
 def test_an_inactive_ecl_lets_everything_run(singpy: Singpy, site: Site) -> None:
-    site.ecl(f'activated = false\n[[execgroup]]\ntagname = "none"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n')
+    site.ecl(f'activated = false\n[[execgroup]]\ntagname = "none"\nmode = "whitelist"\n'
+             f'keyfp = ["{GOLDEN_FINGERPRINT}"]\n')
     assert singpy.ok("--config", site.conf, "exec", site.image("unsigned"), "cat", "/etc/marker") == \
         sifs.MARKER + "\n"
 
 
 def test_whitelist_refuses_an_unsigned_image_and_runs_a_signed_one(singpy: Singpy, site: Site) -> None:
     site.ecl(f'activated = true\n[[execgroup]]\ntagname = "trusted"\nmode = "whitelist"\n'
-             f'keyfp = ["{UNIT_TEST_KEY}", "{site.other_key}"]\n')
+             f'keyfp = ["{GOLDEN_FINGERPRINT}", "{site.other_key}"]\n')
     assert singpy.ok("--config", site.conf, "exec", site.image("by-unit"), "cat", "/etc/marker") == \
         sifs.MARKER + "\n"
     assert singpy.ok("--config", site.conf, "exec", site.image("by-other"), "true") == ""
@@ -117,7 +118,8 @@ def test_a_key_in_the_users_own_keyring_vouches_for_nothing(singpy: Singpy, site
 
 
 def test_whitelist_by_one_key(singpy: Singpy, site: Site) -> None:
-    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n')
+    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\n'
+             f'keyfp = ["{GOLDEN_FINGERPRINT}"]\n')
     singpy.ok("--config", site.conf, "run", site.image("by-both"))
     refused = singpy.run("--config", site.conf, "exec", site.image("by-other"), "true")
     assert_one_fatal(refused, "execgroup 'unit' (whitelist, every other directory)): image not signed by required")
@@ -125,7 +127,7 @@ def test_whitelist_by_one_key(singpy: Singpy, site: Site) -> None:
 
 def test_whitestrict_needs_every_key(singpy: Singpy, site: Site) -> None:
     site.ecl(f'activated = true\n[[execgroup]]\ntagname = "strict"\nmode = "whitestrict"\n'
-             f'keyfp = ["{UNIT_TEST_KEY}", "{site.other_key}"]\n')
+             f'keyfp = ["{GOLDEN_FINGERPRINT}", "{site.other_key}"]\n')
     assert singpy.ok("--config", site.conf, "exec", site.image("by-both"), "cat", "/etc/marker") == \
         sifs.MARKER + "\n"
     for name in ("by-unit", "by-other", "unsigned"):
@@ -143,12 +145,12 @@ def test_blacklist_refuses_a_forbidden_signer(singpy: Singpy, site: Site) -> Non
 
 def test_dirpath_chooses_the_group(singpy: Singpy, site: Site) -> None:
     site.ecl(f'activated = true\n[[execgroup]]\ntagname = "store"\nmode = "whitelist"\ndirpath = "{site.images}"\n'
-             f'keyfp = ["{UNIT_TEST_KEY}"]\n')
+             f'keyfp = ["{GOLDEN_FINGERPRINT}"]\n')
     singpy.ok("--config", site.conf, "exec", site.image("by-unit"), "true")
     elsewhere = site.image("by-unit", site.elsewhere)
     assert_one_fatal(singpy.run("--config", site.conf, "exec", elsewhere, "true"), "not part of any execgroup")
     site.ecl(f'activated = true\n[[execgroup]]\ntagname = "store"\nmode = "whitelist"\ndirpath = "{site.images}"\n'
-             f'keyfp = ["{UNIT_TEST_KEY}"]\n[[execgroup]]\ntagname = "rest"\nmode = "whitelist"\n'
+             f'keyfp = ["{GOLDEN_FINGERPRINT}"]\n[[execgroup]]\ntagname = "rest"\nmode = "whitelist"\n'
              f'keyfp = ["{site.other_key}"]\n')
     assert_one_fatal(singpy.run("--config", site.conf, "exec", elsewhere, "true"), "execgroup 'rest'")
     link = Path(tempfile.mkdtemp(dir=site.root)) / "link.sif"
@@ -158,7 +160,8 @@ def test_dirpath_chooses_the_group(singpy: Singpy, site: Site) -> None:
 
 
 def test_a_tampered_signed_image_is_refused(singpy: Singpy, site: Site) -> None:
-    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n')
+    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\n'
+             f'keyfp = ["{GOLDEN_FINGERPRINT}"]\n')
     tampered = Path(site.image("tampered"))
     if not tampered.exists():
         sifs.patched(Path(site.image("by-unit")), tampered, [(sifs.primary_offset(Path(site.image("by-unit"))) + 100,
@@ -194,7 +197,8 @@ def _with_ungrouped_partition(signed: Path, target: Path) -> Path:
 
 def test_a_partition_outside_every_group_is_refused(singpy: Singpy, site: Site) -> None:
     """A signed image with an added system partition that no signature covers, first in the table: refused."""
-    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n')
+    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\n'
+             f'keyfp = ["{GOLDEN_FINGERPRINT}"]\n')
     added = Path(site.image("ungrouped"))
     if not added.exists():
         _with_ungrouped_partition(Path(site.image("by-unit")), added)
@@ -215,7 +219,8 @@ def test_an_ecl_others_can_write_is_refused(singpy: Singpy, site: Site, mode: in
 @pytest.mark.parametrize("change", ["group-writable", "link"])
 def test_a_global_keyring_others_could_change_is_refused(singpy: Singpy, site: Site, change: str) -> None:
     """Who can change the keyring beside ecl.toml chooses the signers: it is held to ecl.toml's rule."""
-    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n')
+    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\n'
+             f'keyfp = ["{GOLDEN_FINGERPRINT}"]\n')
     keyring = site.root / "global-pgp-public"
     kept = site.root / "global-pgp-public.kept"
     shutil.copy2(keyring, kept)
@@ -242,7 +247,8 @@ def test_an_ecl_of_the_user_is_refused(as_user: Singpy, site: Site) -> None:
 
 
 def test_an_instance_start_is_checked(singpy: Singpy, site: Site) -> None:
-    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n')
+    site.ecl(f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\n'
+             f'keyfp = ["{GOLDEN_FINGERPRINT}"]\n')
     name = f"ecl-{singpy.profile}-{os.getpid()}"
     refused = singpy.run("--config", site.conf, "instance", "start", site.image("unsigned"), name)
     assert refused.returncode != 0 and "image prohibited by ECL" in refused.stderr, refused.stderr
@@ -270,7 +276,7 @@ def _build(singpy: Singpy, site: Site, name: str, image: str, fingerprints: str,
 def test_fingerprints_of_the_base_image_let_the_build_go_on(singpy: Singpy, site: Site) -> None:
     site.ecl("activated = false\n")
     result, out = _build(singpy, site, "ok", site.image("by-both"),
-                         f"{UNIT_TEST_KEY.lower()}, {site.other_key}  # both signers")
+                         f"{GOLDEN_FINGERPRINT.lower()}, {site.other_key}  # both signers")
     assert result.returncode == 0, result.stderr
     assert "Checking bootstrap image verifies with fingerprint(s)" in result.stderr
     assert singpy.ok("exec", str(out / "image.sif"), "ls", "/built") == "/built\n"
@@ -290,7 +296,8 @@ def test_a_base_image_not_signed_by_the_fingerprints_fails_before_post(singpy: S
 # next launch of the same bytes under the same ECL and global keyring skips the verification; every refusal is
 # still decided in full.
 
-WHITELIST_UNIT = f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\nkeyfp = ["{UNIT_TEST_KEY}"]\n'
+WHITELIST_UNIT = f'activated = true\n[[execgroup]]\ntagname = "unit"\nmode = "whitelist"\n' \
+    f'keyfp = ["{GOLDEN_FINGERPRINT}"]\n'
 
 
 def _own_copy(singpy: Singpy, site: Site, source: str, label: str) -> Path:
@@ -347,7 +354,7 @@ def test_a_recorded_verdict_does_not_survive_a_policy_change(singpy: Singpy, sit
     site.ecl(WHITELIST_UNIT)
     image = _own_copy(singpy, site, "by-unit", f"policy-{policy}")
     singpy.ok("--config", site.conf, "exec", str(image), "true")  # recorded
-    mode, key = ("blacklist", UNIT_TEST_KEY) if policy == "blacklist" else ("whitelist", site.other_key)
+    mode, key = ("blacklist", GOLDEN_FINGERPRINT) if policy == "blacklist" else ("whitelist", site.other_key)
     site.ecl(f'activated = true\n[[execgroup]]\ntagname = "changed"\nmode = "{mode}"\nkeyfp = ["{key}"]\n')
     assert_one_fatal(singpy.run("--config", site.conf, "exec", str(image), "true"), "execgroup 'changed'")
 

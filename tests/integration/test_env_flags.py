@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy
-from tests.unit.test_env_flags import PENDING, SAMPLES, _rows
+from tests.support.envkeys import PENDING, SAMPLES, table_rows
 
 # Effects a sandbox image's dry run cannot show (unit-tested): these act while pulling a docker:// image, or
 # extract a SIF.
@@ -27,7 +27,7 @@ def _exec_cases() -> list[tuple[str, str]]:
     from singpy.cli.options import ACTION_OPTIONS
 
     have = {option.long for option in ACTION_OPTIONS}
-    return [(flag, key) for command, flag, keys in _rows() if command == "exec" and flag in have
+    return [(flag, key) for command, flag, keys in table_rows() if command == "exec" and flag in have
             and flag not in NOT_IN_THE_PLAN and (command, flag) not in PENDING for key in keys]
 
 

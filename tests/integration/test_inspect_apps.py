@@ -9,11 +9,10 @@ import json
 from pathlib import Path
 
 from tests.conftest import Singpy, readable_by_all
-from tests.integration import test_test_runhelp as runhelp
+from tests.support.app_images import fixture_built_sif as fixture_built_sif  # noqa: F401
+from tests.support.app_images import fixture_tested as fixture_tested  # noqa: F401
+from tests.support.app_images import fixture_tested_images as fixture_tested_images  # noqa: F401
 from tests.support.leftovers import settled, traces
-
-# the images of test_test_runhelp.py (fixtures shared by name)
-tested_images, tested, built_sif = runhelp.tested_images, runhelp.tested, runhelp.built_sif
 
 
 def _document(singpy: Singpy, *args: str) -> dict[str, object]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
-from tests.integration.test_cgroups import needs_v1
+from tests.support.cgroup_host import needs_v1
 from tests.support.users import is_root
 
 PIDS = "/sys/fs/cgroup/pids"  # the cgroup v1 hierarchy the cgroup tests make their cgroups in

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal, readable_by_all
-from tests.integration.test_security_flags import _deny, _profile
 from tests.support.images import build_busybox_rootfs
+from tests.support.seccomp_profiles import deny, profile_file
 
 MKDIR = "mkdir /tmp/sec-$$ && echo made; rmdir /tmp/sec-$$ 2>/dev/null; true"
 
@@ -30,7 +30,7 @@ def image(workdir: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def no_mkdir(workdir: Path) -> Path:
-    return _profile(workdir, "instance-no-mkdir", _deny(["mkdir", "mkdirat"], errnoRet=13))  # EACCES
+    return profile_file(workdir, "instance-no-mkdir", deny(["mkdir", "mkdirat"], errnoRet=13))  # EACCES
 
 
 @pytest.mark.parametrize("action", ["exec", "run", "shell"])
@@ -66,7 +66,7 @@ def test_the_joining_plan_shows_the_instances_filter(singpy: Singpy, image: Path
 def test_a_joiners_own_seccomp_profile_wins(singpy: Singpy, image: Path, workdir: Path, no_mkdir: Path,
                                             named: Callable[[Singpy], str]) -> None:
     """Apptainer: `restore seccomp filter or apply a new one if provided`."""
-    other = _profile(workdir, "instance-no-chroot", _deny(["chroot"]))
+    other = profile_file(workdir, "instance-no-chroot", deny(["chroot"]))
     name = named(singpy)
     singpy.ok("instance", "start", "--contain", "--security", f"seccomp:{no_mkdir}", str(image), name)
     out = singpy.ok("exec", "--security", f"seccomp:{other}", f"instance://{name}", "sh", "-c", MKDIR)

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
-from tests.integration.test_oras import sdk_push
 from tests.support.library_server import LibraryServer, start_library
 from tests.support.oci import busybox_image, file, write_layout
+from tests.support.oras_sifs import sdk_push
 from tests.support.registry import RegistryServer
 from tests.support.sifs import MARKER, new_cache, singpy_sif
 

@@ -19,18 +19,7 @@ import yaml
 
 from tests.conftest import Singpy, assert_one_fatal
 from tests.support import hkp_server, sifs
-
-GOLDEN = Path(__file__).resolve().parents[2] / "tests" / "data" / "sif-trust"
-SHARED = Path("/work/shared/sif-trust")
-UNIT_TEST_KEY = "12045C8C0B1004D058DE4BEDA20C27EE7FF7BA84"
-
-
-def golden(name: str) -> Path:
-    """A file of the sif-trust test set (tests/data/sif-trust, else the shared copy it comes from)."""
-    for directory in (GOLDEN, SHARED):
-        if (directory / name).exists():
-            return directory / name
-    pytest.skip(f"the sif-trust test set ({name}) is not there")
+from tests.support.signing_cases import GOLDEN_FINGERPRINT, golden
 
 
 def _home(singpy: Singpy, workdir: Path) -> Path:
@@ -93,16 +82,16 @@ def test_export_public_and_secret(singpy: Singpy, workdir: Path) -> None:
 def test_import_and_remove_the_apptainer_test_key(singpy: Singpy, workdir: Path) -> None:
     home = _home(singpy, workdir)
     out = singpy.ok("key", "import", str(golden("private.asc")), env=_env(singpy, home))
-    assert f"Key with fingerprint {UNIT_TEST_KEY} successfully added to the private keyring" in out
-    assert f"Key with fingerprint {UNIT_TEST_KEY} successfully added to the public keyring" in out
+    assert f"Key with fingerprint {GOLDEN_FINGERPRINT} successfully added to the private keyring" in out
+    assert f"Key with fingerprint {GOLDEN_FINGERPRINT} successfully added to the public keyring" in out
     assert stat.S_IMODE((home / "keys" / "pgp-secret").stat().st_mode) == 0o600
     assert "Unit Test <unit@test.com>" in singpy.ok("key", "list", "-s", env=_env(singpy, home))
-    singpy.ok("key", "remove", UNIT_TEST_KEY, env=_env(singpy, home))  # the public key only, as Apptainer
-    assert UNIT_TEST_KEY not in singpy.ok("key", "list", env=_env(singpy, home))
-    assert UNIT_TEST_KEY in singpy.ok("key", "list", "-s", env=_env(singpy, home))
-    singpy.ok("key", "remove", "--both", UNIT_TEST_KEY, env=_env(singpy, home))
-    assert UNIT_TEST_KEY not in singpy.ok("key", "list", "-s", env=_env(singpy, home))
-    assert_one_fatal(singpy.run("key", "remove", UNIT_TEST_KEY, env=_env(singpy, home)), "no key matching")
+    singpy.ok("key", "remove", GOLDEN_FINGERPRINT, env=_env(singpy, home))  # the public key only, as Apptainer
+    assert GOLDEN_FINGERPRINT not in singpy.ok("key", "list", env=_env(singpy, home))
+    assert GOLDEN_FINGERPRINT in singpy.ok("key", "list", "-s", env=_env(singpy, home))
+    singpy.ok("key", "remove", "--both", GOLDEN_FINGERPRINT, env=_env(singpy, home))
+    assert GOLDEN_FINGERPRINT not in singpy.ok("key", "list", "-s", env=_env(singpy, home))
+    assert_one_fatal(singpy.run("key", "remove", GOLDEN_FINGERPRINT, env=_env(singpy, home)), "no key matching")
 
 
 def test_a_file_that_is_no_key_is_refused(singpy: Singpy, workdir: Path) -> None:
@@ -172,7 +161,7 @@ def test_global_keyring_is_roots_and_read_by_all(as_root: Singpy, as_user: Singp
     info = (site / "global-pgp-public").stat()
     assert stat.S_IMODE(info.st_mode) == 0o644 and info.st_uid == 0
     listing = as_user.ok("--config", conf, "key", "list", "--global", env=_env(as_user, user_home))
-    assert f"({site}/global-pgp-public)" in listing and UNIT_TEST_KEY in listing
+    assert f"({site}/global-pgp-public)" in listing and GOLDEN_FINGERPRINT in listing
 
 
 def test_push_search_pull_on_a_keyserver(singpy: Singpy, workdir: Path) -> None:

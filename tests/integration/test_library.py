@@ -19,9 +19,8 @@ import pytest
 from tests.conftest import Singpy, assert_one_fatal
 from tests.support.library_server import LibraryServer, start_library
 from tests.support.library_store import file_hash
-from tests.support.sifs import MARKER, bare_squashfs, new_cache, singpy_sif
-
-ALICE, BOB = "alice-token-0123456789", "bob-token-9876543210"
+from tests.support.library_users import ALICE, BOB, login, user_env
+from tests.support.sifs import MARKER, bare_squashfs, singpy_sif
 
 
 def arm64_sif(workdir: Path) -> Path:
@@ -46,31 +45,6 @@ def library(workdir: Path) -> Iterator[LibraryServer]:
         server.store.add(arm64_sif(workdir), "alice/tools/armonly", ("latest",))
         server.store.add(arm64_sif(workdir), "alice/tools/liar", ("latest",), arch="amd64")
         yield server
-
-
-def own_dir(singpy: Singpy, workdir: Path, name: str) -> Path:
-    """A fresh directory of this profile's user under the session's workdir (the test user can't reach tmp_path)."""
-    path = workdir / "library-tests" / f"{name}-{singpy.profile}"
-    path.mkdir(parents=True)
-    os.chown(path, singpy.uid, singpy.gid)
-    return path
-
-
-def user_env(singpy: Singpy, workdir: Path, name: str) -> tuple[dict[str, str], Path]:
-    """An environment with its own remote.yaml directory and cache, and a directory for output files."""
-    home = own_dir(singpy, workdir, name)
-    config = home / "config"
-    config.mkdir()
-    os.chown(config, singpy.uid, singpy.gid)
-    env = singpy.env(APPTAINER_CONFIGDIR=str(config), SINGPY_CACHEDIR=str(new_cache(singpy, workdir, f"lib-{name}")))
-    return env, home
-
-
-def login(singpy: Singpy, library: LibraryServer, env: dict[str, str], home: Path, token: str = ALICE) -> None:
-    tokenfile = home / "token"
-    tokenfile.write_text(token + "\n")
-    os.chown(tokenfile, singpy.uid, singpy.gid)
-    singpy.ok("remote", "add", "--insecure", "--tokenfile", str(tokenfile), "testlib", library.host, env=env)
 
 
 def cached_sifs(env: dict[str, str]) -> list[str]:

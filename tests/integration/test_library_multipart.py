@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
-from tests.integration.test_library import ALICE, login, user_env
 from tests.support.library_server import LibraryServer, start_library
+from tests.support.library_users import ALICE, login, user_env
 from tests.support.sifs import siftool_sif
 
 MIB = 1 << 20

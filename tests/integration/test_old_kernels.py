@@ -18,10 +18,10 @@ import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
 from tests.gpu import simhost
-from tests.gpu.test_nv_launch import SimHostRun, _host, _sim
 from tests.support import sifs
 from tests.support.configs import readable_config
 from tests.support.leftovers import settled, traces
+from tests.support.simhost_runs import SimHostRun, sim_host, sim_run
 
 _HOSTS: dict[str, simhost.SimHost] = {}
 
@@ -76,13 +76,13 @@ def nv_host(workdir: Path) -> simhost.SimHost:
     if os.getuid() != 0:
         pytest.skip("the simulated GPU host needs root (mknod)")
     if "nv" not in _HOSTS:  # a module's fixtures may be set up once per profile: the host is built once
-        _HOSTS["nv"] = _host(workdir, f"sim-nvidia-old-kernels-{os.getpid()}", simhost.build_nvidia_host)
+        _HOSTS["nv"] = sim_host(workdir, f"sim-nvidia-old-kernels-{os.getpid()}", simhost.build_nvidia_host)
     return _HOSTS["nv"]
 
 
 @pytest.fixture
 def nv(singpy: Singpy, nv_host: simhost.SimHost, workdir: Path) -> SimHostRun:
-    return _sim(singpy, nv_host, workdir / f"conf-old-kernels-{singpy.profile}", "nvliblist.conf")
+    return sim_run(singpy, nv_host, workdir / f"conf-old-kernels-{singpy.profile}", "nvliblist.conf")
 
 
 @pytest.mark.parametrize("avoid", [False, True], ids=["mount_setattr", "remounts"])

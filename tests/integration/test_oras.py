@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import stat
 import subprocess
@@ -20,56 +19,22 @@ import time
 import urllib.request
 from pathlib import Path
 
-import oras.client  # type: ignore[import-untyped]  # the SDK ships no type hints
-
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
 from tests.support.leftovers import settled, traces
 from tests.support.oci import busybox_image
+from tests.support.oras_sifs import (
+    SIF_CONFIG,
+    SIF_LAYER,
+    cache_env,
+    sdk,
+    sdk_push,
+    sdk_pushed,
+    sha256,
+    sif_copy,
+    user_dir,
+)
 from tests.support.registry import RegistryServer, start_registry
-from tests.support.sifs import new_cache, siftool_sif
-
-SIF_LAYER = "application/vnd.sylabs.sif.layer.v1.sif"
-SIF_CONFIG = "application/vnd.sylabs.sif.config.v1+json"
-
-
-def user_dir(singpy: Singpy, workdir: Path, name: str) -> Path:
-    """An empty directory the profile's user owns."""
-    path = workdir / "oras-out" / f"{singpy.profile}-{name}"
-    path.mkdir(parents=True)
-    (workdir / "oras-out").chmod(0o755)
-    os.chown(path, singpy.uid, singpy.gid)
-    return path
-
-
-def cache_env(singpy: Singpy, workdir: Path, name: str, **extra: str) -> dict[str, str]:
-    return singpy.env(SINGPY_CACHEDIR=str(new_cache(singpy, workdir, f"oras-{name}")), **extra)
-
-
-def sif_copy(singpy: Singpy, workdir: Path, name: str) -> Path:
-    """A SIF siftool made (busybox), copied where the profile's user can read it, under a name of the test's."""
-    folder = user_dir(singpy, workdir, name)
-    target = folder / f"{name}.sif"
-    shutil.copyfile(siftool_sif(workdir), target)
-    os.chown(target, singpy.uid, singpy.gid)
-    return target
-
-
-def sdk(registry: RegistryServer) -> oras.client.OrasClient:
-    return oras.client.OrasClient(hostname=registry.host, insecure=not registry.https)
-
-
-def sdk_push(registry: RegistryServer, sif: Path, repository: str) -> None:
-    """What Apptainer pushes, made by the oras SDK: the SIF as the one layer, the SIF config type."""
-    sdk(registry).push(target=f"{registry.host}/{repository}", files=[f"{sif}:{SIF_LAYER}"],
-                       manifest_config=f"/dev/null:{SIF_CONFIG}", disable_path_validation=True)
-
-
-def sdk_pushed(singpy: Singpy, registry: RegistryServer, workdir: Path, name: str,
-               repository: str) -> tuple[Path, str]:
-    """A SIF of the test's (`name`) pushed by the oras SDK as REPOSITORY:TAG; the file and its oras:// reference."""
-    sif = sif_copy(singpy, workdir, name)
-    sdk_push(registry, sif, repository)
-    return sif, f"oras://{registry.host}/{repository}"
+from tests.support.sifs import new_cache
 
 
 def manifest(registry: RegistryServer, repository: str, tag: str) -> dict[str, object]:
@@ -78,10 +43,6 @@ def manifest(registry: RegistryServer, repository: str, tag: str) -> dict[str, o
     with urllib.request.urlopen(request, timeout=30) as response:
         found: dict[str, object] = json.load(response)
     return found
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def cached_files(cache: Path) -> list[str]:

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
-from tests.integration.test_oras import cache_env, sha256, sif_copy
 from tests.support.leftovers import settled, traces
+from tests.support.oras_sifs import cache_env, sha256, sif_copy
 from tests.support.registry import BlobHost, RegistryServer, start_registry
 
 QUICK = "done without the full HTTP client"  # singpy.oci.oras's -d line when the quick client pulled it

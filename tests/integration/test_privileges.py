@@ -14,9 +14,9 @@ import pytest
 
 from tests.conftest import Singpy
 from tests.support import hostsim, sifs
+from tests.support.importtime import module_names
 from tests.support.leftovers import settled, traces, wait_for_descendants, wait_until_gone
 from tests.support.users import is_root
-from tests.unit.test_hot_path_imports import module_names
 
 ALL_CAPS = (1 << 41) - 1  # CAP_CHOWN .. CAP_CHECKPOINT_RESTORE: a user namespace's full set
 NET_RAW, SYS_ADMIN, CHOWN = 1 << 13, 1 << 21, 1 << 0

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from tests.conftest import Singpy, assert_one_fatal
-from tests.integration.test_oras import sdk_pushed, user_dir
 from tests.support.leftovers import settled, traces
+from tests.support.oras_sifs import sdk_pushed, user_dir
 from tests.support.registry import RegistryServer
 from tests.support.sifs import new_cache
 

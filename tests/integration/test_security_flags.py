@@ -16,23 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
-
-
-def _profile(workdir: Path, name: str, data: object) -> Path:
-    path = workdir / "seccomp" / f"{name}.json"
-    path.parent.mkdir(exist_ok=True)
-    path.parent.chmod(0o755)
-    path.write_text(json.dumps(data) if not isinstance(data, str) else data)
-    path.chmod(0o644)
-    return path
-
-
-def _deny(names: list[str], **rule: object) -> dict[str, object]:
-    return {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": names, "action": "SCMP_ACT_ERRNO", **rule}]}
+from tests.support.seccomp_profiles import deny, profile_file
 
 
 def test_seccomp_errno_rule(singpy: Singpy, image: Path, workdir: Path) -> None:
-    profile = _profile(workdir, "no-mkdir", _deny(["mkdir", "mkdirat"], errnoRet=13))  # EACCES
+    profile = profile_file(workdir, "no-mkdir", deny(["mkdir", "mkdirat"], errnoRet=13))  # EACCES
     result = singpy.run("exec", "--contain", "--security", f"seccomp:{profile}", str(image),
                         "sh", "-c", "mkdir /tmp/seccomp-$$; echo status=$?; touch /tmp/seccomp-$$; echo touched=$?; "
                         "rm -f /tmp/seccomp-$$")
@@ -43,17 +31,17 @@ def test_seccomp_errno_rule(singpy: Singpy, image: Path, workdir: Path) -> None:
 
 def test_seccomp_argument_conditions(singpy: Singpy, image: Path, workdir: Path) -> None:
     """Apptainer's own test profile: fchmod with mode 0777 denied, any other mode allowed."""
-    profile = _profile(workdir, "no-777", _deny(["chmod", "fchmod", "fchmodat"],
-                                                args=[{"index": 1, "value": 0o777, "op": "SCMP_CMP_EQ"}]))
+    profile = profile_file(workdir, "no-777", deny(["chmod", "fchmod", "fchmodat"],
+                                                   args=[{"index": 1, "value": 0o777, "op": "SCMP_CMP_EQ"}]))
     out = singpy.ok("exec", "--contain", "--security", f"seccomp:{profile}", str(image), "sh", "-c",
                     "f=/tmp/seccomp-$$; touch $f; chmod 777 $f; echo a=$?; chmod 700 $f; echo b=$?; rm -f $f")
     assert out == "a=1\nb=0\n"
 
 
 def test_seccomp_kill_process(singpy: Singpy, image: Path, workdir: Path) -> None:
-    profile = _profile(workdir, "kill-mkdir", {"defaultAction": "SCMP_ACT_ALLOW",
-                                               "syscalls": [{"names": ["mkdir", "mkdirat"],
-                                                             "action": "SCMP_ACT_KILL_PROCESS"}]})
+    profile = profile_file(workdir, "kill-mkdir", {"defaultAction": "SCMP_ACT_ALLOW",
+                                                   "syscalls": [{"names": ["mkdir", "mkdirat"],
+                                                                 "action": "SCMP_ACT_KILL_PROCESS"}]})
     out = singpy.ok("exec", "--contain", "--security", f"seccomp:{profile}", str(image), "sh", "-c",
                     "mkdir /tmp/seccomp-$$ 2>/dev/null; echo status=$?")
     assert out == "status=159\n"  # 128 + SIGSYS
@@ -61,7 +49,7 @@ def test_seccomp_kill_process(singpy: Singpy, image: Path, workdir: Path) -> Non
 
 def test_seccomp_filters_the_payload_not_the_start_up(singpy: Singpy, image: Path, workdir: Path) -> None:
     """singpy mounts /proc, /dev, binds and pivots under the same profile: only the payload is filtered."""
-    profile = _profile(workdir, "no-mount", _deny(["mount", "umount2", "pivot_root", "unshare"]))
+    profile = profile_file(workdir, "no-mount", deny(["mount", "umount2", "pivot_root", "unshare"]))
     out = singpy.ok("exec", "--pid", "--security", f"seccomp:{profile}", str(image), "sh", "-c",
                     "unshare -m true 2>/dev/null; echo unshare=$?; "
                     "grep -c Seccomp:.*2 /proc/self/status")
@@ -69,7 +57,7 @@ def test_seccomp_filters_the_payload_not_the_start_up(singpy: Singpy, image: Pat
 
 
 def test_seccomp_from_the_environment(singpy: Singpy, image: Path, workdir: Path) -> None:
-    profile = _profile(workdir, "no-mkdir-env", _deny(["mkdir", "mkdirat"]))
+    profile = profile_file(workdir, "no-mkdir-env", deny(["mkdir", "mkdirat"]))
     env = singpy.env(APPTAINER_SECURITY=f"seccomp:{profile}")
     out = singpy.ok("exec", "--contain", str(image), "sh", "-c", "mkdir /tmp/seccomp-$$ 2>/dev/null; echo status=$?",
                     env=env)
@@ -78,7 +66,7 @@ def test_seccomp_from_the_environment(singpy: Singpy, image: Path, workdir: Path
 
 def test_seccomp_includes_and_excludes(singpy: Singpy, image: Path, workdir: Path) -> None:
     """Docker's profile keys: a rule for another architecture, or for capabilities the payload lacks, is left out."""
-    profile = _profile(workdir, "conditional", {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
+    profile = profile_file(workdir, "conditional", {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [
         {"names": ["mkdir", "mkdirat"], "action": "SCMP_ACT_ERRNO", "includes": {"arches": ["s390x"]}},
         {"names": ["rmdir"], "action": "SCMP_ACT_ERRNO", "excludes": {"caps": ["CAP_SYS_ADMIN"]}},
     ]})
@@ -101,7 +89,7 @@ def test_seccomp_includes_and_excludes(singpy: Singpy, image: Path, workdir: Pat
 ])
 def test_bad_profiles_are_one_fatal_line(singpy: Singpy, image: Path, workdir: Path, content: object,
                                          message: str) -> None:
-    profile = _profile(workdir, f"bad-{abs(hash(str(content)))}", content)
+    profile = profile_file(workdir, f"bad-{abs(hash(str(content)))}", content)
     result = singpy.run("exec", "--contain", "--security", f"seccomp:{profile}", str(image), "true")
     assert_one_fatal(result, message)
 
@@ -112,7 +100,7 @@ def test_missing_profile(singpy: Singpy, image: Path, workdir: Path) -> None:
 
 
 def test_dry_run_shows_the_profile(singpy: Singpy, image: Path, workdir: Path) -> None:
-    profile = _profile(workdir, "dry", _deny(["mkdir"], errnoRet=13))
+    profile = profile_file(workdir, "dry", deny(["mkdir"], errnoRet=13))
     plan = json.loads(singpy.ok("exec", "--dry-run", "--security", f"seccomp:{profile}", str(image), "true"))["plan"]
     assert plan["process"]["security"]["seccomp"] == {
         "profile": str(profile), "default_action": "SCMP_ACT_ALLOW", "default_errno": 1, "architectures": [],

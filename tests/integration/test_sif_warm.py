@@ -22,64 +22,25 @@ from tests.conftest import Singpy
 from tests.support import sifs
 from tests.support.leftovers import settled, traces
 from tests.support.sifs import MARKER
-
-WARM_WAIT_LEAST = 5.0  # the shortest wait for an unpacking under way (docs/images.md)
-UNPACKED_NOTE = "using the tree a background unpacking left in the cache"
-STARTED_NOTE = "into the cache in the background, for later runs"
+from tests.support.warming import (
+    STALLING,
+    STARTED_NOTE,
+    UNPACKED_NOTE,
+    WARM_WAIT_LEAST,
+    busy,
+    calls,
+    run,
+    trees,
+    unpacker_dir,
+    wait_file,
+    wait_unpacked,
+)
+from tests.support.warming import fixture_conf as fixture_conf  # noqa: F401
 
 
 @pytest.fixture(scope="session")
 def images(workdir: Path) -> dict[str, Path]:
     return sifs.all_images(workdir)
-
-
-@pytest.fixture
-def conf(workdir: Path) -> Path:
-    """singpy's defaults (an empty file: each directive's default): `unsquash in background` is on by default."""
-    path = workdir / "warm.conf"
-    path.write_text("")
-    path.chmod(0o644)
-    return path
-
-
-def unpacker_dir(workdir: Path, name: str, body: str) -> Path:
-    """A directory (first in PATH) whose `unsquashfs` records each call in `calls`, then runs `body`."""
-    directory = workdir / name
-    directory.mkdir(exist_ok=True)
-    directory.chmod(0o777)
-    wrapper = directory / "unsquashfs"
-    wrapper.write_text(f'#!/bin/sh\necho "$$" >> "$(dirname "$0")/calls"\n{body}\n')
-    wrapper.chmod(0o755)
-    return directory
-
-
-def calls(directory: Path) -> int:
-    path = directory / "calls"
-    return len(path.read_text().split()) if path.exists() else 0
-
-
-def trees(cache: Path) -> list[str]:
-    root = cache / "rootfs"
-    return [name for name in os.listdir(root) if len(name) == 64] if root.exists() else []
-
-
-def busy(cache: Path) -> bool:
-    """A background unpacking's lock is there (held, or left by a killed one)."""
-    index = cache / "index"
-    return any(name.endswith(".warm") for name in os.listdir(index)) if index.exists() else False
-
-
-def wait_unpacked(cache: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while (busy(cache) or not trees(cache)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert trees(cache) and not busy(cache), f"no tree unpacked in {cache}: {sorted(os.listdir(cache))}"
-
-
-def run(singpy: Singpy, conf: Path, cache: Path, *args: str, path: str = "/usr/bin:/bin") -> \
-        subprocess.CompletedProcess[str]:
-    return singpy.run("--config", str(conf), "-v", "exec", *args, env=singpy.env(SINGPY_CACHEDIR=str(cache),
-                                                                                  PATH=path))
 
 
 def test_second_run_starts_from_the_unpacked_tree(singpy: Singpy, images: dict[str, Path], workdir: Path,
@@ -198,8 +159,8 @@ def kill_midway(singpy: Singpy, conf: Path, cache: Path, image: str, tools: Path
     """A first run whose background unpacking is killed (SIGKILL) once unsquashfs has written its tree."""
     first = run(singpy, conf, cache, image, "true", path=f"{tools}:/usr/bin:/bin")
     assert first.returncode == 0 and STARTED_NOTE in first.stderr, first.stderr
-    stalled = _wait_file(tools / "calls")
-    unpacker = _wait_file(tools / "unpacker")
+    stalled = wait_file(tools / "calls")
+    unpacker = wait_file(tools / "unpacker")
     deadline = time.monotonic() + 30
     while not any(name.startswith(".") and "tmp-" in name for name in sifs.entries(cache)):
         assert time.monotonic() < deadline, "no temporary tree"
@@ -208,9 +169,6 @@ def kill_midway(singpy: Singpy, conf: Path, cache: Path, image: str, tools: Path
         os.kill(pid, signal.SIGKILL)
     time.sleep(0.2)
     assert trees(cache) == []  # the half-made tree is hidden and never renamed into place
-
-
-STALLING = 'echo "$PPID" > "$(dirname "$0")/unpacker"; /usr/bin/unsquashfs "$@"; exec sleep 300'
 
 
 def test_killed_unpacking_leaves_nothing_trusted(as_user: Singpy, images: dict[str, Path], workdir: Path,
@@ -237,7 +195,7 @@ def test_a_stalled_unpacking_is_waited_for_a_bounded_time(as_user: Singpy, image
     tools = unpacker_dir(workdir, "warm-stalled-tools", STALLING)
     first = run(as_user, conf, cache, image, "true", path=f"{tools}:/usr/bin:/bin")
     assert first.returncode == 0 and STARTED_NOTE in first.stderr, first.stderr
-    stalled, unpacker = _wait_file(tools / "calls"), _wait_file(tools / "unpacker")
+    stalled, unpacker = wait_file(tools / "calls"), wait_file(tools / "unpacker")
     try:
         started = time.monotonic()
         second = as_user.run("--config", str(conf), "-v", "exec", image, "cat", "/etc/marker",
@@ -259,14 +217,6 @@ def test_cache_clean_removes_a_killed_unpacking(as_user: Singpy, images: dict[st
     assert busy(cache)  # its lock file stayed (no one holds it)
     as_user.ok("cache", "clean", "--force", env=as_user.env(SINGPY_CACHEDIR=str(cache)))
     assert sifs.entries(cache) == [] and not busy(cache)
-
-
-def _wait_file(path: Path, timeout: float = 30) -> int:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().strip()):
-        assert time.monotonic() < deadline, f"{path} never written"
-        time.sleep(0.05)
-    return int(path.read_text().split()[0])
 
 
 # A run that fails after the unpacking was started (its go never sent): user errors of each launch stage.

@@ -2,51 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal, readable_by_all
+from tests.support.app_images import fixture_built_sif as fixture_built_sif  # noqa: F401
+from tests.support.app_images import fixture_tested as fixture_tested  # noqa: F401
+from tests.support.app_images import fixture_tested_images as fixture_tested_images  # noqa: F401
+from tests.support.app_images import write_file
 from tests.support.images import build_busybox_rootfs
 from tests.support.leftovers import settled, traces
-from tests.support.sifs import SINGPY
-
-TEST_SCRIPT = '#!/bin/sh\necho "testing $*"\n[ -e /mnt/mark ] && cat /mnt/mark\nexit 3\n'
-APPS = {"foo": {"test": "#!/bin/sh\necho foo tested\n", "runscript.help": "Help of foo.\n"},
-        "bar": {}}
-
-
-def _write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(mode)
-
-
-@pytest.fixture(scope="module")
-def tested_images(workdir: Path) -> dict[str, Path]:
-    """One image with a %test, a %help and two SCIF apps (foo with a test and help, bar bare): sandbox and SIF."""
-    root = workdir / "tested-sandbox"
-    if not root.exists():
-        build_busybox_rootfs(root)
-        _write(root / ".singularity.d" / "test", TEST_SCRIPT, 0o755)
-        _write(root / ".singularity.d" / "runscript.help", "Usage: run me\n\twith a tab\x1b[31m\n")
-        for app, files in APPS.items():
-            (root / "scif" / "apps" / app / "scif").mkdir(parents=True)
-            for name, text in files.items():
-                _write(root / "scif" / "apps" / app / "scif" / name, text, 0o755)
-        (root / "scif" / "apps" / "not-an-app").mkdir()  # no scif/ inside: Apptainer does not list it
-        readable_by_all(root)
-    sif = workdir / "tested.sif"
-    if not sif.exists():
-        subprocess.run([SINGPY, "-q", "build", str(sif), str(root)], check=True)
-        sif.chmod(0o644)
-    return {"sandbox": root, "sif": sif}
-
-
-@pytest.fixture(params=["sandbox", "sif"])
-def tested(request: pytest.FixtureRequest, tested_images: dict[str, Path]) -> Path:
-    return tested_images[request.param]
 
 
 def _own_dir(singpy: Singpy, workdir: Path, name: str) -> Path:
@@ -126,7 +92,7 @@ def test_test_run_help_and_list_apps_leave_nothing(singpy: Singpy, tested: Path)
 def test_a_test_script_leading_out_of_the_image_is_refused(singpy: Singpy, workdir: Path) -> None:
     """A link to a host file (which exists outside, not inside) never runs the host's file."""
     host_script = workdir / "host-test-script"
-    _write(host_script, "#!/bin/sh\necho host script ran\n", 0o755)
+    write_file(host_script, "#!/bin/sh\necho host script ran\n", 0o755)
     root = workdir / f"linked-test-{singpy.profile}"
     if not root.exists():
         build_busybox_rootfs(root)
@@ -135,44 +101,6 @@ def test_a_test_script_leading_out_of_the_image_is_refused(singpy: Singpy, workd
     result = singpy.run("test", str(root))
     assert_one_fatal(result, "can't run the image's /.singularity.d/test: it is a link to")
     assert "host script ran" not in result.stdout
-
-
-RECIPE = """Bootstrap: localimage
-From: {base}
-
-%help
-    Built with a help section.
-
-%test
-    echo "recipe test $*"
-    exit 7
-
-%apprun tool
-    echo running tool
-
-%apphelp tool
-    Help of the tool app.
-
-%apptest tool
-    echo tool tested
-
-%apprun other
-    echo running other
-"""
-
-
-@pytest.fixture(scope="module")
-def built_sif(workdir: Path) -> Path:
-    """An image `singpy build` made from a definition file with %help, %test and two SCIF apps (--notest: its
-    %test fails on purpose, to show that `singpy test` returns its status)."""
-    out = workdir / "recipe-apps.sif"
-    if not out.exists():
-        base = build_busybox_rootfs(workdir / "recipe-apps-base", runscript=None)
-        recipe = workdir / "recipe-apps.def"
-        recipe.write_text(RECIPE.format(base=base))
-        subprocess.run([SINGPY, "-q", "build", "--notest", str(out), str(recipe)], check=True, capture_output=True)
-        out.chmod(0o644)
-    return out
 
 
 def test_a_built_image_sections(singpy: Singpy, built_sif: Path) -> None:
@@ -192,8 +120,8 @@ def test_an_app_without_the_script_falls_back_to_the_test_of_an_app_named_singul
     root = workdir / "scif-fallback"
     if not root.exists():
         build_busybox_rootfs(root / "tree")
-        _write(root / "tree" / "scif" / "apps" / "singularity" / "scif" / "test", '#!/bin/sh\necho "fallback $*"\n',
-               0o755)
+        write_file(root / "tree" / "scif" / "apps" / "singularity" / "scif" / "test", '#!/bin/sh\necho "fallback $*"\n',
+                   0o755)
         (root / "tree" / "scif" / "apps" / "plain" / "scif").mkdir(parents=True)
         readable_by_all(root)
     for action in ("run", "test"):

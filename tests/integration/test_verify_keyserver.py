@@ -18,8 +18,8 @@ import pysequoia
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
-from tests.integration.test_keys import golden
 from tests.support import hkp_server
+from tests.support.signing_cases import golden
 
 SIGNER = "Unit Test <unit@test.com>"
 FINGERPRINT = "12045C8C0B1004D058DE4BEDA20C27EE7FF7BA84"

@@ -18,10 +18,10 @@ from typing import NamedTuple
 import pytest
 
 from tests.conftest import Singpy
-from tests.integration.test_sif_warm import UNPACKED_NOTE, wait_unpacked
 from tests.support import sifs
 from tests.support.configs import readable_config
 from tests.support.leftovers import traces
+from tests.support.warming import UNPACKED_NOTE, wait_unpacked
 
 WAITED_NOTE = "waiting for another singpy to finish unpacking"
 BUILDS_NOTE = "this rank builds the shared container"

@@ -1,7 +1,9 @@
 """What the `singpy sign` / `singpy verify` tests share (tests/integration/test_sign_verify*.py): Apptainer's
 golden images, keys and certificates (tests/data/sif-trust), a fresh keyring directory per test, copies of the
 images the test's user owns, fresh OpenPGP keys, an unsigned SIF made by the reference siftool, and the
-one-FATAL-line check that allows Apptainer's INFO lines."""
+one-FATAL-line check that allows Apptainer's INFO lines. The key, keyserver and ECL tests (test_keys.py,
+test_verify_keyserver.py, test_ecl.py) take the same test set's files with `golden`, its signer's key with
+GOLDEN_FINGERPRINT."""
 
 from __future__ import annotations
 
@@ -19,9 +21,18 @@ if TYPE_CHECKING:
     from tests.conftest import Singpy
 
 TRUST = Path(__file__).resolve().parents[1] / "data" / "sif-trust"
+SHARED_TRUST = Path("/work/shared/sif-trust")
 GOLDEN_FINGERPRINT = "12045C8C0B1004D058DE4BEDA20C27EE7FF7BA84"
 GOLDEN_SIGNER = "Unit Test <unit@test.com>"
 SIFTOOL = shutil.which("siftool")
+
+
+def golden(name: str) -> Path:
+    """A file of the sif-trust test set (tests/data/sif-trust, else the shared copy it comes from)."""
+    for directory in (TRUST, SHARED_TRUST):
+        if (directory / name).exists():
+            return directory / name
+    pytest.skip(f"the sif-trust test set ({name}) is not there")
 
 
 def assert_one_fatal(result: subprocess.CompletedProcess[str], message: str) -> None:

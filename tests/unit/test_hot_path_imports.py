@@ -29,6 +29,7 @@ import pytest
 
 from tests.conftest import Singpy
 from tests.support.images import build_busybox_rootfs
+from tests.support.importtime import module_names
 from tests.support.oci import busybox_image
 from tests.support.registry import RegistryServer
 from tests.support.sifs import siftool_sif
@@ -70,19 +71,6 @@ def script_imports(singpy: Singpy, *args: str, **env: str) -> tuple[list[str], s
     the profile's user (with `env` added)."""
     done = singpy.run(*args, env=singpy.env(PYTHONPROFILEIMPORTTIME="1", **env))
     return module_names(done.stderr), done
-
-
-def module_names(stderr: str) -> list[str]:
-    """The modules importtime lists in `stderr`: those of the last interpreter started (each prints its header
-    first; tests.support.hostsim's wrapper, when a test needs it, is Python too, and execs singpy)."""
-    modules: list[str] = []
-    for line in stderr.splitlines():
-        if line.startswith("import time:") and "imported package" in line:
-            modules = []
-        parts = line.removeprefix("import time:").split("|")
-        if line.startswith("import time:") and len(parts) == 3 and parts[0].strip().isdigit():
-            modules.append(parts[2].strip())
-    return modules
 
 
 def offenders(modules: list[str], forbidden: tuple[str, ...]) -> list[str]:

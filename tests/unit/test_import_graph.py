@@ -1,4 +1,5 @@
-"""The package's layout (issue 27): no import cycle in singpy/, no module over 500 lines.
+"""The package's layout (issue 27): no import cycle in singpy/, no module over 500 lines, no test module
+(tests/**/test_*.py) imported by another module of tests/ (what tests share lives in tests/support/).
 
 The graph is read from the source with `ast`, every import statement
 counted wherever it is (module level, inside a function, under
@@ -100,3 +101,36 @@ def test_no_module_over_500_lines() -> None:
             for path in sorted((ROOT / folder).rglob("*.py"))
             if (lines := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"modules over {MAX_LINES} lines: {long}"
+
+
+def only_test_modules(known: dict[str, Path]) -> set[str]:
+    """The test modules (test_*.py) among `known`."""
+    return {name for name in known if name.rpartition(".")[2].startswith("test_")}
+
+
+def test_test_module_imports_are_seen(tmp_path: Path) -> None:
+    """`from PACKAGE import test_x`, `import PACKAGE.test_x` and a relative `from .test_x import y` all count."""
+    source = tmp_path / "test_user.py"
+    source.write_text("from suite.integration import test_oras as oras\nimport suite.unit.test_jobs\n"
+                      "from .test_cdi import spec\nfrom suite.support import sifs\n")
+    known = {name: source for name in ("suite.integration.test_oras", "suite.unit.test_jobs", "suite.gpu.test_cdi",
+                                       "suite.gpu.test_user", "suite.support.sifs")}
+    imported = imports_of("suite.gpu.test_user", source, known)
+    assert imported == {"suite.integration.test_oras", "suite.unit.test_jobs", "suite.gpu.test_cdi",
+                        "suite.support.sifs"}
+    assert imported & only_test_modules(known) == {"suite.integration.test_oras", "suite.unit.test_jobs",
+                                                   "suite.gpu.test_cdi"}
+
+
+def test_no_test_module_imports_another() -> None:
+    """Test modules share only through tests/support/: one imported by another ties the two together (the importer
+    breaks when the other is split or renamed), and a test imported by name runs in both.
+    Importers left out: tests/support/ and conftest.py; tests/data holds third-party scripts."""
+    known = {name: path for name, path in modules("tests").items()
+             if path.relative_to(ROOT).parts[:2] != ("tests", "data")}
+    targets = only_test_modules(known)
+    found = {name: sorted(imports_of(name, path, known) & targets) for name, path in known.items()
+             if path.relative_to(ROOT).parts[:2] != ("tests", "support") and path.name != "conftest.py"}
+    offenders = {name: imported for name, imported in found.items() if imported}
+    assert offenders == {}, f"test modules imported by other modules (move what they share to tests/support/): " \
+                            f"{offenders}"

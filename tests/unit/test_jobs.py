@@ -8,17 +8,13 @@ from typing import Any
 
 import pytest
 
-from singpy.config import sysconf
 from singpy.errors import SingpyError
-from singpy.host import host as host_module
-from singpy.host.host import HostInfo
 from singpy.launch import jobs
-from singpy.launch.planner import LaunchRequest, Planned, build_plan
+from singpy.launch.planner import Planned
 from singpy.mounts.parse import parse_bind_list
 from singpy.plan import ImageSpec
+from tests.support.job_steps import PMIX, SLURM, planned
 
-PMIX = {"PMIX_NAMESPACE": "slurm.pmix.42.0", "PMIX_RANK": "3"}
-SLURM = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2"}
 OMPI = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_MCA_ess_base_jobid": "3315"}
 SINGLE_COPY = {name: "none" for name in jobs.SINGLE_COPY_VARIABLES}
 
@@ -126,18 +122,6 @@ def image(tmp_path: Path) -> ImageSpec:
     rootfs = tmp_path / "busybox.sandbox"
     (rootfs / "bin").mkdir(parents=True)
     return ImageSpec(kind="sandbox", path=str(rootfs), rootfs=str(rootfs))
-
-
-def host(env: dict[str, str], uid: int = 1000) -> HostInfo:
-    home = "/nonexistent/home/alice"
-    return host_module.capture({"PATH": "/usr/bin:/bin", **env}).replace(
-        uid=uid, gid=uid, user="alice", group="users", gecos="", shell="/bin/sh", home=home, cwd="/")
-
-
-def planned(image: ImageSpec, host_env: dict[str, str], uid: int = 1000, **fields: Any) -> Planned:
-    values: dict[str, object] = {"action": "exec", "image": image.path, "args": ("true",), "no_home": True}
-    request = LaunchRequest(**{**values, **fields})
-    return build_plan(request, sysconf.parse("", "test.conf"), host(host_env, uid), image)
 
 
 def injected(result: Planned) -> dict[str, str]:

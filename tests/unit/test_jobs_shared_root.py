@@ -16,7 +16,7 @@ from singpy.image import warm
 from singpy.launch import jobs
 from singpy.launch.planner import LaunchRequest
 from singpy.plan import ImageSpec
-from tests.unit.test_jobs import PMIX, SLURM, planned
+from tests.support.job_steps import PMIX, SLURM, planned
 
 
 @pytest.fixture
