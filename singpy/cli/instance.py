@@ -236,6 +236,9 @@ def list_command(
                               envvar=variables("LOGS"), show_envvar=False),
     user: str = typer.Option("", "--user", "-u", help="root only: list the instances of this user",
                              metavar="USERNAME", envvar=variables("USER"), show_envvar=False),
+    all_: bool = typer.Option(False, "--all", "-a", help="all instances (as every listing: singpy's --sharens "
+                              "makes no hidden instance, Apptainer's does)", envvar=variables("ALL"),
+                              show_envvar=False),
 ) -> None:
     import fnmatch
     import json

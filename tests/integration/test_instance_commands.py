@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal, instance_logs, readable_by_all
-from tests.integration.test_cgroups import needs_v1
+from tests.support.cgroup_host import needs_v1
 from tests.support.images import build_busybox_rootfs
 from tests.support.waiting import wait_for_text
 
@@ -68,6 +68,9 @@ def test_instance_run_starts_the_runscript(singpy: Singpy, scripted: Path, named
     start = named(singpy)
     singpy.ok("instance", "start", str(scripted), start)
     assert "startscript pid=" in wait_for_text(instance_logs(singpy) / f"{start}.out", "pid=")
+    # Apptainer's `instance list --all` adds its hidden --sharens instances; singpy has none: the same list
+    assert singpy.ok("instance", "list", "--all", "--json", start) == singpy.ok("instance", "list", "--json", start)
+    assert _listed_pid(singpy, start, "-a") == _listed_pid(singpy, start)
 
 
 def test_pid_file_holds_the_instance_pid(singpy: Singpy, scripted: Path, named: Callable[..., str]) -> None:
