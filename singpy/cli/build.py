@@ -72,6 +72,9 @@ def build_command(
                                        "images are pulled into the build's work directory",
                                        envvar=variables("DISABLE_CACHE"), show_envvar=False),
     arch: str = BUILD_ARCH,
+    arch_variant: str = typer.Option("", "--arch-variant", help="the variant of --arch (or of this host's) to build "
+                                     "from: 7 or v7 for arm/v7", metavar="VARIANT",
+                                     envvar=variables("BUILD_ARCH_VARIANT"), show_envvar=False),
     docker_login: bool = DOCKER_LOGIN,
     authfile: str = AUTHFILE,
     no_https: bool = NO_HTTPS,
@@ -94,7 +97,7 @@ def build_command(
     from singpy.image.detect import is_definition_file
     from singpy.oci.ref import is_image_uri
 
-    options = pull_options(arch, docker_login, authfile, no_https or _nohttps_env())
+    options = pull_options(arch, docker_login, authfile, no_https or _nohttps_env(), arch_variant)
     if userns:  # Apptainer's "without setuid": singpy has no setuid part, it always builds this way
         console.verbose("--userns: singpy never uses setuid; the build runs as it would without the flag")
     wanted = _sections(section)

@@ -29,6 +29,7 @@ URL_PREFIXES = ("http://", "https://")  # singpy.oci.netpull.PREFIXES: not impor
 FLAGS: dict[str, tuple[str, bool]] = {
     "--force": ("force", False), "-F": ("force", False),
     "--arch": ("arch", True),
+    "--arch-variant": ("arch_variant", True),
     "--docker-login": ("docker_login", False),
     "--authfile": ("authfile", True),
     "--no-https": ("no_https", False), "--nohttps": ("no_https", False),
@@ -40,9 +41,10 @@ FLAGS: dict[str, tuple[str, bool]] = {
 BOOLEANS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if not takes_value}))
 TEXTS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if takes_value}))
 ENV_KEYS: dict[str, tuple[str, ...]] = {
-    "force": ("FORCE",), "arch": ("PULL_ARCH",), "docker_login": ("DOCKER_LOGIN",),
-    "authfile": ("AUTH_FILE", "AUTHFILE"), "no_https": ("NOHTTPS", "NO_HTTPS"), "name": ("PULL_NAME",),
-    "directory": ("PULLDIR", "PULLFOLDER"), "library": ("LIBRARY",), "disable_cache": ("DISABLE_CACHE",),
+    "force": ("FORCE",), "arch": ("PULL_ARCH",), "arch_variant": ("PULL_ARCH_VARIANT",),
+    "docker_login": ("DOCKER_LOGIN",), "authfile": ("AUTH_FILE", "AUTHFILE"), "no_https": ("NOHTTPS", "NO_HTTPS"),
+    "name": ("PULL_NAME",), "directory": ("PULLDIR", "PULLFOLDER"), "library": ("LIBRARY",),
+    "disable_cache": ("DISABLE_CACHE",),
 }
 # click's boolean words (typer._click.types.BoolParamType); any other value is left to typer to refuse
 _CLICK_WORDS = {"1": True, "yes": True, "true": True, "on": True, "t": True, "y": True,
@@ -138,15 +140,15 @@ def _leave() -> NoReturn:
     os._exit(status)
 
 
-def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool) -> PullOptions:
+def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool, variant: str = "") -> PullOptions:
     """The PullOptions of these flags."""
     from singpy.oci.pull import PullOptions
 
-    return PullOptions(arch=arch, login=docker_login, authfile=authfile, https=not no_https)
+    return PullOptions(arch=arch, variant=variant, login=docker_login, authfile=authfile, https=not no_https)
 
 
 def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, authfile: str, no_https: bool,
-               name: str, directory: str, library: str, disable_cache: bool = False) -> None:
+               name: str, directory: str, library: str, disable_cache: bool = False, arch_variant: str = "") -> None:
     """The body of `singpy pull`, whichever parser read the command line."""
     from singpy import console
     from singpy.host import host
@@ -158,7 +160,7 @@ def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, 
         console.info(netpull.pull_url(reference, target, force=force))
         return
     info = host.capture()
-    options = pull_options(arch, docker_login, authfile, no_https)
+    options = pull_options(arch, docker_login, authfile, no_https, arch_variant)
 
     def pulled(where: HostInfo) -> int:
         console.info(_pull(reference, target, options, where, force=force, library=library))

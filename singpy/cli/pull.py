@@ -35,6 +35,9 @@ def pull_command(
     force: bool = typer.Option(False, "--force", "-F", help="overwrite OUT.sif if it exists",
                                envvar=variables(*ENV_KEYS["force"]), show_envvar=False),
     arch: str = ARCH,
+    arch_variant: str = typer.Option("", "--arch-variant", help="the variant of --arch (or of this host's) to pull: "
+                                     "7 or v7 for arm/v7 (docker://, oci:, archives)", metavar="VARIANT",
+                                     envvar=variables(*ENV_KEYS["arch_variant"]), show_envvar=False),
     docker_login: bool = DOCKER_LOGIN,
     authfile: str = AUTHFILE,
     no_https: bool = NO_HTTPS,
@@ -54,7 +57,7 @@ def pull_command(
     if allow_unsigned:  # Apptainer's deprecated flags, accepted: its pull refuses no unsigned image either
         _deprecated_on_command_line(context)
     pull_words(words, force=force, arch=arch, docker_login=docker_login, authfile=authfile, no_https=no_https,
-               name=name, directory=directory, library=library, disable_cache=disable_cache)
+               name=name, directory=directory, library=library, disable_cache=disable_cache, arch_variant=arch_variant)
 
 
 def _deprecated_on_command_line(context: typer.Context) -> None:

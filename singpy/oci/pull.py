@@ -47,6 +47,7 @@ class PullOptions(Record):
     """How to reach the image: what `--arch`, `--no-https`, `--authfile` and `--docker-login` say."""
 
     arch: str = ""
+    variant: str = ""  # --arch-variant: the variant of `arch` (or of this host's), as "v7" or "7"
     https: bool = True
     authfile: str = ""
     login: bool = False
@@ -171,7 +172,10 @@ def check_target(target: str, *, force: bool) -> None:
 def _platform(options: PullOptions) -> Any:
     from singpy.oci import platform
 
-    return platform.parse_arch(options.arch) if options.arch else platform.host_platform()
+    wanted = platform.parse_arch(options.arch) if options.arch else platform.host_platform()
+    if options.variant:  # Apptainer's --arch-variant: checked as --arch ARCH/VARIANT is, and wins over its variant
+        wanted = platform.parse_arch(f"{wanted.architecture}/{options.variant}")
+    return wanted
 
 
 def _registry(ref: Reference, options: PullOptions, env: Mapping[str, str], home: str) -> Any:

@@ -179,6 +179,14 @@ def test_index_gives_the_host_platform_or_the_chosen_one(singpy: Singpy, plain: 
         sandbox = tmp_path / arch.replace("/", "-")
         singpy.ok("build", "--sandbox", "--arch", arch, "--no-https", str(sandbox), plain.ref(name), env=env)
         assert (sandbox / "etc" / "platform-marker").read_text() == "linux/arm64/v8\n"
+    # Apptainer's --arch-variant (APPTAINER_PULL_ARCH_VARIANT, APPTAINER_BUILD_ARCH_VARIANT): the variant of --arch
+    singpy.ok("build", "--sandbox", "--arch", "arm64", "--arch-variant", "8", "--no-https",
+              str(tmp_path / "variant"), plain.ref(name), env=env)
+    assert (tmp_path / "variant" / "etc" / "platform-marker").read_text() == "linux/arm64/v8\n"
+    for flags, variables in ((["--arch-variant", "v7"], {}), ([], {"APPTAINER_PULL_ARCH_VARIANT": "7"})):
+        refused = singpy.run("pull", "--arch", "arm", *flags, "--no-https", str(tmp_path / "v7.sif"), plain.ref(name),
+                             env={**env, **variables})
+        assert_one_fatal(refused, "no linux/arm/v7 image")
     singpy.ok("pull", "--arch", "arm64", "--no-https", str(tmp_path / "arm64.sif"), plain.ref(name), env=env)
     assert_one_fatal(singpy.run("exec", str(tmp_path / "arm64.sif"), "true", env=env),
                      "image is arm64, this host is amd64")
