@@ -9,7 +9,7 @@ from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options, vari
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from singpy.image.cryptkey import KeyInfo
     from singpy.oci.pull import PullOptions
@@ -71,6 +71,9 @@ def build_command(
     disable_cache: bool = typer.Option(False, "--disable-cache", help="neither use nor fill the cache: base "
                                        "images are pulled into the build's work directory",
                                        envvar=variables("DISABLE_CACHE"), show_envvar=False),
+    mksquashfs_args: str = typer.Option("", "--mksquashfs-args", help="more arguments for mksquashfs as it makes "
+                                        "the SIF, split at spaces (-comp zstd -b 1M: singpy's gzip then left out)",
+                                        metavar="ARGS", envvar=variables("MKSQUASHFS_ARGS"), show_envvar=False),
     arch: str = BUILD_ARCH,
     arch_variant: str = typer.Option("", "--arch-variant", help="the variant of --arch (or of this host's) to build "
                                      "from: 7 or v7 for arm/v7", metavar="VARIANT",
@@ -98,6 +101,7 @@ def build_command(
     from singpy.oci.ref import is_image_uri
 
     options = pull_options(arch, docker_login, authfile, no_https or _nohttps_env(), arch_variant)
+    squash_args = tuple(mksquashfs_args.split())  # Apptainer's strings.Fields: no quoting
     if userns:  # Apptainer's "without setuid": singpy has no setuid part, it always builds this way
         console.verbose("--userns: singpy never uses setuid; the build runs as it would without the flag")
     wanted = _sections(section)
@@ -112,7 +116,7 @@ def build_command(
         raise ImageError(f"{shown(source)} does not exist (the definition file or image to build from)")
     if is_image_uri(source):
         _from_uri(source, target, options, sandbox=sandbox, force=force, fix_perms=fix_perms,
-                  disable_cache=disable_cache)
+                  disable_cache=disable_cache, squash_args=squash_args)
         return
     if is_definition_file(source):
         from singpy.host import host
@@ -124,7 +128,7 @@ def build_command(
                            warn_unused=warn_unused_build_args)
         request = request.replace(mounts=tuple(mount), sections=wanted, update=update, fix_perms=fix_perms,
                                   nv=nv, nvccli=nvccli, rocm=rocm, compat32=compat32, writable_tmpfs=writable_tmpfs,
-                                  disable_cache=disable_cache)
+                                  disable_cache=disable_cache, squash_args=squash_args)
         _check_specs(request, info.cwd)
         console.info(build(request, options=options, env=os.environ, home=info.home, cwd=info.cwd))
         return
@@ -135,9 +139,10 @@ def build_command(
     from singpy.image.builder import build as build_image
 
     if fix_perms and not sandbox:
-        _fixed_sif(target, force, lambda tree, env: build_image(tree, source, force=False, env=env, sandbox=True))
+        _sif_via_tree(target, force, lambda tree, env: build_image(tree, source, force=False, env=env, sandbox=True),
+                      squash_args=squash_args)
         return
-    console.info(build_image(target, source, force=force, env=os.environ, sandbox=sandbox))
+    console.info(build_image(target, source, force=force, env=os.environ, sandbox=sandbox, squash_args=squash_args))
     if fix_perms:
         _fix_perms(os.path.abspath(target))
 
@@ -189,11 +194,11 @@ def _build_encrypted(key: KeyInfo, arguments: dict[str, object]) -> None:
     console.info(f"Build complete: {target}")
 
 
-def _fixed_sif(target: str, force: bool, make_tree: Callable[[str, dict[str, str]], object], *,
-               disable_cache: bool = False) -> None:
-    """A SIF with --fix-perms: the image made as a sandbox in a private directory next to TARGET, fixed,
-    squashed into TARGET (as Apptainer fixes the root filesystem before its assembler), the directory
-    removed whatever happens. `make_tree(path, env)` writes the sandbox."""
+def _sif_via_tree(target: str, force: bool, make_tree: Callable[[str, dict[str, str]], object], *,
+                  disable_cache: bool = False, fix: bool = True, squash_args: Sequence[str] = ()) -> None:
+    """A SIF made as a sandbox in a private directory next to TARGET, fixed (--fix-perms, as Apptainer fixes the
+    root filesystem before its assembler) unless not `fix`, squashed into TARGET (with --mksquashfs-args), the
+    directory removed whatever happens. `make_tree(path, env)` writes the sandbox."""
     import os
 
     from singpy.errors import ImageError
@@ -208,8 +213,9 @@ def _fixed_sif(target: str, force: bool, make_tree: Callable[[str, dict[str, str
     env = {**os.environ, "SINGPY_CACHEDIR": f"{work}/cache"} if disable_cache else dict(os.environ)
     try:
         make_tree(f"{work}/rootfs", env)
-        _fix_perms(f"{work}/rootfs")
-        console.info(build_image(target, f"{work}/rootfs", force=force, env=env))
+        if fix:
+            _fix_perms(f"{work}/rootfs")
+        console.info(build_image(target, f"{work}/rootfs", force=force, env=env, squash_args=squash_args))
     finally:
         cache.remove_tree(work)
 
@@ -247,18 +253,20 @@ def _check_specs(request: BuildRequest, cwd: str) -> None:
 
 
 def _from_uri(source: str, target: str, options: PullOptions, *, sandbox: bool, force: bool, fix_perms: bool,
-              disable_cache: bool) -> None:
+              disable_cache: bool, squash_args: Sequence[str]) -> None:
     """docker://, oci:... built into TARGET; --disable-cache pulls into a private directory next to TARGET,
-    removed after."""
+    removed after. With --fix-perms or --mksquashfs-args a SIF is squashed from a sandbox of the image (a pull
+    squashes its own way: singpy.oci.streamsquash)."""
     import os
 
     from singpy.host import host
     from singpy.oci.pull import build_from
 
     home = host.capture().home
-    if fix_perms and not sandbox:
-        _fixed_sif(target, force, lambda tree, env: build_from(source, tree, options, env, home, sandbox=True,
-                                                               force=False), disable_cache=disable_cache)
+    if (fix_perms or squash_args) and not sandbox:
+        _sif_via_tree(target, force, lambda tree, env: build_from(source, tree, options, env, home, sandbox=True,
+                                                                  force=False), disable_cache=disable_cache,
+                      fix=fix_perms, squash_args=squash_args)
         return
     env = dict(os.environ)
     scratch = ""

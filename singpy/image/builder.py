@@ -25,9 +25,11 @@ from singpy.image import cache, tools
 from singpy.image.detect import classify, host_arch, sif_partition
 
 
-def build(target: str, source: str, *, force: bool, env: Mapping[str, str], sandbox: bool = False) -> str:
+def build(target: str, source: str, *, force: bool, env: Mapping[str, str], sandbox: bool = False,
+          squash_args: Sequence[str] = ()) -> str:
     """Build `target` from the image `source`: a sandbox with `sandbox` (--sandbox), else a SIF, whatever the
     source's kind (as Apptainer: the output's kind comes from --sandbox alone). Returns a summary.
+    `squash_args`: --mksquashfs-args, after mksquashfs's own flags.
 
     Whatever happens (a tool fails, the disk fills up, SIGTERM, SIGHUP or
     SIGINT arrives), nothing is left behind: no scratch directory next to the
@@ -49,12 +51,12 @@ def build(target: str, source: str, *, force: bool, env: Mapping[str, str], sand
                 copy_sandbox(target, image.path)
                 return f"copied the sandbox {image.path} to {target}"
             if image.kind == "sandbox":
-                build_sif(target, image.path, env=env)
+                build_sif(target, image.path, env=env, squash_args=squash_args)
                 return f"built SIF image {target}"
             if sandbox:
                 unpack(target, image.path, env=env)
                 return f"unpacked {image.path} into the sandbox {target}"
-            resquash(target, image.path, env=env)
+            resquash(target, image.path, env=env, squash_args=squash_args)
             return f"built SIF image {target} from {image.path}"
         except tools.Interrupted as interrupted:
             raise tools.Interrupted(f"build of {target} {interrupted.message}: nothing was written") from None
@@ -75,7 +77,8 @@ def scratch_dir(target: str, prefix: str) -> str:
         raise ImageError(f"can't write {target}: {error.strerror} ({os.path.dirname(target)})") from None
 
 
-def build_sif(target: str, sandbox: str, *, env: Mapping[str, str], source: str = "") -> None:
+def build_sif(target: str, sandbox: str, *, env: Mapping[str, str], source: str = "",
+              squash_args: Sequence[str] = ()) -> None:
     """A SIF `target` of the directory `sandbox`; `source`: the image the build names as its `from` (default:
     the sandbox itself; a SIF rebuilt through a scratch tree names the SIF, never that tree)."""
     from singpy.image.metadata import read_tree
@@ -91,7 +94,8 @@ def build_sif(target: str, sandbox: str, *, env: Mapping[str, str], source: str 
     try:
         squashfs = f"{scratch}/rootfs.squashfs"
         owner = root_mode_options(sandbox) if os.getuid() == 0 else ["-all-root"]
-        tools.run_tool([mksquashfs, sandbox, squashfs, "-noappend", "-comp", "gzip", *SQUASH_MEMORY, *owner],
+        compression = tools.compression_flags(squash_args, ("-comp", "gzip"))
+        tools.run_tool([mksquashfs, sandbox, squashfs, "-noappend", *compression, *SQUASH_MEMORY, *owner, *squash_args],
                        label=f"Squashing {os.path.basename(sandbox)}", failure=f"can't build {target}")
         console.verbose(f"writing {target} ({os.path.getsize(squashfs)} bytes of squashfs, {arch})")
         build_sif_from_squashfs(target, squashfs, arch=arch, deffile=deffile,
@@ -119,13 +123,13 @@ def copy_sandbox(target: str, sandbox: str) -> None:
         cache.remove_tree(scratch)
 
 
-def resquash(target: str, image: str, *, env: Mapping[str, str]) -> None:
+def resquash(target: str, image: str, *, env: Mapping[str, str], squash_args: Sequence[str] = ()) -> None:
     """A SIF `target` from a SIF or squashfs `image`: its tree unpacked beside the target, then squashed."""
     scratch = scratch_dir(target, ".singpy-resquash-")
     try:
         tree = f"{scratch}/root"
         unsquash(image, tree, env=env)
-        build_sif(target, tree, env=env, source=image)
+        build_sif(target, tree, env=env, source=image, squash_args=squash_args)
     finally:
         cache.remove_tree(scratch)
 

@@ -168,6 +168,16 @@ def start_thread(thread: Any) -> None:
         thread.start()
 
 
+def compression_flags(extra: Sequence[str], default: Sequence[str]) -> list[str]:
+    """mksquashfs's compression flags beside `extra` (build --mksquashfs-args, given after them): `default`, unless
+    `extra` names its own -comp (Apptainer's rule; singpy's gzip level would not fit another compressor)."""
+    if "-comp" not in extra:
+        return list(default)
+    if list(extra[extra.index("-comp") + 1:extra.index("-comp") + 2]) != ["gzip"]:
+        console.info("Non-gzip squashfs compression might not work with some installations")  # Apptainer's words
+    return []
+
+
 def show_progress() -> bool:
     """A progress bar only for a person watching: stderr is a terminal that can redraw, -q not given."""
     return console.level() >= console.NORMAL and sys.stderr.isatty() and os.environ.get("TERM", "dumb") != "dumb"

@@ -54,6 +54,7 @@ class BuildRequest(Record):
     mounts: tuple[str, ...] = ()  # --mount values, for %post and %test
     nv: bool = False  # --nv in %post and %test
     nvccli: bool = False  # --nvccli in %post and %test (--nv, its library list from nvidia-container-cli)
+    squash_args: tuple[str, ...] = ()  # --mksquashfs-args, after mksquashfs's own flags
     rocm: bool = False  # --rocm in %post and %test
     compat32: bool = False  # --compat32 (with --nv/--rocm) in %post and %test
     writable_tmpfs: bool = False  # --writable-tmpfs: %test may write (in memory)
@@ -288,7 +289,7 @@ def _write_output(rootfs: str, text: str, request: BuildRequest, work: str, idma
     if request.sandbox:
         _publish_sandbox(rootfs, request.target, work, idmap)
         return
-    _write_sif(rootfs, text, request.target, work, idmap, env)
+    _write_sif(rootfs, text, request, work, idmap, env)
 
 
 def _publish_sandbox(rootfs: str, target: str, work: str, idmap: IdMap | None) -> None:
@@ -318,7 +319,8 @@ def _publish(tree: str, target: str, old: str) -> None:
         raise ImageError(f"can't write {target}: {error.strerror}") from None
 
 
-def _write_sif(rootfs: str, text: str, target: str, work: str, idmap: IdMap | None, env: Mapping[str, str]) -> None:
+def _write_sif(rootfs: str, text: str, request: BuildRequest, work: str, idmap: IdMap | None,
+               env: Mapping[str, str]) -> None:
     from singpy.constants import SQUASH_MEMORY
     from singpy.image import tools
     from singpy.image.builder import root_mode_options
@@ -333,8 +335,10 @@ def _write_sif(rootfs: str, text: str, target: str, work: str, idmap: IdMap | No
     console.info("Creating SIF file...")
     prefix = mapped.command(idmap) if idmap is not None else []
     root_mode = root_mode_options(rootfs) if idmap is None and os.getuid() == 0 else []  # a private sandbox base
-    tools.run_tool([mksquashfs, rootfs, squashfs, "-noappend", *SQUASH_COMPRESSION, *SQUASH_MEMORY, *root_mode],
-                   label="Squashing the image", failure=f"can't build {target}", prefix=prefix)
+    target = request.target
+    compression = tools.compression_flags(request.squash_args, SQUASH_COMPRESSION)
+    tools.run_tool([mksquashfs, rootfs, squashfs, "-noappend", *compression, *SQUASH_MEMORY, *root_mode,
+                    *request.squash_args], label="Squashing the image", failure=f"can't build {target}", prefix=prefix)
     attributes = read_tree(rootfs)
     attributes["deffile"] = text
     arch = host_arch()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
-from tests.support import oci
+from tests.support import oci, sifs
 from tests.support.recipes import base_oci_image, base_sandbox, build_dirs, out_dir, sif_owners, write_recipe
 from tests.support.registry import RegistryServer
 
@@ -105,6 +105,37 @@ def test_fix_perms_of_images_built_from_a_registry(singpy: Singpy, workdir: Path
     assert (kept["/opt/locked"].split()[0], kept["/opt/locked/data"].split()[0]) == ("dr-xr-xr-x", "-r--r--r--")
     assert singpy.ok("exec", str(out / "fixed.sif"), "cat", "/opt/locked/data") == "data\n"
     assert sorted(os.listdir(out)) == ["fixed.sif", "kept.sif"]
+
+
+def squash_settings(sif: Path) -> str:
+    """What `unsquashfs -s` says of the SIF's root filesystem (its compressor, its block size)."""
+    return subprocess.run(["unsquashfs", "-s", "-o", str(sifs.primary_offset(sif)), str(sif)],
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_mksquashfs_args_reach_each_squash(singpy: Singpy, workdir: Path, registry_plain: RegistryServer) -> None:
+    """--mksquashfs-args (APPTAINER_MKSQUASHFS_ARGS) for a sandbox, a definition file and a docker:// image, as
+    Apptainer passes them to its assembler's mksquashfs: another -comp replaces singpy's gzip (with its note)."""
+    registry_plain.upload(base_oci_image(), "flags/squashargs")
+    out = out_dir(singpy, workdir, "mksquashfs-args")
+    recipe = write_recipe(out, FIXED.format(base=base_sandbox(workdir)))
+    sources = {"sandbox": str(base_sandbox(workdir)), "recipe": str(recipe),
+               "registry": f"docker://{registry_plain.host}/flags/squashargs:latest"}
+    for name, source in sources.items():
+        made = build(singpy, "--no-https", "--mksquashfs-args", "-comp xz -b 65536", str(out / f"{name}.sif"), source)
+        assert "INFO:    Non-gzip squashfs compression might not work with some installations" in made.stderr
+        settings = squash_settings(out / f"{name}.sif")
+        assert "Compression xz" in settings and "Block size 65536" in settings, (name, settings)
+        assert singpy.ok("exec", str(out / f"{name}.sif"), "cat", "/etc/base-marker") in ("sandbox base\n",
+                                                                                          "oci base\n")
+    build(singpy, str(out / "variable.sif"), str(base_sandbox(workdir)),
+          env=singpy.env(APPTAINER_MKSQUASHFS_ARGS="-b 262144"))
+    assert "Compression gzip" in squash_settings(out / "variable.sif")  # no -comp: singpy's gzip stays
+    assert "Block size 262144" in squash_settings(out / "variable.sif")
+    refused = singpy.run("build", "--mksquashfs-args", "-no-such-option", str(out / "refused.sif"),
+                         str(base_sandbox(workdir)), timeout=BUILD_TIMEOUT)
+    assert_one_fatal(refused, f"can't build {out / 'refused.sif'}")
+    assert sorted(os.listdir(out)) == ["recipe.def", "recipe.sif", "registry.sif", "sandbox.sif", "variable.sif"]
 
 
 def test_without_fix_perms_the_modes_of_the_base_are_kept(as_user: Singpy, workdir: Path) -> None:
