@@ -32,7 +32,8 @@ SECTION = typer.Option([], "--section", help="only run these sections of the def
 def build_command(
     target: str = typer.Argument(..., help="the image to write: a SIF file, or a directory (sandbox)"),
     source: str = typer.Argument(..., help="a definition file, a sandbox directory, a SIF/squashfs image, or "
-                                 "docker://REF, oci:DIR, oci-archive:FILE, docker-archive:FILE"),
+                                 "docker://REF, oci:DIR, oci-archive:FILE, docker-archive:FILE, library://REF, "
+                                 "oras://REF"),
     force: bool = typer.Option(False, "--force", "-F", help="overwrite TARGET if it exists",
                                envvar=variables("FORCE"), show_envvar=False),
     sandbox: bool = typer.Option(False, "--sandbox", "-s", help="write a sandbox directory instead of a SIF "
@@ -71,6 +72,9 @@ def build_command(
     disable_cache: bool = typer.Option(False, "--disable-cache", help="neither use nor fill the cache: base "
                                        "images are pulled into the build's work directory",
                                        envvar=variables("DISABLE_CACHE"), show_envvar=False),
+    library: str = typer.Option("", "--library", help="the library of library:// sources and `Bootstrap: library` "
+                                "stages (over their Library: header; default: the remote in use)", metavar="URL",
+                                envvar=variables("LIBRARY"), show_envvar=False),
     mksquashfs_args: str = typer.Option("", "--mksquashfs-args", help="more arguments for mksquashfs as it makes "
                                         "the SIF, split at spaces (-comp zstd -b 1M: singpy's gzip then left out)",
                                         metavar="ARGS", envvar=variables("MKSQUASHFS_ARGS"), show_envvar=False),
@@ -109,6 +113,10 @@ def build_command(
         from singpy.errors import UsageError
 
         raise UsageError("only sandbox update is supported: --sandbox flag is missing")
+    if source.startswith(SIF_URI_PREFIXES):  # a SIF in a library or a registry: pulled, then built from
+        _from_sif_uri(source, target, options, library, sandbox=sandbox, force=force, fix_perms=fix_perms,
+                      disable_cache=disable_cache, squash_args=squash_args)
+        return
     if not is_image_uri(source) and not os.path.lexists(source):  # not "image X does not exist": it may be a recipe
         from singpy.errors import ImageError
         from singpy.host.hostfiles import shown
@@ -128,7 +136,7 @@ def build_command(
                            warn_unused=warn_unused_build_args)
         request = request.replace(mounts=tuple(mount), sections=wanted, update=update, fix_perms=fix_perms,
                                   nv=nv, nvccli=nvccli, rocm=rocm, compat32=compat32, writable_tmpfs=writable_tmpfs,
-                                  disable_cache=disable_cache, squash_args=squash_args)
+                                  disable_cache=disable_cache, squash_args=squash_args, library=library)
         _check_specs(request, info.cwd)
         console.info(build(request, options=options, env=os.environ, home=info.home, cwd=info.cwd))
         return
@@ -281,6 +289,44 @@ def _from_uri(source: str, target: str, options: PullOptions, *, sandbox: bool, 
         if scratch:
             from singpy.image import cache
 
+            cache.remove_tree(scratch)
+    if fix_perms:
+        _fix_perms(os.path.abspath(target))
+
+
+SIF_URI_PREFIXES = ("library://", "oras://")  # build sources that are SIFs as pulled (Apptainer's library, oras)
+
+
+def _from_sif_uri(source: str, target: str, options: PullOptions, library: str, *, sandbox: bool, force: bool,
+                  fix_perms: bool, disable_cache: bool, squash_args: Sequence[str]) -> None:
+    """library:// or oras:// built into TARGET: the SIF pulled into the cache (as a definition file's
+    `Bootstrap: library`/`oras` base; --disable-cache: into a private directory next to TARGET, removed after),
+    then built from as a local SIF is."""
+    import os
+
+    from singpy.errors import ImageError
+    from singpy.host import host
+    from singpy.image import cache
+    from singpy.image.builder import build as build_image
+    from singpy.image.builder import scratch_dir
+    from singpy.recipe.bootstrap import resolve
+
+    if os.path.lexists(target) and not force:  # before anything is pulled
+        raise ImageError(f"{os.path.abspath(target)} already exists (use --force to overwrite it)")
+    env = dict(os.environ)
+    scratch = scratch_dir(os.path.abspath(target), ".singpy-nocache-") if disable_cache else ""
+    if scratch:
+        env["SINGPY_CACHEDIR"] = scratch
+    try:
+        sif = resolve(source, options=options, env=env, home=host.capture().home, library=library)
+        if fix_perms and not sandbox:
+            _sif_via_tree(target, force, lambda tree, tree_env: build_image(tree, sif, force=False, env=tree_env,
+                                                                           sandbox=True), squash_args=squash_args)
+            return
+        built = build_image(target, sif, force=force, env=env, sandbox=sandbox, squash_args=squash_args)
+        console.info(built.replace(sif, source))  # the source as the user named it, not its place in the cache
+    finally:
+        if scratch:
             cache.remove_tree(scratch)
     if fix_perms:
         _fix_perms(os.path.abspath(target))

@@ -52,8 +52,9 @@ def check(stage: Stage, origin: str, env: Mapping[str, str] | None = None) -> No
         raise DefinitionError(f"{where}: Bootstrap: {agent} needs a From: header")
 
 
-def source(stage: Stage, cwd: str) -> str:
-    """What the stage starts from, as `singpy build` would take it: docker://REF, oci:DIR, a path, or ''."""
+def source(stage: Stage, cwd: str, *, library: str = "") -> str:
+    """What the stage starts from, as `singpy build` would take it: docker://REF, oci:DIR, a path, or ''.
+    `library`: build --library, which wins over the stage's `Library:` header (as Apptainer's)."""
     agent = stage.get("bootstrap").strip().lower()
     base = stage.get("from").strip()
     if agent == "scratch" or agent in OS_AGENTS:  # no image: populate makes the root filesystem
@@ -63,19 +64,20 @@ def source(stage: Stage, cwd: str) -> str:
     prefix = _URI_PREFIX[agent]
     if agent in ("docker", "oras", "library"):
         base = base.removeprefix(prefix)
-        if agent == "library" and stage.get("library").strip():  # Library: URL names the library's host
+        if agent == "library" and stage.get("library").strip() and not library:  # Library: URL names the host
             base = stage.get("library").strip().split("://", 1)[-1].rstrip("/") + "/" + base
     elif not base.startswith("/") and base.removeprefix(prefix) == base:
         base = os.path.join(cwd, base)
     return base if base.startswith(prefix) else prefix + base
 
 
-def resolve(base: str, *, options: PullOptions, env: Mapping[str, str], home: str) -> str:
+def resolve(base: str, *, options: PullOptions, env: Mapping[str, str], home: str, library: str = "") -> str:
     """The image file or directory a stage starts from ('' for scratch), fetched first when it must be.
 
     An OCI image is the SIF `pull` keeps in singpy's cache (pulled and
     converted first if it is not there yet). Called for every stage before
-    any of them runs, as the user: the cache is the user's.
+    any of them runs, as the user: the cache is the user's. `library`: the
+    library of a library:// base (build --library; default: the remote's).
     """
     if not base:
         return ""
@@ -83,7 +85,8 @@ def resolve(base: str, *, options: PullOptions, env: Mapping[str, str], home: st
         from singpy.library.pull import LibraryOptions
         from singpy.library.pull import cached_image as cached_library_image
 
-        return cached_library_image(base, LibraryOptions(arch=options.arch, https=options.https), env, home)
+        return cached_library_image(base, LibraryOptions(arch=options.arch, https=options.https, library=library),
+                                    env, home)
     if base.startswith("oras://"):
         from singpy.oci.oras import cached_sif
 

@@ -55,6 +55,7 @@ class BuildRequest(Record):
     nv: bool = False  # --nv in %post and %test
     nvccli: bool = False  # --nvccli in %post and %test (--nv, its library list from nvidia-container-cli)
     squash_args: tuple[str, ...] = ()  # --mksquashfs-args, after mksquashfs's own flags
+    library: str = ""  # --library: the library of `Bootstrap: library` stages, over their `Library:` header
     rocm: bool = False  # --rocm in %post and %test
     compat32: bool = False  # --compat32 (with --nv/--rocm) in %post and %test
     writable_tmpfs: bool = False  # --writable-tmpfs: %test may write (in memory)
@@ -155,8 +156,8 @@ def _bases(definition: Definition, request: BuildRequest, *, options: PullOption
     """Every stage's base, fetched first; with --update (and no --force), the last one is the sandbox OUT."""
     stages = list(definition.stages)
     updating = request.update and not request.force
-    bases = [bootstrap.resolve(bootstrap.source(stage, cwd), options=options, env=env, home=home)
-             for stage in (stages[:-1] if updating else stages)]
+    bases = [bootstrap.resolve(bootstrap.source(stage, cwd, library=request.library), options=options, env=env,
+                               home=home, library=request.library) for stage in (stages[:-1] if updating else stages)]
     for stage, base in zip(stages, bases, strict=False):  # `Fingerprints:`: the base SIF's signers, before any %post
         if stage.get("fingerprints").strip() and base and not os.path.isdir(base):
             from singpy.signing import ecl

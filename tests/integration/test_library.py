@@ -269,6 +269,25 @@ def test_library_flag_and_its_conflict_with_a_host(singpy: Singpy, library: Libr
     assert_one_fatal(result, "malformed library reference library://Alice/tools/busybox", code=1)
 
 
+def test_build_from_a_library_image_and_the_library_flag(singpy: Singpy, library: LibraryServer,
+                                                        workdir: Path) -> None:
+    """`build OUT library://REF` (the library's SIF, built from as a local one: a SIF or a sandbox), and build
+    --library, which names the library of `Bootstrap: library` over the stage's `Library:` header."""
+    env, home = user_env(singpy, workdir, "build-from-library")
+    reference = library.ref("alice/tools/busybox", "1.0")
+    made = singpy.run("build", "--no-https", str(home / "from.sif"), reference, env=env, timeout=300)
+    assert made.returncode == 0 and made.stderr.endswith(f"built SIF image {home / 'from.sif'} from {reference}\n")
+    assert singpy.ok("exec", str(home / "from.sif"), "cat", "/etc/marker", env=env) == MARKER + "\n"
+    singpy.ok("build", "--no-https", "--sandbox", str(home / "tree"), reference, env=env, timeout=300)
+    assert (home / "tree" / "etc" / "marker").read_text() == MARKER + "\n"
+    assert_one_fatal(singpy.run("build", "--no-https", str(home / "from.sif"), reference, env=env), "already exists")
+    recipe = home / "elsewhere.def"  # a header naming a library that is not there: the flag wins
+    recipe.write_text("Bootstrap: library\nLibrary: https://127.0.0.1:9\nFrom: alice/tools/busybox:1.0\n")
+    singpy.ok("build", "--library", library.url, str(home / "flag.sif"), str(recipe), env=env, timeout=300)
+    assert singpy.ok("exec", str(home / "flag.sif"), "cat", "/etc/marker", env=env) == MARKER + "\n"
+    assert sorted(os.listdir(home)) == ["config", "elsewhere.def", "flag.sif", "from.sif", "tree"]  # no scratch
+
+
 def test_library_requests_go_through_the_proxy_variables(singpy: Singpy, workdir: Path) -> None:
     """http(s)_proxy as for docker://: a TLS library and its object storage through CONNECT tunnels, a plain
     one by absolute URLs with the proxy's credentials; no_proxy bypasses it."""

@@ -214,6 +214,11 @@ def test_bootstrap_oras_builds_on_the_pulled_sif(singpy: Singpy, registry_plain:
     built = singpy.run("build", "--no-https", str(folder / "built.sif"), str(recipe), env=env, timeout=180)
     assert built.returncode == 0, built.stderr
     assert singpy.ok("exec", str(folder / "built.sif"), "cat", "/post-made", env=env) == "built on the oras image\n"
+    # `build OUT oras://REF`: the pulled SIF built from as a local one (Apptainer's oras build source)
+    reference = f"oras://{registry_plain.host}/{repository}:v1"
+    direct = singpy.run("build", "--no-https", "--sandbox", str(folder / "tree"), reference, env=env, timeout=180)
+    assert direct.returncode == 0 and direct.stderr.endswith(f"into the sandbox {folder / 'tree'}\n"), direct.stderr
+    assert singpy.ok("exec", str(folder / "tree"), "echo", "from the tree", env=env) == "from the tree\n"
 
 
 def test_an_interrupted_download_resumes_with_a_range_request(singpy: Singpy, registry_redirect: RegistryServer,
