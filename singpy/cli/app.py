@@ -94,6 +94,9 @@ def _register_image_commands() -> None:
     app.command(name="build")(build_command)
     app.command(name="pull")(pull_command)
     app.command(name="push")(push_command)
+    from singpy.cli.delete import delete_command
+
+    app.command(name="delete")(delete_command)
     app.add_typer(registry_app)
     from singpy.cli.remote import remote_app
     from singpy.cli.search import search_command

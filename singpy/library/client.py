@@ -10,6 +10,7 @@
     POST|PUT v2/imagefile/ID/_multipart, PUT .../_multipart_complete, .../_multipart_abort: large files (multipart.py)
     POST v2/tags/CONTAINER_ID {Arch, Tag, ImageID}
     GET  v1/search?value=&arch=&signed=
+    DELETE v1/images/PATH:TAG?arch=ARCH        the image a tag names (container-library-client's DeleteImage)
 
 Answers wrap their object in {"data": ...}; errors are {"error": {"code", "message"}}.
 """
@@ -87,6 +88,20 @@ def download(lib: Library, ref: LibraryRef, arch: str, env: Mapping[str, str], o
     except web.HTTPError as error:
         if error.status == 404:
             raise NotFound(_missing(lib, ref, arch, env)) from None
+        raise refused(error, ref) from None
+
+
+def delete_image(lib: Library, ref: LibraryRef, arch: str, env: Mapping[str, str], timeout: float) -> None:
+    """Remove the image `ref` names for `arch` from the library; NotFound when there is none."""
+    try:
+        web.get_json(url(lib, f"v1/images/{ref.name}", arch=arch), env, token=lib.token, method="DELETE",
+                     timeout=timeout)
+    except web.HTTPError as error:
+        if error.status == 404:
+            raise NotFound(_missing(lib, ref, arch, env)) from None
+        if error.status == 403:
+            raise RemoteError(f"the library does not let this token's user delete {ref} ({error.status}"
+                              f"{': ' + error.detail if error.detail else ''})") from None
         raise refused(error, ref) from None
 
 

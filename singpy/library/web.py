@@ -40,8 +40,10 @@ def origin(url: str) -> tuple[str, str]:
 
 
 def request(method: str, url: str, env: Mapping[str, str], *, token: str = "", body: bytes | None = None,
-            headers: Mapping[str, str] | None = None, stream: Any = None, length: int = -1) -> Any:
-    """The open response to one request (no redirect followed); raises HTTPError on a 4xx/5xx."""
+            headers: Mapping[str, str] | None = None, stream: Any = None, length: int = -1,
+            timeout: float = TIMEOUT) -> Any:
+    """The open response to one request (no redirect followed); raises HTTPError on a 4xx/5xx. `timeout`:
+    seconds the connection and each read may wait."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise RemoteError(f"can't use the URL {url[:200]}: not http:// or https://")
@@ -49,7 +51,7 @@ def request(method: str, url: str, env: Mapping[str, str], *, token: str = "", b
         port = parts.port
     except ValueError:
         raise RemoteError(f"can't use the URL {url[:200]}: bad port") from None
-    connection, target, sent = _connection(parts, port, env)
+    connection, target, sent = _connection(parts, port, env, timeout)
     sent.update({"User-Agent": USER_AGENT, **(headers or {})})
     if token:
         sent["Authorization"] = f"Bearer {token}"
@@ -72,7 +74,8 @@ def request(method: str, url: str, env: Mapping[str, str], *, token: str = "", b
 _BLOCK = 1 << 20  # bytes per read of an uploaded file (http.client's default, 8 KiB, means thousands of calls)
 
 
-def _connection(parts: Any, port: int | None, env: Mapping[str, str]) -> tuple[Any, str, dict[str, str]]:
+def _connection(parts: Any, port: int | None, env: Mapping[str, str],
+                timeout: float = TIMEOUT) -> tuple[Any, str, dict[str, str]]:
     """The connection for a request to `parts` (a URL split), its request target and headers it needs.
 
     The proxy variables are honoured as for docker:// (singpy.oci.transport.proxy_for: https_proxy,
@@ -96,10 +99,10 @@ def _connection(parts: Any, port: int | None, env: Mapping[str, str]) -> tuple[A
     if not https:
         if proxy is not None:
             target = f"http://{parts.netloc.rpartition('@')[2]}{target}"
-        return http.client.HTTPConnection(host, connect_port, timeout=TIMEOUT, blocksize=_BLOCK), target, headers
+        return http.client.HTTPConnection(host, connect_port, timeout=timeout, blocksize=_BLOCK), target, headers
     from singpy.oci.tlsconf import tls_context
 
-    connection = http.client.HTTPSConnection(host, connect_port, timeout=TIMEOUT, context=tls_context(env),
+    connection = http.client.HTTPSConnection(host, connect_port, timeout=timeout, context=tls_context(env),
                                              blocksize=_BLOCK)
     if proxy is not None:
         tunnel = {"Proxy-Authorization": proxy.authorization} if proxy.authorization else None
@@ -108,11 +111,11 @@ def _connection(parts: Any, port: int | None, env: Mapping[str, str]) -> tuple[A
 
 
 def get_json(url: str, env: Mapping[str, str], *, token: str = "", method: str = "GET",
-             data: Any = None) -> Any:
+             data: Any = None, timeout: float = TIMEOUT) -> Any:
     """The JSON answer of `url` (its "data" member when the answer wraps it, as the library's do)."""
     body = json.dumps(data).encode() if data is not None else None
     headers = {"Content-Type": "application/json"} if body is not None else {}
-    response = request(method, url, env, token=token, body=body, headers=headers)
+    response = request(method, url, env, token=token, body=body, headers=headers, timeout=timeout)
     try:
         raw = response.read(MAX_JSON + 1)
     except (OSError, http.client.HTTPException) as error:

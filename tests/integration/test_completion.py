@@ -25,7 +25,7 @@ CASES = [
     (["singpy", "pu"], "0 pull push"),
     (["singpy", "cache", "c"], "0 clean"),
     (["singpy", "cache", "clean", "--d"], "0 --days --dry-run"),
-    (["singpy", "pull", "--ar"], "0 --arch"),
+    (["singpy", "pull", "--ar"], "0 --arch --arch-variant"),
     (["singpy", "run", "--runs"], "0 --runscript-timeout"),
     (["singpy", "exec", "--runs"], "0 "),  # a flag of run alone, as Apptainer registers it
     (["singpy", "exec", "image.sif"], "1 "),  # no flag asked for: bash completes file names (-o default)

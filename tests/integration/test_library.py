@@ -358,3 +358,28 @@ def test_odd_answers_of_a_library_are_one_fatal_line(singpy: Singpy, odd_library
                         f"library://{name}:latest", env=env)
     assert_one_fatal(result, message)
     assert not (home / "out.sif").exists()
+
+
+def test_delete_removes_the_tagged_image_after_asking(singpy: Singpy, library: LibraryServer, workdir: Path) -> None:
+    """`delete library://REF`: Apptainer's question (no answer is no), then the image its tag names goes, with its
+    other tags; only its owner's token may, and a missing one is the pull's one line."""
+    env, home = user_env(singpy, workdir, "delete")
+    library.store.add(singpy_sif(workdir), "alice/tools/doomed", ("latest", "v1"))
+    reference = "library://alice/tools/doomed:v1"
+    assert_one_fatal(singpy.run("delete", "-F", reference, env=env), "no default remote in use")
+    login(singpy, library, env, home, BOB)
+    assert_one_fatal(singpy.run("delete", "--force", reference, env=env),
+                     "the library does not let this token's user delete library://alice/tools/doomed:v1 (403")
+    (home / "token").write_text(ALICE + "\n")  # the owner's token, for the remote in use
+    singpy.ok("remote", "login", "--tokenfile", str(home / "token"), "testlib", env=env)
+    kept = singpy.run("delete", reference, env=env, input="")
+    assert (kept.returncode, kept.stdout, kept.stderr) == (
+        0, "Are you sure you want to delete alice/tools/doomed:v1 (amd64) [y/N] ", "")
+    singpy.ok("pull", str(home / "still.sif"), reference, env=env)
+    done = singpy.run("delete", reference, env=env, input="y\n")
+    assert done.returncode == 0 and done.stderr == "INFO:    Image alice/tools/doomed:v1 (amd64) deleted.\n", done
+    for tag in ("v1", "latest"):  # the image is gone, under both of its tags
+        missing = singpy.run("pull", str(home / f"{tag}.sif"), f"library://alice/tools/doomed:{tag}", env=env)
+        assert_one_fatal(missing, f"no tag {tag}")
+    assert_one_fatal(singpy.run("delete", "-F", reference, env=env), "no tag v1")
+    assert_one_fatal(singpy.run("delete", "oras://127.0.0.1/x:v1", env=env), "singpy deletes library://", code=1)

@@ -178,6 +178,25 @@ def search(handler: Any, rest: str, query: Query, user: str) -> None:
     handler.answer({"entity": [], "collection": [], "container": [], "image": found})
 
 
+def delete_image(handler: Any, rest: str, query: Query, user: str) -> None:
+    """DELETE v1/images/PATH:TAG?arch=ARCH (container-library-client's DeleteImage: both required): the image
+    the tag names for that architecture, with every tag naming it; its owner only."""
+    if not _one(query, "arch") or not rest:
+        handler.fail(400, "imageRef and arch are required")
+        return
+    found = _resolved(handler, rest, query)
+    store = handler.library.store
+    if found is None or not _owner_check(handler, found["entityName"], user):
+        return
+    container = store.container_by_id(found["container"])
+    for tags in (container["archTags"].get(found["arch"], {}), container["imageTags"]):
+        for tag in [tag for tag, identifier in tags.items() if identifier == found["id"]]:
+            del tags[tag]
+    container["images"].remove(found["id"])
+    del store.images[found["id"]]
+    handler.answer(None)
+
+
 ROUTES = (
     ("GET", "/version", version),
     ("GET", "/assets/config/config.prod.json", discovery),
@@ -195,4 +214,5 @@ ROUTES = (
     ("GET", "/v2/tags/", tags),
     ("POST", "/v2/tags/", set_tag),
     ("GET", "/v1/search", search),
+    ("DELETE", "/v1/images/", delete_image),
 )

@@ -140,6 +140,9 @@ class LibraryHandler(_Base):
     def do_PUT(self) -> None:
         self.route("PUT")
 
+    def do_DELETE(self) -> None:
+        self.route("DELETE")
+
     def route(self, method: str) -> None:
         parts = urlsplit(self.path)
         path, query = parts.path, parse_qs(parts.query)
