@@ -119,6 +119,9 @@ def _register_image_commands() -> None:
     from singpy.cli.keyserver import keyserver_app
 
     app.add_typer(key_app)
+    from singpy.cli.capability import capability_app
+
+    app.add_typer(capability_app)
     app.add_typer(key_app, name="keys", hidden=True)  # Apptainer's alias
     app.add_typer(keyserver_app)
     from singpy.cli.sign import sign_command
