@@ -208,7 +208,8 @@ def run_app(args: list[str]) -> int:
             sys.stderr.write(short_usage(error.ctx))  # type: ignore[attr-defined]
         else:
             console.fatal(message)
-            console.hint(hint)
+            if hint:
+                console.hint(hint)
         return int(ExitCode.USAGE)
     except typer.Abort:  # end of input at a prompt
         console.fatal("aborted")
@@ -216,7 +217,15 @@ def run_app(args: list[str]) -> int:
     return 0
 
 
-def _usage_message(error: click_errors.ClickException) -> tuple[str | None, str]:
+# Apptainer's commands singpy does not have, and why: refused as such, not as a typing mistake.
+NOT_SUPPORTED_COMMANDS = {
+    "oci": "singpy has no OCI runtime commands (Apptainer's `oci create|start|...`, for a runtime's own use)",
+    "checkpoint": "singpy has no DMTCP checkpointing (Apptainer's experimental `checkpoint` commands)",
+    "plugin": "singpy loads no plugins (Apptainer's are Go plugins built against its own source)",
+}
+
+
+def _usage_message(error: click_errors.ClickException) -> tuple[str | None, str | None]:
     """The one wording of a command-line mistake (docs/usage.md): the FATAL line, with a suggestion for
     an unknown name, and the HINT; None for a group given no command (its short usage is shown instead)."""
     from singpy.cli.parse import unknown
@@ -234,6 +243,8 @@ def _usage_message(error: click_errors.ClickException) -> tuple[str | None, str]
         if message == "Missing command.":
             return None, hint
         named = re.match(r"No such command '(.*)'\.", message)
+        if named and path == "singpy" and named.group(1) in NOT_SUPPORTED_COMMANDS:
+            return f"{named.group(1)} is not supported: {NOT_SUPPORTED_COMMANDS[named.group(1)]}", None
         if named:
             return unknown("command", named.group(1), ctx.command.list_commands(ctx)), \
                 _COMMANDS_HINT if path == "singpy" else hint

@@ -62,6 +62,15 @@ def test_unknown_command_is_a_usage_error(as_root: Singpy) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_apptainers_commands_singpy_lacks_say_so(as_user: Singpy) -> None:
+    """oci, checkpoint and plugin: Apptainer's commands, refused as such rather than as a typing mistake."""
+    from singpy.cli.app import NOT_SUPPORTED_COMMANDS
+
+    for command, why in NOT_SUPPORTED_COMMANDS.items():
+        assert_one_fatal(as_user.run(command, "list"), f"{command} is not supported: {why}", code=1)
+    assert_one_fatal(as_user.run("ocii"), "unknown command: ocii", code=1)
+
+
 def test_help_command_matches_dash_dash_help(singpy: Singpy) -> None:
     for command in (["exec"], ["run"], ["shell"], ["pull"], ["build"], ["cache", "clean"], []):
         assert singpy.ok("help", *command) == singpy.ok(*command, "--help"), command
