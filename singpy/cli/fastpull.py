@@ -37,6 +37,7 @@ FLAGS: dict[str, tuple[str, bool]] = {
     "--dir": ("directory", True),
     "--library": ("library", True),
     "--disable-cache": ("disable_cache", False),
+    "--sandbox": ("sandbox", False),
 }
 BOOLEANS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if not takes_value}))
 TEXTS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if takes_value}))
@@ -44,7 +45,7 @@ ENV_KEYS: dict[str, tuple[str, ...]] = {
     "force": ("FORCE",), "arch": ("PULL_ARCH",), "arch_variant": ("PULL_ARCH_VARIANT",),
     "docker_login": ("DOCKER_LOGIN",), "authfile": ("AUTH_FILE", "AUTHFILE"), "no_https": ("NOHTTPS", "NO_HTTPS"),
     "name": ("PULL_NAME",), "directory": ("PULLDIR", "PULLFOLDER"), "library": ("LIBRARY",),
-    "disable_cache": ("DISABLE_CACHE",),
+    "disable_cache": ("DISABLE_CACHE",), "sandbox": ("SANDBOX",),
 }
 # click's boolean words (typer._click.types.BoolParamType); any other value is left to typer to refuse
 _CLICK_WORDS = {"1": True, "yes": True, "true": True, "on": True, "t": True, "y": True,
@@ -148,13 +149,14 @@ def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool, v
 
 
 def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, authfile: str, no_https: bool,
-               name: str, directory: str, library: str, disable_cache: bool = False, arch_variant: str = "") -> None:
+               name: str, directory: str, library: str, disable_cache: bool = False, arch_variant: str = "",
+               sandbox: bool = False) -> None:
     """The body of `singpy pull`, whichever parser read the command line."""
     from singpy import console
     from singpy.host import host
 
     target, reference = pull_target(words, name, directory)
-    if reference.startswith(URL_PREFIXES):  # a finished image file on a web server (Nextflow's nf-core images)
+    if reference.startswith(URL_PREFIXES) and not sandbox:  # an image file on a web server (Nextflow's nf-core images)
         from singpy.oci import netpull
 
         console.info(netpull.pull_url(reference, target, force=force))
@@ -163,7 +165,10 @@ def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, 
     options = pull_options(arch, docker_login, authfile, no_https, arch_variant)
 
     def pulled(where: HostInfo) -> int:
-        console.info(_pull(reference, target, options, where, force=force, library=library))
+        if sandbox:
+            console.info(_pull_sandbox(reference, target, options, where, force=force, library=library))
+        else:
+            console.info(_pull(reference, target, options, where, force=force, library=library))
         return 0
 
     if disable_cache:  # as Apptainer's: a temporary cache, removed after the pull (singpy.cli.nocache)
@@ -189,6 +194,33 @@ def _pull(reference: str, target: str, options: PullOptions, info: HostInfo, *, 
     from singpy.oci.pull import pull
 
     return pull(reference, target, options, info.env, info.home, force=force)
+
+
+def _pull_sandbox(reference: str, target: str, options: PullOptions, info: HostInfo, *, force: bool,
+                  library: str) -> str:
+    """pull --sandbox (Apptainer 1.5's): a docker://, oci:... image made a directory as `build --sandbox` makes
+    it; a SIF of a library, a registry (oras://) or a URL pulled into the cache first, then unpacked."""
+    import os
+
+    from singpy.errors import ImageError
+    from singpy.image.builder import build as build_image
+
+    target = target or _default_name(reference)  # NAME_TAG.sif, a directory all the same (as Apptainer's)
+    if not reference.startswith(("library://", "oras://", *URL_PREFIXES)):
+        from singpy.oci.pull import build_from
+
+        return build_from(reference, target, options, info.env, info.home, sandbox=True, force=force)
+    if os.path.lexists(target) and not force:  # before anything is downloaded
+        raise ImageError(f"{os.path.abspath(target)} already exists (use --force to overwrite it)")
+    if reference.startswith(URL_PREFIXES):
+        from singpy.oci.netcache import cached_url_image
+
+        sif = cached_url_image(reference, info.env, info.home)
+    else:
+        from singpy.recipe.bootstrap import resolve
+
+        sif = resolve(reference, options=options, env=info.env, home=info.home, library=library)
+    return build_image(target, sif, force=force, env=info.env, sandbox=True).replace(sif, reference)
 
 
 def pull_target(words: list[str], name: str, directory: str) -> tuple[str, str]:

@@ -49,6 +49,8 @@ def pull_command(
     disable_cache: bool = typer.Option(False, "--disable-cache", help="use a temporary cache for this pull, removed "
                                        "after it: nothing is read from or written to yours",
                                        envvar=variables(*ENV_KEYS["disable_cache"]), show_envvar=False),
+    sandbox: bool = typer.Option(False, "--sandbox", help="write a sandbox directory instead of a SIF file",
+                                 envvar=variables(*ENV_KEYS["sandbox"]), show_envvar=False),
     allow_unsigned: bool = typer.Option(False, "--allow-unsigned", "-U", "--allow-unauthenticated", hidden=True,
                                         envvar=variables("ALLOW_UNSIGNED", "ALLOW_UNAUTHENTICATED")),
 ) -> None:
@@ -57,7 +59,8 @@ def pull_command(
     if allow_unsigned:  # Apptainer's deprecated flags, accepted: its pull refuses no unsigned image either
         _deprecated_on_command_line(context)
     pull_words(words, force=force, arch=arch, docker_login=docker_login, authfile=authfile, no_https=no_https,
-               name=name, directory=directory, library=library, disable_cache=disable_cache, arch_variant=arch_variant)
+               name=name, directory=directory, library=library, disable_cache=disable_cache, arch_variant=arch_variant,
+               sandbox=sandbox)
 
 
 def _deprecated_on_command_line(context: typer.Context) -> None:

@@ -280,12 +280,16 @@ def test_build_from_a_library_image_and_the_library_flag(singpy: Singpy, library
     assert singpy.ok("exec", str(home / "from.sif"), "cat", "/etc/marker", env=env) == MARKER + "\n"
     singpy.ok("build", "--no-https", "--sandbox", str(home / "tree"), reference, env=env, timeout=300)
     assert (home / "tree" / "etc" / "marker").read_text() == MARKER + "\n"
+    pulled = singpy.run("pull", "--no-https", "--sandbox", str(home / "pulled"), reference, env=env, timeout=300)
+    assert pulled.returncode == 0 and pulled.stderr.endswith(f"unpacked {reference} into the sandbox "
+                                                             f"{home / 'pulled'}\n"), pulled.stderr
+    assert (home / "pulled" / "etc" / "marker").read_text() == MARKER + "\n"
     assert_one_fatal(singpy.run("build", "--no-https", str(home / "from.sif"), reference, env=env), "already exists")
     recipe = home / "elsewhere.def"  # a header naming a library that is not there: the flag wins
     recipe.write_text("Bootstrap: library\nLibrary: https://127.0.0.1:9\nFrom: alice/tools/busybox:1.0\n")
     singpy.ok("build", "--library", library.url, str(home / "flag.sif"), str(recipe), env=env, timeout=300)
     assert singpy.ok("exec", str(home / "flag.sif"), "cat", "/etc/marker", env=env) == MARKER + "\n"
-    assert sorted(os.listdir(home)) == ["config", "elsewhere.def", "flag.sif", "from.sif", "tree"]  # no scratch
+    assert sorted(os.listdir(home)) == ["config", "elsewhere.def", "flag.sif", "from.sif", "pulled", "tree"]
 
 
 def test_library_requests_go_through_the_proxy_variables(singpy: Singpy, workdir: Path) -> None:

@@ -158,6 +158,13 @@ def test_local_layouts_and_archives(singpy: Singpy, workdir: Path) -> None:
     for reference in (f"oci:{layout}:v1", f"oci-archive:{archive}", f"docker-archive:{saved}"):
         assert singpy.ok("run", reference, "x", env=env) == "tool ran x\n", reference
     assert singpy.ok("exec", f"oci:{layout}:multi", "cat", "/etc/platform-marker", env=env) == "linux/amd64\n"
+    # Apptainer 1.5's pull --sandbox (APPTAINER_SANDBOX): a directory, as build --sandbox makes it
+    singpy.ok("pull", "--sandbox", str(tmp_path / "tree"), f"oci:{layout}:v1", env=env)
+    singpy.ok("pull", str(tmp_path / "tree2"), f"oci-archive:{archive}", env={**env, "APPTAINER_SANDBOX": "1"})
+    for tree in ("tree", "tree2"):
+        assert singpy.ok("run", str(tmp_path / tree), "y", env=env) == "tool ran y\n"
+    assert_one_fatal(singpy.run("pull", "--sandbox", str(tmp_path / "tree"), f"oci:{layout}:v1", env=env),
+                     "already exists")
     # Apptainer's deprecated -U/--allow-unsigned/--allow-unauthenticated: accepted, with a warning
     for flag in ("-U", "--allow-unsigned", "--allow-unauthenticated"):
         pulled = singpy.run("pull", flag, str(tmp_path / f"pulled{flag}.sif"), f"oci:{layout}:v1", env=env)

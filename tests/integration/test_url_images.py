@@ -24,6 +24,7 @@ import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
 from tests.support.images import build_busybox_rootfs
+from tests.support.pulling import user_dir
 from tests.support.registry_http import Handler, serving
 
 
@@ -145,6 +146,9 @@ def test_a_url_that_gives_no_image_is_one_fatal_and_leaves_nothing_in_the_cache(
 def test_inspect_of_a_url_image_reads_the_cached_file(singpy: Singpy, workdir: Path, web: WebServer) -> None:
     url = _serve(web, _sif(workdir, "first"), f"inspect-{singpy.profile}.sif", 1_700_000_000)
     assert "echo first" in singpy.ok("inspect", "--runscript", url)
+    tree = user_dir(singpy, workdir, "url-sandbox") / "tree"  # pull --sandbox: the cached file unpacked
+    singpy.ok("pull", "--sandbox", str(tree), url)
+    assert "echo first" in (tree / ".singularity.d" / "runscript").read_text()
 
 
 # --- servers that misbehave: a file cut short, a trickle, an answer that is not HTTP, a pull interrupted --------
