@@ -225,6 +225,23 @@ NOT_SUPPORTED_COMMANDS = {
 }
 
 
+_NO_DAEMON = "singpy reads images from no Docker daemon (Apptainer's docker-daemon: sources)"
+_NO_CLEANUP = "singpy always removes the work directory of a failed build or pull"
+_NO_REPRODUCIBLE = "singpy takes no creation date from the source image for its SIF yet"
+# Apptainer's flags of the typer commands that singpy does not have, and why (those of run, exec, shell and
+# instance start/run: singpy.cli.options.NOT_SUPPORTED).
+NOT_SUPPORTED_FLAGS = {
+    ("build", "--docker-host"): _NO_DAEMON, ("pull", "--docker-host"): _NO_DAEMON,
+    ("push", "--docker-host"): _NO_DAEMON,
+    ("build", "--buildkit-host"): "singpy builds no Dockerfile (Apptainer's builds through BuildKit)",
+    ("build", "--json"): "singpy reads definition files, not JSON ones",
+    ("build", "--data"): "singpy builds no data container (an OCI-SIF holding a data layer)",
+    ("build", "--no-cleanup"): _NO_CLEANUP, ("pull", "--no-cleanup"): _NO_CLEANUP,
+    ("build", "--reproducible"): _NO_REPRODUCIBLE, ("pull", "--reproducible"): _NO_REPRODUCIBLE,
+    ("push", "--annotation"): "singpy pushes no OCI annotations",
+}
+
+
 def _usage_message(error: click_errors.ClickException) -> tuple[str | None, str | None]:
     """The one wording of a command-line mistake (docs/usage.md): the FATAL line, with a suggestion for
     an unknown name, and the HINT; None for a group given no command (its short usage is shown instead)."""
@@ -234,6 +251,9 @@ def _usage_message(error: click_errors.ClickException) -> tuple[str | None, str 
     path = ctx.command_path if ctx is not None else "singpy"
     hint = f"Run '{path} --help' for usage."
     if isinstance(error, click_errors.NoSuchOption):
+        why = NOT_SUPPORTED_FLAGS.get((path.removeprefix("singpy "), error.option_name))
+        if why:
+            return f"{error.option_name} is not supported: {why}", None
         known = [name for param in ctx.command.get_params(ctx) for name in (*param.opts, *param.secondary_opts)
                  if name.startswith("-")] if ctx is not None else []
         return unknown("flag", error.option_name, known), hint

@@ -69,6 +69,12 @@ def test_apptainers_commands_singpy_lacks_say_so(as_user: Singpy) -> None:
     for command, why in NOT_SUPPORTED_COMMANDS.items():
         assert_one_fatal(as_user.run(command, "list"), f"{command} is not supported: {why}", code=1)
     assert_one_fatal(as_user.run("ocii"), "unknown command: ocii", code=1)
+    from singpy.cli.app import NOT_SUPPORTED_FLAGS
+
+    for (command, flag), why in NOT_SUPPORTED_FLAGS.items():  # and their flags singpy lacks
+        words = [flag] if flag in ("--no-cleanup", "--reproducible", "--json", "--data") else [flag, "value"]
+        assert_one_fatal(as_user.run(command, *words, "one", "docker://two"), f"{flag} is not supported: {why}",
+                         code=1)
 
 
 def test_help_command_matches_dash_dash_help(singpy: Singpy) -> None:
