@@ -27,6 +27,15 @@ keyserver_app = typer.Typer(name="keyserver", help="Manage the OpenPGP keyserver
                             no_args_is_help=True)
 
 INSECURE = typer.Option(False, "--insecure", "-i", help="allow insecure connection to keyserver")
+_STATE: dict[str, str] = {}
+
+
+@keyserver_app.callback()
+def keyserver_callback(config: str = typer.Option("", "--config", "-c", metavar="FILE",
+                                                  help="path to the file holding keyserver configurations "
+                                                       "(default: ~/.apptainer/remote.yaml)")) -> None:
+    """Manage the OpenPGP keyservers of the remote endpoints."""
+    _STATE["config"] = config
 
 
 def _remotes(system: bool) -> Any:
@@ -40,7 +49,7 @@ def _remotes(system: bool) -> Any:
         if os.geteuid() != 0:
             raise remotes.RemoteError("the keyservers are set in the global remote configuration: root only")
         return remotes.load(remotes.system_path(info.env), system=True)
-    return remotes.user_view(info.env, info.home)
+    return remotes.user_view(info.env, info.home, _STATE.get("config", ""))
 
 
 def _endpoint(view: Any, name: str) -> dict[str, Any]:
@@ -184,4 +193,4 @@ def _user_file() -> Any:
     from singpy.library import remotes
 
     info = host.capture()
-    return remotes.load(remotes.user_path(info.env, info.home), system=False)
+    return remotes.load(_STATE.get("config") or remotes.user_path(info.env, info.home), system=False)

@@ -11,6 +11,15 @@ from singpy.cli.pull import AUTHFILE, NO_HTTPS, variables
 
 registry_app = typer.Typer(name="registry", help="Log in to, log out of and list OCI/Docker registries.",
                            no_args_is_help=True)
+_STATE: dict[str, str] = {}
+
+
+@registry_app.callback()
+def registry_callback(config: str = typer.Option("", "--config", "-c", metavar="FILE",
+                                                 help="path to the file holding registry configurations "
+                                                      "(default: ~/.apptainer/remote.yaml)")) -> None:
+    """Log in to, log out of and list OCI/Docker registries."""
+    _STATE["config"] = config
 
 URI = typer.Argument(..., metavar="docker://HOST|oras://HOST", show_default=False,
                      help="the registry (its host[:port])")
@@ -37,13 +46,14 @@ def login_command(
 
     typed = bool(password) and context.get_parameter_source("password") == ParameterSource.COMMANDLINE
     login(uri, username, password, password_stdin=password_stdin, authfile=authfile, no_https=no_https,
-          password_typed=typed)
+          password_typed=typed, config=_STATE.get("config", ""))
 
 
 def login(uri: str, username: str, password: str, *, password_stdin: bool, authfile: str, no_https: bool,
-          password_typed: bool) -> None:
+          password_typed: bool, config: str = "") -> None:
     """`registry login` (and `remote login` of a registry, Apptainer's older way); `password_typed`: the
-    password came on the command line, where other users can read it."""
+    password came on the command line, where other users can read it; `config`: the remote configuration that
+    lists the login (--config), else the user's."""
     from singpy import console
     from singpy.errors import UsageError
     from singpy.host import host
@@ -76,7 +86,7 @@ def login(uri: str, username: str, password: str, *, password_stdin: bool, authf
     if not authfile:  # as Apptainer: the login listed in remote.yaml too (no secret there)
         from singpy.oci import loginlist
 
-        loginlist.record(os.environ, home, _uri(uri, registry), insecure=not https)
+        loginlist.record(os.environ, home, _uri(uri, registry), insecure=not https, path=config)
     console.info(f"Token stored in {path}")
 
 
@@ -114,7 +124,7 @@ def logout_command(uri: str = URI, authfile: str = AUTHFILE) -> None:
     if not authfile:
         from singpy.oci import loginlist
 
-        loginlist.forget(os.environ, home, _uri(uri, registry))
+        loginlist.forget(os.environ, home, _uri(uri, registry), _STATE.get("config", ""))
     if not files.remove_login(path, registry):
         console.warning(f"There is no existing login to registry {registry!r}.")
         return
@@ -140,7 +150,7 @@ def list_command(authfile: str = typer.Option("", "--authfile", metavar="FILE", 
         from singpy.oci import loginlist
 
         rows = [(escape(uri), "\u2717!" if insecure else "\u2713")
-                for uri, insecure in loginlist.listed(os.environ, home)]
+                for uri, insecure in loginlist.listed(os.environ, home, _STATE.get("config", ""))]
         header = ("URI", "SECURE?")
     width = max([len(header[0]), *(len(first) for first, _ in rows)]) + 2  # Go's tabwriter, padding 2
     print()

@@ -205,7 +205,7 @@ def _registry_login(context: typer.Context, uri: str, tokenfile: str, username: 
                     "release; running 'registry login'")
     typed = bool(password) and context.get_parameter_source("password") == ParameterSource.COMMANDLINE
     registry.login(uri, username, password, password_stdin=password_stdin, authfile="", no_https=insecure,
-                   password_typed=typed)
+                   password_typed=typed, config=_STATE.get("config", ""))
 
 
 @remote_app.command("logout")

@@ -22,32 +22,32 @@ def _same(first: str, second: str) -> bool:
     return bool(one.netloc and two.netloc) and (one.scheme, one.netloc) == (two.scheme, two.netloc)
 
 
-def record(env: Mapping[str, str], home: str, uri: str, *, insecure: bool) -> None:
-    """Replace the entries of `uri`'s registry by one for it (Apptainer removes duplicates of older versions)."""
+def record(env: Mapping[str, str], home: str, uri: str, *, insecure: bool, path: str = "") -> None:
+    """Replace the entries of `uri`'s registry by one for it (Apptainer removes duplicates of older versions).
+    `path`: the remote configuration to edit (`registry --config`), else the user's."""
     from singpy.library import remotes
 
-    mine = remotes.load(remotes.user_path(env, home), system=False)
+    mine = remotes.load(path or remotes.user_path(env, home), system=False)
     mine.credentials = [entry for entry in mine.credentials if not _same(_uri_of(entry), uri)]
     mine.credentials.append({"URI": uri, "Insecure": insecure})
     remotes.save(mine)
 
 
-def forget(env: Mapping[str, str], home: str, uri: str) -> None:
+def forget(env: Mapping[str, str], home: str, uri: str, path: str = "") -> None:
     from singpy.library import remotes
 
-    path = remotes.user_path(env, home)
-    mine = remotes.load(path, system=False)
+    mine = remotes.load(path or remotes.user_path(env, home), system=False)
     kept = [entry for entry in mine.credentials if not _same(_uri_of(entry), uri)]
     if len(kept) != len(mine.credentials):
         mine.credentials = kept
         remotes.save(mine)
 
 
-def listed(env: Mapping[str, str], home: str) -> list[tuple[str, bool]]:
+def listed(env: Mapping[str, str], home: str, path: str = "") -> list[tuple[str, bool]]:
     """(URI, insecure) of each entry, in the file's order."""
     from singpy.library import remotes
 
-    mine = remotes.load(remotes.user_path(env, home), system=False)
+    mine = remotes.load(path or remotes.user_path(env, home), system=False)
     return [(_uri_of(entry), bool(entry.get("Insecure"))) for entry in mine.credentials if isinstance(entry, dict)]
 
 

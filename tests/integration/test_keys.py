@@ -204,6 +204,12 @@ def test_keyserver_login_sends_the_token_to_that_keyserver(singpy: Singpy, workd
         assert fingerprint in keyserver.keys
         singpy.ok("keyserver", "logout", keyserver.url, env=_env(singpy, home))
         assert "s3cret-token" not in (home / "remote.yaml").read_text()
+        other = home / "other-remote.yaml"  # keyserver --config FILE: that remote configuration, not the user's
+        singpy.ok("keyserver", "--config", str(other), "login", "--password-stdin", keyserver.url,
+                  env=_env(singpy, home), input="s3cret-token\n")
+        assert "s3cret-token" in other.read_text() and "s3cret-token" not in (home / "remote.yaml").read_text()
+        singpy.ok("keyserver", "-c", str(other), "logout", keyserver.url, env=_env(singpy, home))
+        assert "s3cret-token" not in other.read_text()
 
 
 def test_a_keyserver_token_never_follows_a_redirect_to_another_server(singpy: Singpy, workdir: Path) -> None:

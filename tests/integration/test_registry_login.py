@@ -176,5 +176,14 @@ def test_remote_login_of_a_registry_is_registry_login_with_a_warning(
                        input="not the password\n", env=env)
     assert wrong.returncode == 255 and wrong.stderr.splitlines()[1:] == [
         f"FATAL:   login to {host} failed: the password of 'alice' was refused"], wrong.stderr
+    # registry --config FILE (Apptainer's): the login listed in that remote configuration, not the user's
+    other = configdir.parent / "other-remote.yaml"
+    singpy.ok("registry", "--config", str(other), "login", "--no-https", "-u", registry_basic.username,
+              "--password-stdin", f"oras://{host}", input=registry_basic.password, env=env)
+    assert f"URI: oras://{host}" in other.read_text()
+    assert f"oras://{host}" not in (configdir / "remote.yaml").read_text()
+    assert f"oras://{host}" in singpy.ok("registry", "--config", str(other), "list", env=env)
+    singpy.ok("registry", "-c", str(other), "logout", f"oras://{host}", env=env)
+    assert f"oras://{host}" not in other.read_text()
     refused = singpy.run("remote", "login", "--tokenfile", "t.txt", f"docker://{host}", env=env)
     assert_one_fatal(refused, "--tokenfile is only supported for login to a remote endpoint", code=1)
