@@ -223,6 +223,8 @@ NOT_SUPPORTED = {
     "--allow-setuid": ((*ACTIONS, *_INSTANCE), "singpy mounts every container filesystem nosuid, for root too"),
     "--dmtcp-launch": (_INSTANCE, _NO_DMTCP),
     "--dmtcp-restart": (_INSTANCE, _NO_DMTCP),
+    "--docker-host": ((*ACTIONS, *_INSTANCE), "singpy reads images from no Docker daemon (Apptainer's "
+                      "docker-daemon: sources)"),
 }
 
 # The Examples section of each command's help, as Apptainer's help has one (its docs/content.go).
