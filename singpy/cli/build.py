@@ -276,22 +276,34 @@ def _from_uri(source: str, target: str, options: PullOptions, *, sandbox: bool, 
                                                                   force=False), disable_cache=disable_cache,
                       fix=fix_perms, squash_args=squash_args)
         return
-    env = dict(os.environ)
-    scratch = ""
-    if disable_cache:
-        from singpy.image.builder import scratch_dir
-
-        scratch = scratch_dir(os.path.abspath(target), ".singpy-nocache-")
-        env["SINGPY_CACHEDIR"] = scratch
-    try:
+    with _PullEnv(target, disable_cache) as env:
         console.info(build_from(source, target, options, env, home, sandbox=sandbox, force=force))
-    finally:
-        if scratch:
-            from singpy.image import cache
-
-            cache.remove_tree(scratch)
     if fix_perms:
         _fix_perms(os.path.abspath(target))
+
+
+class _PullEnv:
+    """The environment of a build's pull: this one, or with --disable-cache a private cache directory next to
+    TARGET (SINGPY_CACHEDIR), removed as the block ends, whatever happens."""
+
+    def __init__(self, target: str, disable_cache: bool) -> None:
+        import os
+
+        from singpy.image.builder import scratch_dir
+
+        self.env = dict(os.environ)
+        self.scratch = scratch_dir(os.path.abspath(target), ".singpy-nocache-") if disable_cache else ""
+        if self.scratch:
+            self.env["SINGPY_CACHEDIR"] = self.scratch
+
+    def __enter__(self) -> dict[str, str]:
+        return self.env
+
+    def __exit__(self, *exc: object) -> None:
+        if self.scratch:
+            from singpy.image import cache
+
+            cache.remove_tree(self.scratch)
 
 
 SIF_URI_PREFIXES = ("library://", "oras://")  # build sources that are SIFs as pulled (Apptainer's library, oras)
@@ -306,18 +318,12 @@ def _from_sif_uri(source: str, target: str, options: PullOptions, library: str, 
 
     from singpy.errors import ImageError
     from singpy.host import host
-    from singpy.image import cache
     from singpy.image.builder import build as build_image
-    from singpy.image.builder import scratch_dir
     from singpy.recipe.bootstrap import resolve
 
     if os.path.lexists(target) and not force:  # before anything is pulled
         raise ImageError(f"{os.path.abspath(target)} already exists (use --force to overwrite it)")
-    env = dict(os.environ)
-    scratch = scratch_dir(os.path.abspath(target), ".singpy-nocache-") if disable_cache else ""
-    if scratch:
-        env["SINGPY_CACHEDIR"] = scratch
-    try:
+    with _PullEnv(target, disable_cache) as env:
         sif = resolve(source, options=options, env=env, home=host.capture().home, library=library)
         if fix_perms and not sandbox:
             _sif_via_tree(target, force, lambda tree, tree_env: build_image(tree, sif, force=False, env=tree_env,
@@ -325,9 +331,6 @@ def _from_sif_uri(source: str, target: str, options: PullOptions, library: str, 
             return
         built = build_image(target, sif, force=force, env=env, sandbox=sandbox, squash_args=squash_args)
         console.info(built.replace(sif, source))  # the source as the user named it, not its place in the cache
-    finally:
-        if scratch:
-            cache.remove_tree(scratch)
     if fix_perms:
         _fix_perms(os.path.abspath(target))
 

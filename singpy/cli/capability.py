@@ -111,15 +111,16 @@ def avail_command(capabilities: str = typer.Argument("", metavar="[CAPABILITIES]
 def list_command(name: str = typer.Argument("", metavar="[USER|GROUP]")) -> None:
     """Show the capabilities granted to a user or group, or to all of them."""
     from singpy.config import capfile
+    from singpy.console import escape
     from singpy.errors import ConfigError
 
     grants = capfile.load(_path(), missing_ok=False)
     shown = [(who, part, caps) for part in capfile.PARTS for who, caps in sorted(grants[part].items())
              if caps and (not name or who == name)]
-    for who, part, caps in shown:
-        print(f"{who} [{part.removesuffix('s')}]: {','.join(caps)}")
+    for who, part, caps in shown:  # a hand-edited file may hold anything: one line per grant, escaped
+        print(escape(f"{who} [{part.removesuffix('s')}]: {','.join(caps)}"))
     if not shown:
-        raise ConfigError(f"no capability set for user/group {name}" if name else
+        raise ConfigError(f"no capability set for user/group {escape(name)}" if name else
                           "no capability set for users or groups")
 
 

@@ -178,10 +178,11 @@ def _hpu_selection(request: LaunchRequest, host: HostInfo) -> str | None:
     if not request.intel_hpu:
         return None
     from singpy.env.environ import injected_from_host
+    from singpy.gpu.intelhpu import SELECT_VAR
 
     injected, _ = injected_from_host(host.env)  # its warnings: the planner shows them
     injected.update({**dict(request.env_file), **dict(request.env)})  # --env-file < --env
-    return injected.get("HABANA_VISIBLE_DEVICES", "all")
+    return injected.get(SELECT_VAR, "all")
 
 
 def _print_dry_run(plan: LaunchPlan, gpu: GpuContribution | None, warnings: tuple[str, ...],
