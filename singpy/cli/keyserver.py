@@ -22,20 +22,14 @@ from typing import Any
 import typer
 
 from singpy.cli.key import active_keyservers, ask_passphrase, same_keyserver, warn_argv_password
+from singpy.cli.remotefile import config_option
 
 keyserver_app = typer.Typer(name="keyserver", help="Manage the OpenPGP keyservers of the remote endpoints.",
                             no_args_is_help=True)
 
 INSECURE = typer.Option(False, "--insecure", "-i", help="allow insecure connection to keyserver")
-_STATE: dict[str, str] = {}
+_STATE = config_option(keyserver_app, "keyserver")
 
-
-@keyserver_app.callback()
-def keyserver_callback(config: str = typer.Option("", "--config", "-c", metavar="FILE",
-                                                  help="path to the file holding keyserver configurations "
-                                                       "(default: ~/.apptainer/remote.yaml)")) -> None:
-    """Manage the OpenPGP keyservers of the remote endpoints."""
-    _STATE["config"] = config
 
 
 def _remotes(system: bool) -> Any:

@@ -8,18 +8,12 @@ import os
 import typer
 
 from singpy.cli.pull import AUTHFILE, NO_HTTPS, variables
+from singpy.cli.remotefile import config_option
 
 registry_app = typer.Typer(name="registry", help="Log in to, log out of and list OCI/Docker registries.",
                            no_args_is_help=True)
-_STATE: dict[str, str] = {}
+_STATE = config_option(registry_app, "registry")
 
-
-@registry_app.callback()
-def registry_callback(config: str = typer.Option("", "--config", "-c", metavar="FILE",
-                                                 help="path to the file holding registry configurations "
-                                                      "(default: ~/.apptainer/remote.yaml)")) -> None:
-    """Log in to, log out of and list OCI/Docker registries."""
-    _STATE["config"] = config
 
 URI = typer.Argument(..., metavar="docker://HOST|oras://HOST", show_default=False,
                      help="the registry (its host[:port])")

@@ -9,6 +9,7 @@ import typer
 
 from singpy.cli import registry
 from singpy.cli.pull import variables
+from singpy.cli.remotefile import config_option
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -16,20 +17,13 @@ if TYPE_CHECKING:
 
 remote_app = typer.Typer(name="remote", help="Manage the remote endpoints of library:// images (remote.yaml).",
                          no_args_is_help=True)
-_STATE: dict[str, str] = {}
+_STATE = config_option(remote_app, "remote endpoint")
 
 GLOBAL = typer.Option(False, "--global", "-g", help="edit the list of globally configured remote endpoints "
                       "(root only)")
 TOKENFILE = typer.Option("", "--tokenfile", help="path to the file holding the auth token for login",
                          metavar="FILE")
 
-
-@remote_app.callback()
-def remote_callback(config: str = typer.Option("", "--config", "-c", metavar="FILE",
-                                               help="path to the file holding remote endpoint configurations "
-                                                    "(default: ~/.apptainer/remote.yaml)")) -> None:
-    """Manage the remote endpoints of library:// images."""
-    _STATE["config"] = config
 
 
 def _context() -> tuple[Mapping[str, str], str, str]:
