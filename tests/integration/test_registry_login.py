@@ -16,16 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import Singpy, assert_one_fatal
+from tests.support import pulling
 from tests.support.registry import RegistryServer
 from tests.support.sifs import new_cache, siftool_sif
 
 
 def user_dir(singpy: Singpy, workdir: Path, name: str) -> Path:
-    path = workdir / "login-out" / f"{singpy.profile}-{name}"
-    path.mkdir(parents=True)
-    (workdir / "login-out").chmod(0o755)
-    os.chown(path, singpy.uid, singpy.gid)
-    return path
+    return pulling.user_dir(singpy, workdir, name, "login-out")
 
 
 def test_login_stores_checked_credentials_that_pull_and_push_use(singpy: Singpy, registry_basic: RegistryServer,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal
+from tests.support import pulling
 from tests.support.oci import Image, busybox_image, file
 from tests.support.registry import RegistryServer, free_port
 from tests.support.sifs import new_cache
@@ -125,11 +125,7 @@ def spy() -> Iterator[Server]:
 
 def place(singpy: Singpy, workdir: Path, name: str) -> Path:
     """A directory of this test's own that the profile's user can read and write."""
-    path = workdir / "mirrors" / f"{singpy.profile}-{name}"
-    path.mkdir(parents=True)
-    (workdir / "mirrors").chmod(0o755)
-    os.chown(path, singpy.uid, singpy.gid)
-    return path
+    return pulling.user_dir(singpy, workdir, name, "mirrors")
 
 
 def write(path: Path, text: str) -> Path:

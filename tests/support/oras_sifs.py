@@ -13,6 +13,7 @@ from pathlib import Path
 import oras.client  # type: ignore[import-untyped]  # the SDK ships no type hints
 
 from tests.conftest import Singpy
+from tests.support import pulling
 from tests.support.registry import RegistryServer
 from tests.support.sifs import new_cache, siftool_sif
 
@@ -21,12 +22,8 @@ SIF_CONFIG = "application/vnd.sylabs.sif.config.v1+json"
 
 
 def user_dir(singpy: Singpy, workdir: Path, name: str) -> Path:
-    """An empty directory the profile's user owns."""
-    path = workdir / "oras-out" / f"{singpy.profile}-{name}"
-    path.mkdir(parents=True)
-    (workdir / "oras-out").chmod(0o755)
-    os.chown(path, singpy.uid, singpy.gid)
-    return path
+    """An empty directory the profile's user owns (in workdir/oras-out)."""
+    return pulling.user_dir(singpy, workdir, name, "oras-out")
 
 
 def cache_env(singpy: Singpy, workdir: Path, name: str, **extra: str) -> dict[str, str]:

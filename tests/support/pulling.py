@@ -62,11 +62,11 @@ def cache_env(singpy: Singpy, workdir: Path, name: str, **extra: str) -> dict[st
     return singpy.env(SINGPY_CACHEDIR=str(new_cache(singpy, workdir, name)), **extra)
 
 
-def user_dir(singpy: Singpy, workdir: Path, name: str) -> Path:
-    """An empty directory the profile's user owns, for what singpy writes."""
-    path = workdir / "pull-out" / f"{singpy.profile}-{name}"
+def user_dir(singpy: Singpy, workdir: Path, name: str, folder: str = "pull-out") -> Path:
+    """An empty directory the profile's user owns, for what singpy writes: workdir/FOLDER/PROFILE-NAME."""
+    path = workdir / folder / f"{singpy.profile}-{name}"
     path.mkdir(parents=True)
-    (workdir / "pull-out").chmod(0o755)
+    (workdir / folder).chmod(0o755)
     os.chown(path, singpy.uid, singpy.gid)
     return path
 
