@@ -38,7 +38,7 @@ import os
 import stat
 
 from singpy import console
-from singpy.errors import BindSpecError, ImageError, KernelError, PathError
+from singpy.errors import BindSpecError, KernelError, PathError
 from singpy.kernel import syscalls as k
 from singpy.layers.rootfs import HOST, NEWROOT, PROC, SCRATCH, remount
 from singpy.mounts.rootpath import Lookup, Resolver, Tree, is_under
@@ -363,7 +363,11 @@ class _Applier:
         such file (a `FROM scratch` image: nothing is bound, and no mount point was made for it, survey)."""
         from singpy.mounts import system  # loaded already by the planner
 
-        image = self._image_file(spec.dest)
+        try:
+            image = self._image_file(spec.dest)
+        except PathError as error:  # never read: a warning and the image's file as it is, as Apptainer goes on
+            console.warning(f"can't use the image's {spec.dest} ({error.message}): not updating it")
+            return None
         if image is None:  # Apptainer's words, a warning there too
             console.warning(f"{spec.dest.rsplit('/', 1)[1]} file doesn't exist in container, not updating")
             return None
@@ -376,18 +380,16 @@ class _Applier:
             return None
 
     def _image_file(self, dest: str) -> bytes | None:
-        """The image's own `dest` (None if it has none), from the image alone.
+        """The image's own `dest` (None if it has none), from the image alone; PathError for anything but a
+        regular file of at most IDENTITY_LIMIT bytes (a FIFO would block, a device never end).
 
         A link to nothing in the image is refused too: in the assembled container
         it would lead elsewhere (`/etc/group -> /dev/zero`: the host's /dev).
         """
-        try:
-            data = self.image.read(dest, limit=IDENTITY_LIMIT)
-            target = self.image.dangling(dest) if data is None else None
-            if target is not None:
-                raise PathError(f"it is a link to {target}, which is not in the image")
-        except PathError as error:
-            raise ImageError(f"can't use the image's {dest}: {error.message}") from None
+        data = self.image.read(dest, limit=IDENTITY_LIMIT)
+        target = self.image.dangling(dest) if data is None else None
+        if target is not None:
+            raise PathError(f"it is a link to {target}, which is not in the image")
         return data
 
     def _symlink(self, spec: MountSpec) -> None:
