@@ -319,15 +319,19 @@ def _identity_files(request: LaunchRequest, config: SysConfig, host: HostInfo, h
     passwd, group = config.flag("config passwd"), config.flag("config group")
     # instance://: the instance's container, files and all, written when it started (so no warning again)
     if security is None or not (security.uid or security.gids) or request.instance:
-        return system.identity_files(host, home=home_dest, fakeroot=request.fakeroot, passwd=passwd, group=group,
-                                     root=root_entry() if request.fakeroot and passwd else None), ()
+        specs = system.identity_files(host, home=home_dest, fakeroot=request.fakeroot, passwd=passwd, group=group,
+                                      root=root_entry() if request.fakeroot and passwd else None)
+        return specs, system.unknown_group(host.gid) if group and not host.group and not request.instance else ()
     from singpy.launch.security import target_identity
 
     target = target_identity(security, host)
     if target is None:
         return [], (f"--security uid:{security.uid}: the host has no passwd entry for uid {security.uid}: the "
                     "image's /etc/passwd and /etc/group are left as they are",)
-    return system.identity_files_of(*target, home=home_dest, passwd=passwd, group=group), ()
+    entry, groups = target  # uid: alone whose primary group has no name: no /etc/group, a warning (Apptainer's)
+    warned = system.unknown_group(entry[2]) if group and not security.gids and not groups else ()
+    return system.identity_files_of(entry, groups, home=home_dest, passwd=passwd, group=group), warned
+
 
 
 def _fakeroot(request: LaunchRequest, host: HostInfo) -> IdMap | None:

@@ -110,9 +110,16 @@ def identity_files(host: HostInfo, *, home: str, fakeroot: bool, passwd: bool, g
     """
     user, gecos, shell = (root or ("root", "root", "/bin/sh")) if fakeroot else (host.user, host.gecos, host.shell)
     uid, gid = (0, 0) if fakeroot else (host.uid, host.gid)
-    named = ((host.gid, host.group),) if host.group else ()
-    return identity_files_of((user, uid, gid, gecos, shell), (*named, *host.groups), home=home, passwd=passwd,
-                             group=group, member=host.user)
+    # No /etc/group at all where the primary group has no name, as Apptainer (files.Group fails, a warning)
+    groups = ((host.gid, host.group), *host.groups) if host.group else ()
+    return identity_files_of((user, uid, gid, gecos, shell), groups, home=home, passwd=passwd, group=group,
+                             member=host.user)
+
+
+def unknown_group(gid: int) -> tuple[str, ...]:
+    """Apptainer's warning (Go's os/user error) where the primary group has no name on the host: it writes no
+    /etc/group then (files.Group), and neither does singpy."""
+    return (f"group: unknown groupid {gid}",)
 
 
 def identity_files_of(entry: tuple[str, int, int, str, str], groups: tuple[tuple[int, str], ...], *, home: str,

@@ -12,12 +12,13 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import Singpy, readable_by_all
+from tests.conftest import SINGPY, Singpy, readable_by_all
 from tests.support.images import build_busybox_rootfs
 from tests.support.users import ensure_test_user, is_root
 
@@ -216,3 +217,39 @@ def test_security_uid_without_a_host_entry_leaves_the_images_files(as_root: Sing
     assert (result.returncode, result.stdout) == (0, IMAGE_PASSWD + IMAGE_GROUP + f"{uid}\n"), result.stderr
     assert result.stderr == f"WARNING: --security uid:{uid}: the host has no passwd entry for uid {uid}: the " \
         "image's /etc/passwd and /etc/group are left as they are\n"
+
+
+def _on_a_host_with(runner: Singpy, files: dict[str, str], workdir: Path,
+                    *args: str) -> subprocess.CompletedProcess[str]:
+    """singpy ARGS as `runner`'s user where the host's files (/etc/passwd, /etc/group) read as `files` say: copies
+    bound over them in a mount namespace of this run's own, by root (the host's own files never change)."""
+    binds = []
+    for dest, text in files.items():
+        copy = workdir / f"host{dest.replace('/', '-')}-{len(text)}"
+        copy.write_text(text)
+        copy.chmod(0o644)
+        binds.append(f"mount --bind {shlex.quote(str(copy))} {dest}")
+    drop = ["setpriv", f"--reuid={runner.uid}", f"--regid={runner.gid}", "--clear-groups"] if runner.uid else []
+    script = " && ".join([*binds, "exec " + " ".join(shlex.quote(word) for word in (*drop, SINGPY, *args))])
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script], env=runner.env(),
+                          cwd=runner.workdir, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_primary_group_without_a_name_writes_no_group_file(as_root: Singpy, as_user: Singpy,
+                                                              workdir: Path) -> None:
+    """Apptainer's files.Group fails where the entry's primary group has no name on the host: a warning (Go's
+    os/user words) and the image's /etc/group as it is; for the user's own entry and for --security uid:N."""
+    image = _image(workdir, "groups", passwd=IMAGE_PASSWD, group=IMAGE_GROUP)
+    own = grp.getgrgid(as_user.gid).gr_name
+    without = "".join(line for line in Path("/etc/group").read_text().splitlines(keepends=True)
+                      if not line.startswith(f"{own}:"))
+    result = _on_a_host_with(as_user, {"/etc/group": without}, workdir, "exec", str(image), "cat", "/etc/group")
+    assert (result.returncode, result.stdout) == (0, IMAGE_GROUP), result.stderr
+    assert result.stderr == f"WARNING: group: unknown groupid {as_user.gid}\n"
+    uid, gid = _unknown_uid(), _unknown_gid()
+    ghost = f"singpy-ghost:x:{uid}:{gid}:Ghost:/nonexistent:/bin/sh\n"
+    result = _on_a_host_with(as_root, {"/etc/passwd": Path("/etc/passwd").read_text() + ghost}, workdir, "exec",
+                             "--security", f"uid:{uid}", str(image), "sh", "-c", "cat /etc/passwd /etc/group; id -u")
+    assert result.stderr == f"WARNING: group: unknown groupid {gid}\n", result.stderr
+    assert result.stdout == IMAGE_PASSWD + ghost.replace("/nonexistent", pwd.getpwuid(0).pw_dir) + IMAGE_GROUP + \
+        f"{uid}\n"
