@@ -186,7 +186,9 @@ def _pull(reference: str, target: str, options: PullOptions, info: HostInfo, *, 
         from singpy.library.pull import pull as pull_library
 
         library_options = LibraryOptions(arch=options.arch, library=library, https=options.https)
-        return pull_library(reference, target, library_options, info.env, info.home, force=force)
+        summary = pull_library(reference, target, library_options, info.env, info.home, force=force)
+        _verify_library_image(target or _default_name(reference))
+        return summary
     if reference.startswith("oras://"):  # a SIF stored as an OCI artifact: downloaded as it is
         from singpy.oci import oras
 
@@ -194,6 +196,22 @@ def _pull(reference: str, target: str, options: PullOptions, info: HostInfo, *, 
     from singpy.oci.pull import pull
 
     return pull(reference, target, options, info.env, info.home, force=force)
+
+
+def _verify_library_image(path: str) -> None:
+    """As Apptainer's pull from a library: the file's signatures checked against the user's and the global
+    keyrings and the keyserver of the remote in use; a failure (an unsigned image) is its two warnings, never
+    an error (Apptainer no longer refuses one: --allow-unsigned is deprecated)."""
+    from singpy import console
+    from singpy.cli.verify import from_keyserver
+    from singpy.errors import SingpyError
+    from singpy.signing import verify
+
+    try:
+        verify.verify(path, verify.pgp_material()._replace(fetch=from_keyserver("")))
+    except SingpyError as error:
+        console.warning(error.message)
+        console.warning("Skipping container verification")
 
 
 def _pull_sandbox(reference: str, target: str, options: PullOptions, info: HostInfo, *, force: bool,

@@ -62,7 +62,7 @@ def verify_command(
     material = _material(certificate, intermediates, roots, ocsp, key)
     if material.local_certs is not None and not local:
         _check_url(url)
-        material = material._replace(fetch=_from_keyserver(url))
+        material = material._replace(fetch=from_keyserver(url))
     options = {"groups": [group_id] if group_id else [], "objects": [sif_id] if sif_id else [],
                "legacy": legacy, "all_objects": verify_all}
     if as_json:
@@ -135,7 +135,7 @@ def _check_url(url: str) -> None:
             raise SingpyError(f"Error while getting keyserver client config: {e.message}") from None
 
 
-def _from_keyserver(url: str) -> Callable[[str], tuple[Cert, ...]]:
+def from_keyserver(url: str) -> Callable[[str], tuple[Cert, ...]]:
     """The keys a keyserver gives for a fingerprint or key ID (Apptainer's hybrid keyring): none when no
     keyserver is configured, or with a warning when it fails, as Apptainer's "failed to get key material"."""
 

@@ -21,6 +21,7 @@ from tests.support.library_server import LibraryServer, start_library
 from tests.support.library_store import file_hash
 from tests.support.library_users import ALICE, BOB, login, user_env
 from tests.support.sifs import MARKER, bare_squashfs, singpy_sif
+from tests.support.signing_cases import golden, trust_golden_key
 
 
 def arm64_sif(workdir: Path) -> Path:
@@ -387,3 +388,27 @@ def test_delete_removes_the_tagged_image_after_asking(singpy: Singpy, library: L
         assert_one_fatal(missing, f"no tag {tag}")
     assert_one_fatal(singpy.run("delete", "-F", reference, env=env), "no tag v1")
     assert_one_fatal(singpy.run("delete", "oras://127.0.0.1/x:v1", env=env), "singpy deletes library://", code=1)
+
+
+def test_a_library_pull_checks_the_images_signatures(singpy: Singpy, library: LibraryServer, workdir: Path) -> None:
+    """As Apptainer's pull from a library: an unsigned image, or one whose signer no keyring holds (and no
+    keyserver gives), is its two warnings and the file all the same; a signature a key of the user's keyring
+    verifies says nothing."""
+    env, home = user_env(singpy, workdir, "pull-verify")
+    keys = home / "keys"
+    keys.mkdir()
+    os.chown(keys, singpy.uid, singpy.gid)
+    env["APPTAINER_KEYSDIR"] = str(keys)
+    library.store.add(golden("one-group-signed-pgp.sif"), "alice/tools/signed", ("v1",))
+    unsigned = singpy.run("pull", "--no-https", str(home / "unsigned.sif"), library.ref("alice/tools/busybox", "1.0"),
+                          env=env)
+    assert unsigned.returncode == 0 and (home / "unsigned.sif").exists(), unsigned.stderr
+    assert "WARNING: integrity: signature not found for object group 1\nWARNING: Skipping container verification\n" \
+        in unsigned.stderr
+    signed = library.ref("alice/tools/signed", "v1")
+    unknown = singpy.run("pull", "--no-https", "--arch", "386", str(home / "unknown.sif"), signed, env=env)
+    assert unknown.returncode == 0 and "WARNING: Skipping container verification\n" in unknown.stderr, unknown.stderr
+    trust_golden_key(singpy, home)
+    known = singpy.run("pull", "--no-https", "--arch", "386", str(home / "known.sif"), signed, env=env)
+    assert known.returncode == 0 and "WARNING" not in known.stderr, known.stderr
+    assert (home / "known.sif").read_bytes() == golden("one-group-signed-pgp.sif").read_bytes()
