@@ -31,7 +31,6 @@ INSECURE = typer.Option(False, "--insecure", "-i", help="allow insecure connecti
 _STATE = config_option(keyserver_app, "keyserver")
 
 
-
 def _remotes(system: bool) -> Any:
     import os
 

@@ -25,7 +25,6 @@ TOKENFILE = typer.Option("", "--tokenfile", help="path to the file holding the a
                          metavar="FILE")
 
 
-
 def _context() -> tuple[Mapping[str, str], str, str]:
     from singpy.host import host
 
