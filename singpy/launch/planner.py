@@ -333,7 +333,6 @@ def _identity_files(request: LaunchRequest, config: SysConfig, host: HostInfo, h
     return system.identity_files_of(entry, groups, home=home_dest, passwd=passwd, group=group), warned
 
 
-
 def _fakeroot(request: LaunchRequest, host: HostInfo) -> IdMap | None:
     if not request.fakeroot:
         return None

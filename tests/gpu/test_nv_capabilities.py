@@ -273,7 +273,6 @@ def test_older_driver_warning_for_a_sif_image(cuda_sif: Path, caps_host: simhost
     assert any(w.startswith("the image needs CUDA 12.6 but the host NVIDIA driver 550.54.14") for w in contrib.warnings)
 
 
-
 # --- MIG instances ----------------------------------------------------------------------------------------
 
 

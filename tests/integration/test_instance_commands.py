@@ -43,7 +43,6 @@ def _record(singpy: Singpy, name: str) -> dict[str, object]:
     return dict(json.loads(path.read_text()))
 
 
-
 def _runs(pid: int) -> bool:
     """Whether `pid` is a process that has not ended (a zombie waiting for its reaper has)."""
     try:

@@ -19,7 +19,6 @@ from tests.support.seccomp_profiles import deny, profile_file
 MKDIR = "mkdir /tmp/sec-$$ && echo made; rmdir /tmp/sec-$$ 2>/dev/null; true"
 
 
-
 @pytest.fixture(scope="module")
 def image(workdir: Path) -> Path:
     """busybox whose runscript runs its arguments (so that `run` runs the check too)."""
