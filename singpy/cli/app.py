@@ -20,7 +20,7 @@ from typer import _click as click
 from typer._click import exceptions as click_errors
 from typer.core import TyperArgument, TyperGroup
 
-from singpy.cli.options import ACTIONS, ENV_PREFIXES, GLOBAL_OPTIONS, Option
+from singpy.cli.options import ACTIONS, ENV_PREFIXES, GLOBAL_OPTIONS, NO_DMTCP, NO_DOCKER_DAEMON, Option
 
 _HELP = next(option for option in GLOBAL_OPTIONS if option.dest == "help")
 
@@ -220,19 +220,18 @@ def run_app(args: list[str]) -> int:
 # Apptainer's commands singpy does not have, and why: refused as such, not as a typing mistake.
 NOT_SUPPORTED_COMMANDS = {
     "oci": "singpy has no OCI runtime commands (Apptainer's `oci create|start|...`, for a runtime's own use)",
-    "checkpoint": "singpy has no DMTCP checkpointing (Apptainer's experimental `checkpoint` commands)",
+    "checkpoint": NO_DMTCP,
     "plugin": "singpy loads no plugins (Apptainer's are Go plugins built against its own source)",
 }
 
 
-_NO_DAEMON = "singpy reads images from no Docker daemon (Apptainer's docker-daemon: sources)"
 _NO_CLEANUP = "singpy always removes the work directory of a failed build or pull"
 _NO_REPRODUCIBLE = "singpy takes no creation date from the source image for its SIF yet"
 # Apptainer's flags of the typer commands that singpy does not have, and why (those of run, exec, shell and
 # instance start/run: singpy.cli.options.NOT_SUPPORTED).
 NOT_SUPPORTED_FLAGS = {
-    ("build", "--docker-host"): _NO_DAEMON, ("pull", "--docker-host"): _NO_DAEMON,
-    ("push", "--docker-host"): _NO_DAEMON,
+    ("build", "--docker-host"): NO_DOCKER_DAEMON, ("pull", "--docker-host"): NO_DOCKER_DAEMON,
+    ("push", "--docker-host"): NO_DOCKER_DAEMON,
     ("build", "--buildkit-host"): "singpy builds no Dockerfile (Apptainer's builds through BuildKit)",
     ("build", "--json"): "singpy reads definition files, not JSON ones",
     ("build", "--data"): "singpy builds no data container (an OCI-SIF holding a data layer)",

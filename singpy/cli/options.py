@@ -217,14 +217,14 @@ ACTIONS = {
 # Apptainer's action flags that singpy does not have: flag -> (the commands Apptainer has it for, why). A clear
 # refusal where "unknown flag" would suggest a typing mistake (singpy.cli.parse).
 _INSTANCE = ("instance start", "instance run")
-_NO_DMTCP = "singpy has no DMTCP checkpointing (Apptainer's experimental `checkpoint` commands)"
+NO_DMTCP = "singpy has no DMTCP checkpointing (Apptainer's experimental `checkpoint` commands)"
+NO_DOCKER_DAEMON = "singpy reads images from no Docker daemon (Apptainer's docker-daemon: sources)"
 NOT_SUPPORTED = {
     "--boot": (_INSTANCE, "singpy does not boot an image's /sbin/init as an instance's PID 1 (Apptainer: root only)"),
     "--allow-setuid": ((*ACTIONS, *_INSTANCE), "singpy mounts every container filesystem nosuid, for root too"),
-    "--dmtcp-launch": (_INSTANCE, _NO_DMTCP),
-    "--dmtcp-restart": (_INSTANCE, _NO_DMTCP),
-    "--docker-host": ((*ACTIONS, *_INSTANCE), "singpy reads images from no Docker daemon (Apptainer's "
-                      "docker-daemon: sources)"),
+    "--dmtcp-launch": (_INSTANCE, NO_DMTCP),
+    "--dmtcp-restart": (_INSTANCE, NO_DMTCP),
+    "--docker-host": ((*ACTIONS, *_INSTANCE), NO_DOCKER_DAEMON),
 }
 
 # The Examples section of each command's help, as Apptainer's help has one (its docs/content.go).
