@@ -203,7 +203,7 @@ def _verify_library_image(path: str) -> None:
     keyrings and the keyserver of the remote in use; a failure (an unsigned image) is its two warnings, never
     an error (Apptainer no longer refuses one: --allow-unsigned is deprecated)."""
     from singpy import console
-    from singpy.cli.verify import from_keyserver
+    from singpy.cli.keysource import from_keyserver
     from singpy.errors import SingpyError
     from singpy.signing import verify
 

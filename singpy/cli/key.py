@@ -8,9 +8,10 @@ pipes them); `--password` works but is visible to every user of the host, and sa
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import typer
+
+from singpy.cli.keysource import choose_keyserver
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -27,38 +28,6 @@ KEYSDIR = typer.Option("", "--keysdir", "-d", metavar="DIR", help="set local key
                        "way is to set environment variable 'APPTAINER_KEYSDIR'")
 URL = typer.Option("", "--url", "-u", metavar="URL", help="specify the key server URL",
                    envvar=["SINGPY_URL", "APPTAINER_URL", "SINGULARITY_URL"], show_envvar=False)
-
-
-def same_keyserver(first: str, second: str) -> bool:
-    """Whether two URIs name one keyserver; False where either names none (remote.yaml's Credentials also hold
-    registry logins of older versions, `oras://registry.example.org`: never a keyserver's, never an error)."""
-    from singpy.signing import hkp
-
-    try:
-        return hkp.normalize(first) == hkp.normalize(second)
-    except hkp.KeyserverError:
-        return False
-
-
-def active_keyservers(remote: dict[str, Any]) -> list[dict[str, Any]]:
-    return [server for server in remote.get("Keyservers") or [] if isinstance(server, dict) and not server.get("Skip")]
-
-
-def choose_keyserver(url: str) -> tuple[str, str]:
-    """(keyserver, its Authorization value): `--url`, else the first keyserver of the remote in use."""
-    from singpy.host import host
-    from singpy.library import remotes
-    from singpy.signing import hkp
-
-    info = host.capture()
-    view = remotes.user_view(info.env, info.home)
-    if not url:
-        servers = active_keyservers(view.default()[1]) if view.active else []
-        url = hkp.first_of([str(server.get("URI", "")) for server in servers])
-    server = hkp.normalize(url)
-    auth = next((str(cred.get("Auth") or "") for cred in view.credentials
-                 if isinstance(cred, dict) and same_keyserver(str(cred.get("URI", "")), server)), "")
-    return server, auth
 
 
 def _keyring(global_: bool, keysdir: str, *, writing: bool = False) -> Keyring:

@@ -21,7 +21,8 @@ from typing import Any
 
 import typer
 
-from singpy.cli.key import active_keyservers, ask_passphrase, same_keyserver, warn_argv_password
+from singpy.cli.key import ask_passphrase, warn_argv_password
+from singpy.cli.keysource import active_keyservers, same_keyserver
 from singpy.cli.remotefile import config_option
 
 keyserver_app = typer.Typer(name="keyserver", help="Manage the OpenPGP keyservers of the remote endpoints.",

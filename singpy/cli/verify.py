@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import typer
 
+from singpy.cli.keysource import from_keyserver
 from singpy.cli.pull import variables
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from pysequoia import Cert
-
     from singpy.signing.verify import KeyMaterial, SignatureResult
 
 IMAGE = typer.Argument(..., metavar="IMAGE.sif", show_default=False, help="the SIF image to verify")
@@ -133,32 +130,6 @@ def _check_url(url: str) -> None:
             hkp.normalize(url)
         except hkp.KeyserverError as e:
             raise SingpyError(f"Error while getting keyserver client config: {e.message}") from None
-
-
-def from_keyserver(url: str) -> Callable[[str], tuple[Cert, ...]]:
-    """The keys a keyserver gives for a fingerprint or key ID (Apptainer's hybrid keyring): none when no
-    keyserver is configured, or with a warning when it fails, as Apptainer's "failed to get key material"."""
-
-    def fetch(wanted: str) -> tuple[Cert, ...]:
-        from singpy import console
-        from singpy.cli.key import choose_keyserver
-        from singpy.errors import SingpyError
-        from singpy.signing import hkp, keyring
-
-        try:
-            server, auth = choose_keyserver(url)
-        except hkp.KeyserverError as e:
-            console.verbose(f"no keyserver asked for key {wanted}: {e.message}")
-            return ()
-        try:
-            certs = keyring.parse_certs(hkp.fetch(server, wanted, auth=auth), f"the keyserver {server}'s answer")
-        except SingpyError as e:
-            console.warning(f"failed to get key material: {e.message}")
-            return ()
-        # a fingerprint asked for: only that key (a server may answer with more); a key ID may be a subkey's
-        return tuple(cert for cert in certs if len(wanted) != 40 or keyring.fingerprint(cert) == wanted.upper())
-
-    return fetch
 
 
 def _type_name(datatype: int) -> str:
