@@ -5,14 +5,13 @@ and the order Apptainer prints several sections in (labels last)."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Singpy, assert_one_fatal, readable_by_all
+from tests.support.app_images import with_sif, write_file
 from tests.support.images import build_busybox_rootfs
-from tests.support.sifs import SINGPY
 
 FOO = {"runscript": "#!/bin/sh\necho foo runs\n", "runscript.help": "Help of foo.\n", "startscript": "",
        "labels.json": '{"APP": "foo", "SHOWN": "a\\u001b[31m"}\n', "env/90-environment.sh": "export FOO=1\n",
@@ -26,15 +25,10 @@ def app_images(workdir: Path) -> dict[str, Path]:
         build_busybox_rootfs(root)
         (root / ".singularity.d/labels.json").write_text('{"IMAGE": "label"}')
         for name, text in FOO.items():
-            (root / "scif/apps/foo/scif" / name).parent.mkdir(parents=True, exist_ok=True)
-            (root / "scif/apps/foo/scif" / name).write_text(text)
+            write_file(root / "scif/apps/foo/scif" / name, text)
         (root / "scif/apps/bar/scif").mkdir(parents=True)
         readable_by_all(root)
-    sif = workdir / "inspect-app.sif"
-    if not sif.exists():
-        subprocess.run([SINGPY, "-q", "build", str(sif), str(root)], check=True)
-        sif.chmod(0o644)
-    return {"sandbox": root, "sif": sif}
+    return with_sif(root, workdir / "inspect-app.sif")
 
 
 @pytest.fixture(params=["sandbox", "sif"])

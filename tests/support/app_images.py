@@ -39,11 +39,15 @@ def fixture_tested_images(workdir: Path) -> dict[str, Path]:
                 write_file(root / "scif" / "apps" / app / "scif" / name, text, 0o755)
         (root / "scif" / "apps" / "not-an-app").mkdir()  # no scif/ inside: Apptainer does not list it
         readable_by_all(root)
-    sif = workdir / "tested.sif"
+    return with_sif(root, workdir / "tested.sif")
+
+
+def with_sif(sandbox: Path, sif: Path) -> dict[str, Path]:
+    """The sandbox and a SIF `singpy build` makes of it (once), as {"sandbox": ..., "sif": ...}."""
     if not sif.exists():
-        subprocess.run([SINGPY, "-q", "build", str(sif), str(root)], check=True)
+        subprocess.run([SINGPY, "-q", "build", str(sif), str(sandbox)], check=True)
         sif.chmod(0o644)
-    return {"sandbox": root, "sif": sif}
+    return {"sandbox": sandbox, "sif": sif}
 
 
 @pytest.fixture(params=["sandbox", "sif"], name="tested")
