@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from singpy import console
+from singpy.cli.fastpull import SIF_URI_PREFIXES
 from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options, variables
 
 TYPE_CHECKING = False  # see singpy.record
@@ -304,9 +305,6 @@ class _PullEnv:
             from singpy.image import cache
 
             cache.remove_tree(self.scratch)
-
-
-SIF_URI_PREFIXES = ("library://", "oras://")  # build sources that are SIFs as pulled (Apptainer's library, oras)
 
 
 def _from_sif_uri(source: str, target: str, options: PullOptions, library: str, *, sandbox: bool, force: bool,

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 PREFIXES = ("SINGPY_", "APPTAINER_", "SINGULARITY_")  # singpy's precedence (docs/usage.md)
 URL_PREFIXES = ("http://", "https://")  # singpy.oci.netpull.PREFIXES: not imported for other pulls (typing)
+SIF_URI_PREFIXES = ("library://", "oras://")  # references of SIFs as stored (a library's, a registry's ORAS)
 
 # Each flag of `singpy pull`: its destination, whether it takes a value, and Apptainer's EnvKeys (the typer
 # options of singpy.cli.pull read the same keys from here).
@@ -224,7 +225,7 @@ def _pull_sandbox(reference: str, target: str, options: PullOptions, info: HostI
     from singpy.image.builder import build as build_image
 
     target = target or _default_name(reference)  # NAME_TAG.sif, a directory all the same (as Apptainer's)
-    if not reference.startswith(("library://", "oras://", *URL_PREFIXES)):
+    if not reference.startswith((*SIF_URI_PREFIXES, *URL_PREFIXES)):
         from singpy.oci.pull import build_from
 
         return build_from(reference, target, options, info.env, info.home, sandbox=True, force=force)
