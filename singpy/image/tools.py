@@ -92,6 +92,23 @@ def _deliver_again(unraisable: Any) -> None:
     _previous_hooks[-1](unraisable)
 
 
+def keep_interrupts() -> None:
+    """Before Interruptible (a pull starting up, its modules imported as needed): a Ctrl-C whose KeyboardInterrupt
+    lands in a callback Python can only print (importlib's module lock's) is sent again, and ends the command as
+    any other does, where it was printed as a traceback and lost (the pull went on to its end: seen in CI)."""
+    if sys.unraisablehook is sys.__unraisablehook__:
+        sys.unraisablehook = _interrupt_again
+
+
+def _interrupt_again(unraisable: Any) -> None:
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        import _thread  # as _deliver_again: raised in this hook, it would be printed too
+
+        _thread.start_new_thread(_send_later, (_thread.get_ident(), signal.SIGINT))
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def _send_later(main: int, number: int) -> None:
     """The signal again to the main thread, once it is out of the callback (taken there too, it comes back
     here: a few round trips at most, as a callback is short)."""

@@ -136,3 +136,33 @@ def test_a_signal_during_a_thread_start_interrupts_once_the_thread_runs(name: st
     result = subprocess.run([sys.executable, "-c", _IN_A_THREAD_START % name], capture_output=True, text=True,
                             timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert result.stdout == f"interrupted by {name} True\n" and result.stderr == "", result
+
+
+_BEFORE_INTERRUPTIBLE = """
+import os, signal
+from singpy.image.tools import keep_interrupts
+
+class Dropped:
+    def __del__(self):  # Python only prints what a __del__ raises ("Exception ignored in")
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100000):  # the default handler's KeyboardInterrupt is raised here
+            pass
+
+keep_interrupts()
+try:
+    Dropped()
+    for _ in range(10000000):  # the start of a pull, before its Interruptible
+        pass
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_ctrl_c_in_a_callback_before_the_pull_is_not_lost() -> None:
+    """CI saw SIGINT land in importlib's module lock callback as a pull started: printed, lost, the pull done."""
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", _BEFORE_INTERRUPTIBLE], capture_output=True, text=True,
+                            timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert result.stdout == "interrupted\n" and result.stderr == "", result
