@@ -155,9 +155,6 @@ def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, 
     """The body of `singpy pull`, whichever parser read the command line."""
     from singpy import console
     from singpy.host import host
-    from singpy.image.tools import keep_interrupts
-
-    keep_interrupts()
 
     target, reference = pull_target(words, name, directory)
     if reference.startswith(URL_PREFIXES) and not sandbox:  # an image file on a web server (Nextflow's nf-core images)

@@ -93,6 +93,9 @@ def _dispatch(args: list[str]) -> int:
         from singpy.oci import tagcheck
 
         tagcheck.release()
+    from singpy.image.tools import keep_interrupts
+
+    keep_interrupts()  # a Ctrl-C that lands in importlib's callback as typer or a module loads: sent again, not lost
     run_site()  # typer and the rest: the interpreter as a plain `python3` start leaves it
     from singpy import console
     from singpy.cli.actions import verbosity

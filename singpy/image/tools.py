@@ -93,9 +93,10 @@ def _deliver_again(unraisable: Any) -> None:
 
 
 def keep_interrupts() -> None:
-    """Before Interruptible (a pull starting up, its modules imported as needed): a Ctrl-C whose KeyboardInterrupt
-    lands in a callback Python can only print (importlib's module lock's) is sent again, and ends the command as
-    any other does, where it was printed as a traceback and lost (the pull went on to its end: seen in CI)."""
+    """From the dispatch of every command but run/exec/shell/test on (singpy.cli.main), before any Interruptible:
+    a Ctrl-C whose KeyboardInterrupt lands in a callback Python can only print (importlib's module lock's, as
+    typer or a command's modules load) is sent again, and ends the command as any other does, where it was
+    printed as a traceback and lost (a pull went on to its end: seen in CI)."""
     if sys.unraisablehook is sys.__unraisablehook__:
         sys.unraisablehook = _interrupt_again
 

@@ -5,7 +5,7 @@ The download runs on worker threads (singpy.oci.layercache), a large blob is has
 signal into the FATAL (singpy.image.tools.Interruptible) and cleans up under them. The traceback seen was the
 main thread's: the handler ran inside importlib's module lock callback, where Python only prints what is
 raised ("Exception ignored in"), and the signal was lost (the pull went on): the sweep below hits that now
-and then, the callback test every time.
+and then, the callback tests every time (for any command but the launches, from its dispatch on).
 """
 
 from __future__ import annotations
@@ -166,3 +166,41 @@ def test_a_ctrl_c_in_a_callback_before_the_pull_is_not_lost() -> None:
     result = subprocess.run([sys.executable, "-c", _BEFORE_INTERRUPTIBLE], capture_output=True, text=True,
                             timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert result.stdout == "interrupted\n" and result.stderr == "", result
+
+
+_AS_A_COMMAND_LOADS = """
+import os, signal, sys
+from singpy.cli.main import main
+
+class Dropped:
+    def __del__(self):  # as importlib's module lock callback: what it raises is only printed
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(100000):
+            pass
+
+class Finder:  # asked first for every import: the Ctrl-C lands as the command's own module loads
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == %r:
+            Dropped()
+        return None
+
+sys.meta_path.insert(0, Finder)
+sys.exit(main(%r))
+"""
+
+
+@pytest.mark.parametrize(("module", "words"), [
+    ("singpy.cli.app", ["cache", "list"]),  # typer's commands (build, cache, instance...)
+    ("singpy.cli.fastpull", ["pull", "--help"]),  # pull, before any of its Interruptible blocks
+], ids=["cache-list", "pull"])
+def test_a_ctrl_c_in_a_callback_as_a_command_starts_ends_it(workdir: Path, module: str, words: list[str]) -> None:
+    """Every command but the launches (whose payload takes the terminal's signals) keeps such a Ctrl-C: it ends
+    the command with 130, as a Ctrl-C anywhere else does, where it was printed as a traceback and the command
+    went on to its end."""
+    import sys
+
+    env = {**os.environ, "APPTAINER_CACHEDIR": str(workdir / "cache")}
+    result = subprocess.run([sys.executable, "-c", _AS_A_COMMAND_LOADS % (module, words)], capture_output=True,
+                            text=True, timeout=120, cwd=Path(__file__).resolve().parents[2], env=env)
+    assert (result.returncode, result.stderr) == (130, ""), result
