@@ -225,7 +225,7 @@ NOT_SUPPORTED_COMMANDS = {
 }
 
 
-_NO_CLEANUP = "singpy always removes the work directory of a failed build or pull"
+_NO_CLEANUP = "a pull has no build directory to keep: singpy squashes the layers as they arrive"
 _NO_REPRODUCIBLE = "singpy takes no creation date from the source image for its SIF yet"
 # Apptainer's flags of the typer commands that singpy does not have, and why (those of run, exec, shell and
 # instance start/run: singpy.cli.options.NOT_SUPPORTED).
@@ -235,7 +235,7 @@ NOT_SUPPORTED_FLAGS = {
     ("build", "--buildkit-host"): "singpy builds no Dockerfile (Apptainer's builds through BuildKit)",
     ("build", "--json"): "singpy reads definition files, not JSON ones",
     ("build", "--data"): "singpy builds no data container (an OCI-SIF holding a data layer)",
-    ("build", "--no-cleanup"): _NO_CLEANUP, ("pull", "--no-cleanup"): _NO_CLEANUP,
+    ("pull", "--no-cleanup"): _NO_CLEANUP,
     ("build", "--reproducible"): _NO_REPRODUCIBLE, ("pull", "--reproducible"): _NO_REPRODUCIBLE,
     ("push", "--annotation"): "singpy pushes no OCI annotations",
 }

@@ -73,6 +73,9 @@ def build_command(
     disable_cache: bool = typer.Option(False, "--disable-cache", help="neither use nor fill the cache: base "
                                        "images are pulled into the build's work directory",
                                        envvar=variables("DISABLE_CACHE"), show_envvar=False),
+    no_cleanup: bool = typer.Option(False, "--no-cleanup", help="keep the work directory of a definition file's "
+                                    "build (its stages' trees), even when it fails: for debugging",
+                                    envvar=variables("NO_CLEANUP"), show_envvar=False),
     library: str = typer.Option("", "--library", help="the library of library:// sources and `Bootstrap: library` "
                                 "stages (over their Library: header; default: the remote in use)", metavar="URL",
                                 envvar=variables("LIBRARY"), show_envvar=False),
@@ -110,6 +113,8 @@ def build_command(
     if userns:  # Apptainer's "without setuid": singpy has no setuid part, it always builds this way
         console.verbose("--userns: singpy never uses setuid; the build runs as it would without the flag")
     wanted = _sections(section)
+    if no_cleanup and not is_definition_file(source):  # a build from an image converts it: no stage trees
+        console.verbose("--no-cleanup: a build from an image keeps no work directory")
     if update and not sandbox:
         from singpy.errors import UsageError
 
@@ -137,7 +142,8 @@ def build_command(
                            warn_unused=warn_unused_build_args)
         request = request.replace(mounts=tuple(mount), sections=wanted, update=update, fix_perms=fix_perms,
                                   nv=nv, nvccli=nvccli, rocm=rocm, compat32=compat32, writable_tmpfs=writable_tmpfs,
-                                  disable_cache=disable_cache, squash_args=squash_args, library=library)
+                                  disable_cache=disable_cache, squash_args=squash_args, library=library,
+                                  no_cleanup=no_cleanup)
         _check_specs(request, info.cwd)
         console.info(build(request, options=options, env=os.environ, home=info.home, cwd=info.cwd))
         return

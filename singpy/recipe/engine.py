@@ -63,6 +63,7 @@ class BuildRequest(Record):
     update: bool = False  # --update: the last stage starts from the existing sandbox OUT, not its bootstrap
     fix_perms: bool = False  # --fix-perms: owner rwX on everything the bootstrap brought
     disable_cache: bool = False  # --disable-cache: base images pulled into the work directory, not the cache
+    no_cleanup: bool = False  # --no-cleanup: the work directory (the stages' trees) kept, whatever the outcome
 
 
 def read_definition(request: BuildRequest) -> tuple[str, Definition]:
@@ -108,7 +109,8 @@ def _from_stage(section: Section) -> str:
 
 
 def build(request: BuildRequest, *, options: PullOptions, env: Mapping[str, str], home: str, cwd: str) -> str:
-    """Build OUT from the definition file; returns the closing line. Nothing is left behind on failure."""
+    """Build OUT from the definition file; returns the closing line. Nothing is left behind on failure (but the
+    work directory with --no-cleanup)."""
     from singpy.image import tools
 
     text, definition = read_definition(request)
@@ -138,7 +140,10 @@ def build(request: BuildRequest, *, options: PullOptions, env: Mapping[str, str]
     finally:
         if layers is not None:
             layers.release()
-        workdir.remove(work, idmap)
+        if request.no_cleanup:  # Apptainer's words: its bundles are kept whatever the outcome too
+            console.info(f"Build performed with no clean up option, build bundle(s) located at: {work}")
+        else:
+            workdir.remove(work, idmap)
     return f"Build complete: {request.target}"
 
 

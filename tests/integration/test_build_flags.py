@@ -402,3 +402,41 @@ def test_a_sandbox_given_as_a_link_is_copied_and_post_may_replace_its_script(sin
     result = build(singpy, "--sandbox", str(out / "built"), str(recipe))
     assert "Traceback" not in result.stderr and "WARNING: %post replaced /.post.script" in result.stderr
     assert (out / "built" / "post-made").read_text() == "post\n"
+
+
+KEPT = """
+    Bootstrap: localimage
+    From: {base}
+
+    %post
+        echo kept > /post-made
+        exit {status}
+    """
+
+
+@pytest.mark.parametrize(("status", "how"), [(3, "flag"), (0, "variable")], ids=["failing", "succeeding"])
+def test_no_cleanup_keeps_the_work_directory_and_says_where(singpy: Singpy, workdir: Path, status: int,
+                                                            how: str) -> None:
+    """`--no-cleanup` (or APPTAINER_NO_CLEANUP): the stages' trees stay for a look into %post, whatever the outcome,
+    with Apptainer's line naming them; the user removes them as docs/build.md says."""
+    out = out_dir(singpy, workdir, f"no-cleanup-{status}")
+    recipe = write_recipe(out, KEPT.format(base=base_sandbox(workdir), status=status))
+    flags, env = (["--no-cleanup"], None) if how == "flag" else ([], singpy.env(APPTAINER_NO_CLEANUP="1"))
+    result = singpy.run("build", *flags, str(out / "image.sif"), str(recipe), env=env, timeout=BUILD_TIMEOUT)
+    assert result.returncode == (255 if status else 0), result
+    assert (out / "image.sif").exists() == (status == 0)
+    [kept] = build_dirs(out)
+    assert f"INFO:    Build performed with no clean up option, build bundle(s) located at: {out / kept}\n" \
+        in result.stderr
+    assert [path.read_text() for path in (out / kept).glob("stage*/post-made")] == ["kept\n"]
+    removal = ["unshare", "--map-auto", "--map-root-user"] if singpy.uid else []
+    subprocess.run([*removal, "rm", "-rf", str(out / kept)], check=True, **singpy.switch())  # type: ignore[call-overload]
+    assert build_dirs(out) == []
+
+
+def test_without_no_cleanup_nothing_is_kept(singpy: Singpy, workdir: Path) -> None:
+    out = out_dir(singpy, workdir, "cleanup")
+    recipe = write_recipe(out, KEPT.format(base=base_sandbox(workdir), status=3))
+    result = singpy.run("build", str(out / "image.sif"), str(recipe), timeout=BUILD_TIMEOUT)
+    assert result.returncode == 255 and "no clean up" not in result.stderr, result
+    assert build_dirs(out) == []
