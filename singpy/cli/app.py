@@ -226,7 +226,6 @@ NOT_SUPPORTED_COMMANDS = {
 
 
 _NO_CLEANUP = "a pull has no build directory to keep: singpy squashes the layers as they arrive"
-_NO_REPRODUCIBLE = "singpy takes no creation date from the source image for its SIF yet"
 # Apptainer's flags of the typer commands that singpy does not have, and why (those of run, exec, shell and
 # instance start/run: singpy.cli.options.NOT_SUPPORTED).
 NOT_SUPPORTED_FLAGS = {
@@ -236,7 +235,6 @@ NOT_SUPPORTED_FLAGS = {
     ("build", "--json"): "singpy reads definition files, not JSON ones",
     ("build", "--data"): "singpy builds no data container (an OCI-SIF holding a data layer)",
     ("pull", "--no-cleanup"): _NO_CLEANUP,
-    ("build", "--reproducible"): _NO_REPRODUCIBLE, ("pull", "--reproducible"): _NO_REPRODUCIBLE,
     ("push", "--annotation"): "singpy pushes no OCI annotations",
 }
 

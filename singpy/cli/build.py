@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from singpy import console
-from singpy.cli.fastpull import SIF_URI_PREFIXES
+from singpy.cli.fastpull import SIF_URI_PREFIXES, dated
 from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options, variables
 
 TYPE_CHECKING = False  # see singpy.record
@@ -73,6 +73,10 @@ def build_command(
     disable_cache: bool = typer.Option(False, "--disable-cache", help="neither use nor fill the cache: base "
                                        "images are pulled into the build's work directory",
                                        envvar=variables("DISABLE_CACHE"), show_envvar=False),
+    reproducible: bool = typer.Option(False, "--reproducible", help="a SIF of the same bytes each time, dated by "
+                                      "the creation of the OCI image (the source, or the last stage's base); "
+                                      "SOURCE_DATE_EPOCH without it", envvar=variables("REPRODUCIBLE"),
+                                      show_envvar=False),
     no_cleanup: bool = typer.Option(False, "--no-cleanup", help="keep the work directory of a definition file's "
                                     "build (its stages' trees), even when it fails: for debugging",
                                     envvar=variables("NO_CLEANUP"), show_envvar=False),
@@ -108,13 +112,15 @@ def build_command(
     from singpy.image.detect import is_definition_file
     from singpy.oci.ref import is_image_uri
 
-    options = pull_options(arch, docker_login, authfile, no_https or _nohttps_env(), arch_variant)
+    options = pull_options(arch, docker_login, authfile, no_https or _nohttps_env(), arch_variant, reproducible)
     squash_args = tuple(mksquashfs_args.split())  # Apptainer's strings.Fields: no quoting
     if userns:  # Apptainer's "without setuid": singpy has no setuid part, it always builds this way
         console.verbose("--userns: singpy never uses setuid; the build runs as it would without the flag")
     wanted = _sections(section)
     if no_cleanup and not is_definition_file(source):  # a build from an image converts it: no stage trees
         console.verbose("--no-cleanup: a build from an image keeps no work directory")
+    if reproducible:
+        _check_reproducible(source, through_tree=fix_perms or bool(squash_args))
     if update and not sandbox:
         from singpy.errors import UsageError
 
@@ -143,7 +149,7 @@ def build_command(
         request = request.replace(mounts=tuple(mount), sections=wanted, update=update, fix_perms=fix_perms,
                                   nv=nv, nvccli=nvccli, rocm=rocm, compat32=compat32, writable_tmpfs=writable_tmpfs,
                                   disable_cache=disable_cache, squash_args=squash_args, library=library,
-                                  no_cleanup=no_cleanup)
+                                  no_cleanup=no_cleanup, reproducible=reproducible)
         _check_specs(request, info.cwd)
         console.info(build(request, options=options, env=os.environ, home=info.home, cwd=info.cwd))
         return
@@ -160,6 +166,20 @@ def build_command(
     console.info(build_image(target, source, force=force, env=os.environ, sandbox=sandbox, squash_args=squash_args))
     if fix_perms:
         _fix_perms(os.path.abspath(target))
+
+
+def _check_reproducible(source: str, *, through_tree: bool) -> None:
+    """--reproducible: a definition file, or an OCI image pulled to a SIF (singpy.image.builddate); not a SIF or
+    a sandbox made again, nor an image squashed from a tree (--fix-perms, --mksquashfs-args)."""
+    from singpy.image.detect import is_definition_file
+    from singpy.oci.ref import is_image_uri
+
+    oci = is_image_uri(source) and not source.startswith(SIF_URI_PREFIXES)
+    if not (is_definition_file(source) or oci and not through_tree):
+        from singpy.errors import UsageError
+
+        raise UsageError("--reproducible builds from a definition file or an OCI image (docker://, oci:...), the "
+                         "latter without --fix-perms or --mksquashfs-args")
 
 
 _ENCRYPTING = False  # set while the plain image of an encrypted build is made (its own call of build_command)
@@ -283,7 +303,7 @@ def _from_uri(source: str, target: str, options: PullOptions, *, sandbox: bool, 
                                                                   force=False), disable_cache=disable_cache,
                       fix=fix_perms, squash_args=squash_args)
         return
-    with _PullEnv(target, disable_cache) as env:
+    with _PullEnv(target, disable_cache or dated(options.reproducible)) as env:  # a reproducible SIF: never cached
         console.info(build_from(source, target, options, env, home, sandbox=sandbox, force=force))
     if fix_perms:
         _fix_perms(os.path.abspath(target))

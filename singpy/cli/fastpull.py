@@ -39,6 +39,7 @@ FLAGS: dict[str, tuple[str, bool]] = {
     "--library": ("library", True),
     "--disable-cache": ("disable_cache", False),
     "--sandbox": ("sandbox", False),
+    "--reproducible": ("reproducible", False),
 }
 BOOLEANS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if not takes_value}))
 TEXTS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if takes_value}))
@@ -46,7 +47,7 @@ ENV_KEYS: dict[str, tuple[str, ...]] = {
     "force": ("FORCE",), "arch": ("PULL_ARCH",), "arch_variant": ("PULL_ARCH_VARIANT",),
     "docker_login": ("DOCKER_LOGIN",), "authfile": ("AUTH_FILE", "AUTHFILE"), "no_https": ("NOHTTPS", "NO_HTTPS"),
     "name": ("PULL_NAME",), "directory": ("PULLDIR", "PULLFOLDER"), "library": ("LIBRARY",),
-    "disable_cache": ("DISABLE_CACHE",), "sandbox": ("SANDBOX",),
+    "disable_cache": ("DISABLE_CACHE",), "sandbox": ("SANDBOX",), "reproducible": ("REPRODUCIBLE",),
 }
 # click's boolean words (typer._click.types.BoolParamType); any other value is left to typer to refuse
 _CLICK_WORDS = {"1": True, "yes": True, "true": True, "on": True, "t": True, "y": True,
@@ -142,16 +143,27 @@ def _leave() -> NoReturn:
     os._exit(status)
 
 
-def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool, variant: str = "") -> PullOptions:
+def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool, variant: str = "",
+                 reproducible: bool = False) -> PullOptions:
     """The PullOptions of these flags."""
     from singpy.oci.pull import PullOptions
 
-    return PullOptions(arch=arch, variant=variant, login=docker_login, authfile=authfile, https=not no_https)
+    return PullOptions(arch=arch, variant=variant, login=docker_login, authfile=authfile, https=not no_https,
+                       reproducible=reproducible)
+
+
+def dated(reproducible: bool) -> bool:
+    """Whether a SIF made from an OCI image is a reproducible one (singpy.image.builddate)."""
+    import os
+
+    from singpy.image.builddate import VARIABLE
+
+    return reproducible or VARIABLE in os.environ
 
 
 def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, authfile: str, no_https: bool,
                name: str, directory: str, library: str, disable_cache: bool = False, arch_variant: str = "",
-               sandbox: bool = False) -> None:
+               sandbox: bool = False, reproducible: bool = False) -> None:
     """The body of `singpy pull`, whichever parser read the command line."""
     from singpy import console
     from singpy.host import host
@@ -163,7 +175,7 @@ def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, 
         console.info(netpull.pull_url(reference, target, force=force))
         return
     info = host.capture()
-    options = pull_options(arch, docker_login, authfile, no_https, arch_variant)
+    options = pull_options(arch, docker_login, authfile, no_https, arch_variant, reproducible)
 
     def pulled(where: HostInfo) -> int:
         if sandbox:
@@ -172,7 +184,9 @@ def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, 
             console.info(_pull(reference, target, options, where, force=force, library=library))
         return 0
 
-    if disable_cache:  # as Apptainer's: a temporary cache, removed after the pull (singpy.cli.nocache)
+    if disable_cache or (not sandbox and not reference.startswith(SIF_URI_PREFIXES) and dated(reproducible)):
+        # as Apptainer's: a temporary cache, removed after the pull (singpy.cli.nocache); a reproducible SIF too,
+        # which the cache never shares (its date, nil UUID and file times are not those of another run's)
         from singpy.cli.nocache import in_temporary_cache
 
         in_temporary_cache(info, pulled)

@@ -51,6 +51,9 @@ def pull_command(
                                        envvar=variables(*ENV_KEYS["disable_cache"]), show_envvar=False),
     sandbox: bool = typer.Option(False, "--sandbox", help="write a sandbox directory instead of a SIF file",
                                  envvar=variables(*ENV_KEYS["sandbox"]), show_envvar=False),
+    reproducible: bool = typer.Option(False, "--reproducible", help="a SIF of the same bytes each time: dated by "
+                                      "the image's creation (docker://, oci:...; SOURCE_DATE_EPOCH without it)",
+                                      envvar=variables(*ENV_KEYS["reproducible"]), show_envvar=False),
     allow_unsigned: bool = typer.Option(False, "--allow-unsigned", "-U", "--allow-unauthenticated", hidden=True,
                                         envvar=variables("ALLOW_UNSIGNED", "ALLOW_UNAUTHENTICATED")),
 ) -> None:
@@ -60,7 +63,7 @@ def pull_command(
         _deprecated_on_command_line(context)
     pull_words(words, force=force, arch=arch, docker_login=docker_login, authfile=authfile, no_https=no_https,
                name=name, directory=directory, library=library, disable_cache=disable_cache, arch_variant=arch_variant,
-               sandbox=sandbox)
+               sandbox=sandbox, reproducible=reproducible)
 
 
 def _deprecated_on_command_line(context: typer.Context) -> None:

@@ -81,6 +81,7 @@ def build_sif(target: str, sandbox: str, *, env: Mapping[str, str], source: str 
               squash_args: Sequence[str] = ()) -> None:
     """A SIF `target` of the directory `sandbox`; `source`: the image the build names as its `from` (default:
     the sandbox itself; a SIF rebuilt through a scratch tree names the SIF, never that tree)."""
+    from singpy.image import builddate
     from singpy.image.metadata import read_tree
     from singpy.image.sifwrite import build_sif_from_squashfs
 
@@ -99,7 +100,8 @@ def build_sif(target: str, sandbox: str, *, env: Mapping[str, str], source: str 
                        label=f"Squashing {os.path.basename(sandbox)}", failure=f"can't build {target}")
         console.verbose(f"writing {target} ({os.path.getsize(squashfs)} bytes of squashfs, {arch})")
         build_sif_from_squashfs(target, squashfs, arch=arch, deffile=deffile,
-                                inspect_metadata={"data": {"attributes": attributes}, "type": "container"})
+                                inspect_metadata={"data": {"attributes": attributes}, "type": "container"},
+                                deterministic=builddate.from_env(os.environ) is not None)
     finally:
         cache.remove_tree(scratch)
 
@@ -135,8 +137,11 @@ def resquash(target: str, image: str, *, env: Mapping[str, str], squash_args: Se
 
 
 def build_labels(arch: str) -> dict[str, str]:
-    """The labels Apptainer's build adds to every image (org.label-schema.*), singpy standing in for apptainer."""
-    now = time.gmtime()
+    """The labels Apptainer's build adds to every image (org.label-schema.*), singpy standing in for apptainer;
+    dated by SOURCE_DATE_EPOCH where it is set (singpy.image.builddate)."""
+    from singpy.image import builddate
+
+    now = builddate.label_time(builddate.from_env(os.environ))
     return {
         "org.label-schema.build-arch": arch,
         "org.label-schema.build-date": time.strftime("%A_%-d_%B_%Y_%H:%M:%S_UTC", now),

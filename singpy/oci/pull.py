@@ -51,6 +51,7 @@ class PullOptions(Record):
     https: bool = True
     authfile: str = ""
     login: bool = False
+    reproducible: bool = False  # --reproducible: the SIF dated by the image's creation (singpy.image.builddate)
 
 
 class Resolved(Record):
@@ -61,6 +62,7 @@ class Resolved(Record):
     top: str  # the digest the reference names now (an index, or the manifest itself)
     manifest: Any  # singpy.oci.manifest.Manifest of the platform's image
     source: Any  # Source
+    epoch: int | None = None  # the date of a reproducible SIF (singpy.image.builddate), None: a SIF of now
 
 
 def nohttps(env: Mapping[str, str]) -> bool:
@@ -109,9 +111,21 @@ def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], h
     check_target(target, force=force)
     location = store.location(env, home)
     source = _registry(ref, options, env, home) if ref.transport == "docker" else _local(ref)
-    sif = ensure_sif(resolve(ref, source, _platform(options)), location, env)
+    resolved = resolve(ref, source, _platform(options))
+    from singpy.image import builddate
+
+    if options.reproducible or builddate.VARIABLE in os.environ:  # made in a temporary cache (singpy.cli)
+        created = builddate.of_config(_config(resolved), str(ref)) if options.reproducible else None
+        resolved = resolved.replace(epoch=builddate.chosen(options.reproducible, created, str(ref)))
+    sif = ensure_sif(resolved, location, env)
     _copy(sif, target)
     return f"pulled {ref} to {target}"
+
+
+def image_created(sif: str) -> int | None:
+    """The creation date of the OCI image whose SIF `sif` is in the cache (as its record says), else None."""
+    seconds = cache.read_record(sif.removesuffix(".sif") + ".json").get("image_created")
+    return seconds if isinstance(seconds, int) and not isinstance(seconds, bool) else None
 
 
 def build_from(text: str, target: str, options: PullOptions, env: Mapping[str, str], home: str, *,
@@ -253,7 +267,7 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
     try:
         with tools.Interruptible():
             try:
-                _make_sif(resolved, work, sif, location, env)
+                config = _make_sif(resolved, work, sif, location, env)
             except tools.Interrupted as interrupted:
                 raise tools.Interrupted(f"pull of {resolved.reference} {interrupted.message}") from None
             except OSError as error:
@@ -262,17 +276,20 @@ def _convert(resolved: Resolved, sif: str, location: str, env: Mapping[str, str]
                                         cache=location) from None
             except ImageError as error:
                 raise store.space_error(error, os.path.dirname(work), env, cache=location) from None
+        from singpy.image.builddate import created_seconds
+
         store.seal_sif(sif, resolved.manifest.digest, {
-            "source": str(resolved.reference), "platform": resolved.platform, "created": int(time.time())})
+            "source": str(resolved.reference), "platform": resolved.platform, "created": int(time.time()),
+            "image_created": created_seconds(config)})  # for a reproducible build on this image
     finally:
         cache.remove_tree(work)
         os.close(held)
 
 
-def _make_sif(resolved: Resolved, work: str, sif: str, location: str, env: Mapping[str, str]) -> None:
+def _make_sif(resolved: Resolved, work: str, sif: str, location: str, env: Mapping[str, str]) -> dict[str, Any]:
     """The SIF at `sif` made through the merged stream where it can hold the image, else through a tree for
-    mksquashfs. A fallback goes on with the same progress and the same blobs: it says nothing twice (Steps
-    shows a line once) and downloads nothing again."""
+    mksquashfs; returns the image's config. A fallback goes on with the same progress and the same blobs: it
+    says nothing twice (Steps shows a line once) and downloads nothing again."""
     from singpy.oci.layercache import Blobs
     from singpy.oci.progress import Steps
 
@@ -282,9 +299,10 @@ def _make_sif(resolved: Resolved, work: str, sif: str, location: str, env: Mappi
     with Steps(f"Getting {resolved.reference}") as steps:
         blobs = Blobs(resolved.source, descriptors, location, steps)
         if _streamed(resolved, config, descriptors, blobs, steps, work, sif, env):
-            return
+            return config
         _assemble(resolved, config, descriptors, blobs, steps, f"{work}/rootfs", ownership=ownership)
     _squash(resolved, config, f"{work}/rootfs", work, sif, ownership)  # the Steps' bar gone: mksquashfs has its own
+    return config
 
 
 def _streamed(resolved: Resolved, config: dict[str, Any], descriptors: list[dict[str, Any]], blobs: Any, steps: Any,
@@ -296,7 +314,8 @@ def _streamed(resolved: Resolved, config: dict[str, Any], descriptors: list[dict
     if streamsquash.forced_tree(env):
         return False
     squashed = streamsquash.squash(blobs, steps, descriptors, str(resolved.reference), work, config=config,
-                                   labels=_labels(resolved, config), deffile=_deffile(resolved.reference))
+                                   labels=_labels(resolved, config), deffile=_deffile(resolved.reference),
+                                   epoch=resolved.epoch)
     if squashed is None:
         return False
     _write_sif(resolved, config, squashed.path, sif, squashed.attributes)
@@ -368,13 +387,14 @@ def _assemble(resolved: Resolved, config: dict[str, Any], descriptors: list[dict
 
 def _labels(resolved: Resolved, config: dict[str, Any]) -> dict[str, str]:
     """The labels Apptainer's build adds for an OCI source (convert merges the image's own)."""
+    from singpy.image.builddate import label_time
     from singpy.image.detect import host_arch
 
     ref = resolved.reference
     arch = config.get("architecture") if isinstance(config.get("architecture"), str) else host_arch()
     return {
         "org.label-schema.build-arch": str(arch),
-        "org.label-schema.build-date": time.strftime("%A_%-d_%B_%Y_%H:%M:%S_UTC", time.gmtime()),
+        "org.label-schema.build-date": time.strftime("%A_%-d_%B_%Y_%H:%M:%S_UTC", label_time(resolved.epoch)),
         "org.label-schema.schema-version": "1.0",
         "org.label-schema.usage.singularity.deffile.bootstrap": ref.transport,
         "org.label-schema.usage.singularity.deffile.from": _from(ref),
@@ -416,7 +436,8 @@ def _write_sif(resolved: Resolved, config: dict[str, Any], squashfs: str, sif: s
     try:
         build_sif_from_squashfs(sif, squashfs, arch=arch if arch in ARCHES else host_arch(), deffile=deffile,
                                 inspect_metadata={"data": {"attributes": attributes}, "type": "container"},
-                                oci_config=config.get("config") if isinstance(config.get("config"), dict) else {})
+                                oci_config=config.get("config") if isinstance(config.get("config"), dict) else {},
+                                deterministic=resolved.epoch is not None)
     except OSError as error:  # written in the cache, not in the work directory: the message says where
         raise ImageError(f"can't write the SIF {sif}: {error.strerror}") from None
 

@@ -37,7 +37,7 @@ from singpy.image.tools import start_thread
 from singpy.oci.layertree import EntryError, sparse_regions
 from singpy.oci.streamdata import Offsets, copy_data, header, send_ranges, send_sparse
 from singpy.oci.streams import drain
-from singpy.oci.tarmerge import File, Index, Node, Unsupported
+from singpy.oci.tarmerge import Dir, File, Index, Node, Unsupported
 
 _BLOCK = 512
 _CHUNK = 1 << 20
@@ -61,9 +61,11 @@ def forced_tree(env: Mapping[str, str]) -> bool:
 
 
 def squash(blobs: Any, steps: Any, descriptors: list[dict[str, Any]], what: str, work: str, *,
-           config: Mapping[str, Any], labels: Mapping[str, str], deffile: bytes) -> Squashed | None:
+           config: Mapping[str, Any], labels: Mapping[str, str], deffile: bytes,
+           epoch: int | None = None) -> Squashed | None:
     """The image of layers `descriptors` (opened through `blobs`, a layercache.Blobs) as a squashfs in `work`;
-    None where the tree path must make it. `what` names the image in messages."""
+    None where the tree path must make it. `what` names the image in messages; `epoch`: no file's time later
+    (a reproducible SIF's, as mksquashfs clamps them to SOURCE_DATE_EPOCH), else the layers' own."""
     from singpy.image import tools
 
     tar2sqfs = tools.find_tool("tar2sqfs", os.environ)
@@ -85,6 +87,8 @@ def squash(blobs: Any, steps: Any, descriptors: list[dict[str, Any]], what: str,
 
         attributes = install_over(index, scratch, config, labels, deffile)
         console.debug(f"the layers' headers merged in {time.monotonic() - started:.1f} s")
+        if epoch is not None:
+            clamp_times(index.root, epoch)
         _stream(index, offsets, tar2sqfs, output, blobs, descriptors, what, steps)
         console.debug(f"the merged stream squashed in {time.monotonic() - started:.1f} s in all")
     except Unsupported as why:
@@ -196,6 +200,17 @@ def _headers(blobs: Any, digest: str, what: str, stop: Any) -> list[tarfile.TarI
 
 
 # -- the stream ------------------------------------------------------------------------------------------
+
+
+def clamp_times(root: Dir, epoch: int) -> None:
+    """No time in the tree later than `epoch` (SOURCE_DATE_EPOCH: mksquashfs's rule); a loop, not a recursion:
+    an image's directories may nest deeper than Python's stack."""
+    pending: list[Node] = [root]
+    while pending:
+        node = pending.pop()
+        node.mtime = min(node.mtime, epoch)
+        if isinstance(node, Dir):
+            pending.extend(node.children.values())
 
 
 def _stream(index: Index, offsets: Offsets, tar2sqfs: str, output: str, blobs: Any,

@@ -29,6 +29,7 @@ AGENTS = ("docker", "oci", "oci-archive", "docker-archive", "oras", "library", "
 _URI_PREFIX = {"docker": "docker://", "oci": "oci:", "oci-archive": "oci-archive:", "docker-archive": "docker-archive:",
                "oras": "oras://", "library": "library://"}  # oras, library: a SIF (singpy.oci.oras,
 # singpy.library.pull), used as a local image once cached
+OCI_PREFIXES = tuple(prefix for agent, prefix in _URI_PREFIX.items() if agent not in ("oras", "library"))
 # The agents that make the root filesystem with a host tool, not from an image (singpy.recipe.osbootstrap).
 OS_AGENTS = ("debootstrap", "yum", "dnf", "zypper", "arch", "busybox")
 

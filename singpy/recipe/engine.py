@@ -64,6 +64,7 @@ class BuildRequest(Record):
     fix_perms: bool = False  # --fix-perms: owner rwX on everything the bootstrap brought
     disable_cache: bool = False  # --disable-cache: base images pulled into the work directory, not the cache
     no_cleanup: bool = False  # --no-cleanup: the work directory (the stages' trees) kept, whatever the outcome
+    reproducible: bool = False  # --reproducible: dated by the last stage's OCI base (singpy.image.builddate)
 
 
 def read_definition(request: BuildRequest) -> tuple[str, Definition]:
@@ -127,6 +128,7 @@ def build(request: BuildRequest, *, options: PullOptions, env: Mapping[str, str]
             try:
                 pull_env = {**env, "SINGPY_CACHEDIR": f"{work}/cache"} if request.disable_cache else env
                 bases = _bases(definition, request, options=options, env=pull_env, home=home, cwd=cwd)
+                _date(definition, request, bases[-1], cwd)
                 layers = _enter_layers(request, bases, idmap, pull_env, home)
                 if layers is not None:
                     idmap = None  # already root of the build's namespace: host programs need no mapping
@@ -172,6 +174,23 @@ def _bases(definition: Definition, request: BuildRequest, *, options: PullOption
         console.info(f"Building into existing container: {request.target}")
         bases.append(request.target)
     return bases
+
+
+def _date(definition: Definition, request: BuildRequest, base: str, cwd: str) -> None:
+    """SOURCE_DATE_EPOCH for the build's labels, its SIF and mksquashfs (singpy.image.builddate): with
+    --reproducible, the creation date of the last stage's OCI base, as its cached conversion recorded it."""
+    from singpy.image import builddate
+
+    created, what = None, "the last stage's base (the sandbox --update builds into)"
+    if request.reproducible and base != request.target:  # (--update's last stage may have no header)
+        source = bootstrap.source(definition.stages[-1], cwd, library=request.library)
+        what = f"the last stage's base ({source or 'scratch'})"
+        if base and source.startswith(bootstrap.OCI_PREFIXES):
+            from singpy.oci.pull import image_created
+
+            created = image_created(base)
+            what = f"the cached SIF of {source} (an older singpy's conversion: `singpy cache clean` makes it again)"
+    builddate.chosen(request.reproducible, created, what)
 
 
 def _check_target(request: BuildRequest) -> None:
@@ -328,7 +347,7 @@ def _publish(tree: str, target: str, old: str) -> None:
 def _write_sif(rootfs: str, text: str, request: BuildRequest, work: str, idmap: IdMap | None,
                env: Mapping[str, str]) -> None:
     from singpy.constants import SQUASH_MEMORY
-    from singpy.image import tools
+    from singpy.image import builddate, tools
     from singpy.image.builder import root_mode_options
     from singpy.image.detect import host_arch
     from singpy.image.metadata import read_tree
@@ -350,7 +369,8 @@ def _write_sif(rootfs: str, text: str, request: BuildRequest, work: str, idmap: 
     arch = host_arch()
     partial = f"{work}/image.sif"
     build_sif_from_squashfs(partial, squashfs, arch=arch, deffile=text,
-                            inspect_metadata={"data": {"attributes": attributes}, "type": "container"})
+                            inspect_metadata={"data": {"attributes": attributes}, "type": "container"},
+                            deterministic=builddate.from_env(os.environ) is not None)
     _move(partial, target)
 
 
