@@ -1,15 +1,16 @@
-"""`singpy delete [--force] [--arch ARCH] library://REF`: an image removed from its library (singpy.library.delete),
-with Apptainer's flags and question (cmd/internal/cli/delete.go). Apptainer also deletes an oras:// image from
-its registry; singpy does not yet (a one-line refusal says so)."""
+"""`singpy delete [--force] [--arch ARCH] library://REF | oras://REF`: an image removed from its library
+(singpy.library.delete) or its OCI registry (singpy.oci.oraspush.delete), with Apptainer's flags and question
+(cmd/internal/cli/delete.go)."""
 
 from __future__ import annotations
 
 import typer
 
-from singpy.cli.pull import NO_HTTPS, variables
+from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, variables
 
-REFERENCE = typer.Argument(..., metavar="library://REF", show_default=False,
-                           help="the image: library://[HOST/]ENTITY/COLLECTION/CONTAINER[:TAG]")
+REFERENCE = typer.Argument(..., metavar="library://REF|oras://REF", show_default=False,
+                           help="the image: library://[HOST/]ENTITY/COLLECTION/CONTAINER[:TAG], or "
+                           "oras://HOST/REPO[:TAG|@DIGEST]")
 
 
 def delete_command(
@@ -22,24 +23,36 @@ def delete_command(
                                 metavar="SECONDS", envvar=variables("TIMEOUT"), show_envvar=False),
     library: str = typer.Option("", "--library", help="delete images from the provided library", metavar="URL",
                                 envvar=variables("LIBRARY"), show_envvar=False),
+    docker_login: bool = DOCKER_LOGIN,
+    authfile: str = AUTHFILE,
     no_https: bool = NO_HTTPS,
 ) -> None:
-    """Delete an image from a library (library://), with the token of its remote (`singpy remote login`)."""
+    """Delete an image from a library (library://, with the token of its remote: `singpy remote login`) or from
+    an OCI registry (oras://, with the credentials of `singpy registry login`)."""
     import os
 
     from singpy import console
     from singpy.errors import UsageError
     from singpy.host import host
-
-    if not reference.startswith("library://"):
-        raise UsageError(f"can't delete {reference[:100]!r}: singpy deletes library://... images only (not yet "
-                         "oras://, which Apptainer deletes from its registry)",
-                         hint="Run 'singpy delete --help' for usage.")
     from singpy.image.sifscan import host_arch
+
+    arch = arch or host_arch()
+    if reference.startswith("oras://"):
+        from singpy.cli.fastpull import pull_options
+        from singpy.oci.oras import parse_ref, shown
+        from singpy.oci.oraspush import delete as delete_from_registry
+
+        shown_ref = shown(parse_ref(reference)).removeprefix("oras://")  # checked before anything is asked
+        if force or _confirmed(f"Are you sure you want to delete {shown_ref} ({arch}) [y/N] "):
+            console.info(delete_from_registry(reference, pull_options("", docker_login, authfile, no_https),
+                                              os.environ, host.capture().home, arch=arch))
+        return
+    if not reference.startswith("library://"):
+        raise UsageError(f"can't delete {reference[:100]!r}: singpy deletes library://... and oras://... images",
+                         hint="Run 'singpy delete --help' for usage.")
     from singpy.library.delete import delete, target
 
     ref = target(reference)
-    arch = arch or host_arch()
     if not force and not _confirmed(f"Are you sure you want to delete {ref.name} ({arch}) [y/N] "):
         return  # as Apptainer: no is no error
     console.info(delete(ref, os.environ, host.capture().home, arch=arch, library=library, https=not no_https,

@@ -1,4 +1,5 @@
-"""`singpy push IMAGE.sif oras://HOST/REPO:TAG`: a SIF uploaded as Apptainer's ORAS artifact.
+"""`singpy push IMAGE.sif oras://HOST/REPO:TAG`: a SIF uploaded as Apptainer's ORAS artifact; `singpy delete
+oras://...`: a manifest removed.
 
 What is uploaded is what Apptainer's internal/pkg/client/oras uploads, so
 each pulls what the other pushed: the config blob `{}` typed
@@ -14,6 +15,11 @@ repository already holds (HEAD answers 200) is not sent again. The client
 is singpy.oci.registry's, asking for push scope: the same credentials, Bearer
 tokens, TLS rules and limits as a pull; Authorization goes only to the
 registry's own origin.
+
+A delete is Apptainer's (go-containerregistry's remote.Delete): DELETE of the
+manifest the reference names, by tag or by digest as given, with delete
+scope. Many registries (Docker's distribution 2.x among them) delete by
+digest only, and answer a tag with an error: that answer is the one line.
 """
 
 from __future__ import annotations
@@ -42,9 +48,9 @@ class Uploader(Registry):
     """A registry client with push scope, and the requests that carry a body."""
 
     def __init__(self, ref: Reference, *, env: Mapping[str, str], credentials: Credentials | None,
-                 https: bool = True) -> None:
+                 https: bool = True, actions: str = "pull,push") -> None:
         super().__init__(ref, env=env, credentials=credentials, https=https)
-        self._auth = Authenticator(credentials=credentials, scope=f"repository:{ref.repository}:pull,push",
+        self._auth = Authenticator(credentials=credentials, scope=f"repository:{ref.repository}:{actions}",
                                    fetch=self._fetch_small, secure=https)
 
     def send(self, method: str, url: str, headers: dict[str, str],
@@ -53,15 +59,16 @@ class Uploader(Registry):
         retriable failures tried again); no redirect is followed: an upload answered 3xx is an error."""
         return self.exchange(method, url, headers, body=body, follow=False)[0]
 
-    def expect(self, response: http.client.HTTPResponse, url: str, statuses: tuple[int, ...], what: str) -> None:
+    def expect(self, response: http.client.HTTPResponse, url: str, statuses: tuple[int, ...], what: str,
+               action: str = "upload") -> None:
         """Nothing when the answer is one of `statuses` (its body discarded), else the ImageError it means."""
         if response.status in statuses:
             self.transport.discard(url, response)
             return
         body = self.error_body(response, url)
         self.raise_for(response.status, body, url, what, response.reason)
-        raise ImageError(f"registry {Origin(url).netloc} answered HTTP {response.status} to the upload of {what}"
-                         f"{detail(body)}")
+        raise ImageError(f"registry {Origin(url).netloc} answered HTTP {response.status} to the {action} of "
+                         f"{what}{detail(body)}")
 
     def location(self, response: http.client.HTTPResponse, url: str) -> str:
         """Where the upload goes on (the Location of a 202), absolute, never from HTTPS down to HTTP."""
@@ -115,6 +122,13 @@ class Uploader(Registry):
         url = self.base + f"/v2/{self.ref.repository}/manifests/{tag}"
         response = self.send("PUT", url, {"Content-Type": OCI_MANIFEST}, data)
         self.expect(response, url, (201, 200), f"the manifest of {self.ref.registry}/{self.ref.repository}:{tag}")
+
+
+    def delete_manifest(self, reference: str) -> None:
+        url = self.base + f"/v2/{self.ref.repository}/manifests/{reference}"
+        response = self.send("DELETE", url, {})
+        self.expect(response, url, (202, 200), f"{self.ref.registry}/{self.ref.repository}"
+                    f"{'@' if reference.startswith('sha256:') else ':'}{reference}", action="delete")
 
 
 def manifest_for(digest: str, size: int, title: str) -> bytes:
@@ -179,11 +193,27 @@ def push(path: str, text: str, options: PullOptions, env: Mapping[str, str], hom
     return f"pushed {path} to {shown(ref)} ({digest})"
 
 
-def _pushing(error: ImageError) -> ImageError:
+def delete(text: str, options: PullOptions, env: Mapping[str, str], home: str, *, arch: str) -> str:
+    """Delete the manifest `oras://...` names from its registry; the line that says so (Apptainer's words:
+    `arch`, which Apptainer passes too, selects nothing in a delete)."""
+    from singpy.oci.pull import nohttps
+
+    ref = parse_ref(text)
+    client = Uploader(ref, env=env, credentials=_credentials(ref, options, env, home),
+                      https=options.https and not nohttps(env), actions="delete")
+    try:
+        with client:
+            client.delete_manifest(ref.digest or ref.tag or "latest")
+    except ImageError as error:
+        raise as_oras(_pushing(error, "deleting it"), ref) from None
+    return f"Image {shown(ref).removeprefix('oras://')} ({arch}) deleted."
+
+
+def _pushing(error: ImageError, doing: str = "pushing to it") -> ImageError:
     """The pull client's words for a refusal, said of a push."""
     if "does not allow pulling it" not in error.message:
         return error
-    return type(error)(error.message.replace("does not allow pulling it", "does not allow pushing to it"),
+    return type(error)(error.message.replace("does not allow pulling it", f"does not allow {doing}"),
                        hint=error.hint)
 
 

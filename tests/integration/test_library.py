@@ -387,7 +387,8 @@ def test_delete_removes_the_tagged_image_after_asking(singpy: Singpy, library: L
         missing = singpy.run("pull", str(home / f"{tag}.sif"), f"library://alice/tools/doomed:{tag}", env=env)
         assert_one_fatal(missing, f"no tag {tag}")
     assert_one_fatal(singpy.run("delete", "-F", reference, env=env), "no tag v1")
-    assert_one_fatal(singpy.run("delete", "oras://127.0.0.1/x:v1", env=env), "singpy deletes library://", code=1)
+    assert_one_fatal(singpy.run("delete", "docker://127.0.0.1/x:v1", env=env),
+                     "singpy deletes library://... and oras://... images", code=1)
 
 
 def test_a_library_pull_checks_the_images_signatures(singpy: Singpy, library: LibraryServer, workdir: Path) -> None:

@@ -271,3 +271,43 @@ def test_on_a_terminal_pull_and_push_show_a_byte_count_bar(singpy: Singpy, regis
         screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", done.stdout)
         assert re.search(r"SIF sha256:[0-9a-f]{12}\S*\s+\S*\s*[0-9.]+/[0-9.]+ [kMG]?B", screen), screen
     assert (sif.parent / "pulled.sif").read_bytes() == sif.read_bytes()
+
+
+def test_delete_removes_a_manifest_as_apptainer_does(singpy: Singpy, registry_basic: RegistryServer,
+                                                     workdir: Path) -> None:
+    """`delete oras://` sends what Apptainer's does (go-containerregistry's remote.Delete): DELETE of the manifest
+    the reference names, with its question and words. Debian's docker-registry, as Docker's distribution 2.x,
+    deletes by digest only: a tag is its refusal, one FATAL line, and the image stays."""
+    sif = sif_copy(singpy, workdir, "delete")
+    repository = f"oras/delete-{singpy.profile}"
+    tagged = f"oras://{registry_basic.host}/{repository}:v1"
+    env = cache_env(singpy, workdir, "delete", SINGPY_DOCKER_USERNAME=registry_basic.username,
+                    SINGPY_DOCKER_PASSWORD=registry_basic.password)
+    singpy.ok("push", "--no-https", str(sif), tagged, env=env)
+    by_tag = singpy.run("delete", "--no-https", "-F", tagged, env=env)
+    assert_one_fatal(by_tag, f"registry {registry_basic.host} answered HTTP 400 to the delete of "
+                             f"{registry_basic.host}/{repository}:v1")
+    assert "DIGEST_INVALID" in by_tag.stderr
+    digest = f"sha256:{sha256(sif)}"
+    manifest_digest = "sha256:" + hashlib.sha256(
+        urllib.request.urlopen(urllib.request.Request(  # the manifest's own digest, by its bytes
+            f"{registry_basic.url}/v2/{repository}/manifests/v1",
+            headers={"Accept": "application/vnd.oci.image.manifest.v1+json",
+                     "Authorization": "Basic " + registry_basic.docker_config()["auths"][registry_basic.host]["auth"]}),
+        timeout=30).read()).hexdigest()
+    assert manifest_digest != digest
+    pinned = f"oras://{registry_basic.host}/{repository}@{manifest_digest}"
+    anonymous = singpy.run("delete", "--no-https", "-F", pinned, env=cache_env(singpy, workdir, "delete-anon"))
+    assert_one_fatal(anonymous, f"access to oras://{registry_basic.host}/{repository}")
+    kept = singpy.run("delete", "--no-https", pinned, env=env, input="n\n")
+    assert (kept.returncode, kept.stderr) == (0, ""), kept
+    assert kept.stdout == f"Are you sure you want to delete {registry_basic.host}/{repository}@{manifest_digest} " \
+                          "(amd64) [y/N] "
+    singpy.ok("pull", "--no-https", str(sif.parent / "still.sif"), tagged, env=env)
+    done = singpy.run("delete", "--no-https", pinned, env=env, input="y\n")
+    assert done.returncode == 0 and done.stderr == (
+        f"INFO:    Image {registry_basic.host}/{repository}@{manifest_digest} (amd64) deleted.\n"), done
+    gone = singpy.run("pull", "--no-https", str(sif.parent / "gone.sif"), tagged,
+                      env=cache_env(singpy, workdir, "delete-gone", SINGPY_DOCKER_USERNAME=registry_basic.username,
+                                    SINGPY_DOCKER_PASSWORD=registry_basic.password))
+    assert_one_fatal(gone, "not found")
