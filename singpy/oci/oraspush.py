@@ -128,7 +128,7 @@ class Uploader(Registry):
         url = self.base + f"/v2/{self.ref.repository}/manifests/{reference}"
         response = self.send("DELETE", url, {})
         self.expect(response, url, (202, 200), f"{self.ref.registry}/{self.ref.repository}"
-                    f"{'@' if reference.startswith('sha256:') else ':'}{reference}", action="delete")
+                    f"{'@' if ':' in reference else ':'}{reference}", action="delete")  # a tag has no ':'
 
 
 def manifest_for(digest: str, size: int, title: str) -> bytes:
