@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from singpy import console
-from singpy.cli.fastpull import SIF_URI_PREFIXES, dated
+from singpy.cli.fastpull import SIF_URI_PREFIXES
 from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options, variables
 
 TYPE_CHECKING = False  # see singpy.record
@@ -303,7 +303,9 @@ def _from_uri(source: str, target: str, options: PullOptions, *, sandbox: bool, 
                                                                   force=False), disable_cache=disable_cache,
                       fix=fix_perms, squash_args=squash_args)
         return
-    with _PullEnv(target, disable_cache or dated(options.reproducible)) as env:  # a reproducible SIF: never cached
+    from singpy.image.builddate import wanted
+
+    with _PullEnv(target, disable_cache or wanted(options.reproducible)) as env:  # a reproducible SIF: never cached
         console.info(build_from(source, target, options, env, home, sandbox=sandbox, force=force))
     if fix_perms:
         _fix_perms(os.path.abspath(target))

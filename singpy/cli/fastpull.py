@@ -152,15 +152,6 @@ def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool, v
                        reproducible=reproducible)
 
 
-def dated(reproducible: bool) -> bool:
-    """Whether a SIF made from an OCI image is a reproducible one (singpy.image.builddate)."""
-    import os
-
-    from singpy.image.builddate import VARIABLE
-
-    return reproducible or VARIABLE in os.environ
-
-
 def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, authfile: str, no_https: bool,
                name: str, directory: str, library: str, disable_cache: bool = False, arch_variant: str = "",
                sandbox: bool = False, reproducible: bool = False) -> None:
@@ -184,7 +175,9 @@ def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, 
             console.info(_pull(reference, target, options, where, force=force, library=library))
         return 0
 
-    if disable_cache or (not sandbox and not reference.startswith(SIF_URI_PREFIXES) and dated(reproducible)):
+    from singpy.image.builddate import wanted
+
+    if disable_cache or (not sandbox and not reference.startswith(SIF_URI_PREFIXES) and wanted(reproducible)):
         # as Apptainer's: a temporary cache, removed after the pull (singpy.cli.nocache); a reproducible SIF too,
         # which the cache never shares (its date, nil UUID and file times are not those of another run's)
         from singpy.cli.nocache import in_temporary_cache

@@ -27,6 +27,11 @@ VARIABLE = "SOURCE_DATE_EPOCH"
 _LAST = (1 << 32) - 1  # squashfs keeps 32-bit unsigned times
 
 
+def wanted(reproducible: bool) -> bool:
+    """Whether a SIF made from an OCI image now is a dated one: --reproducible, or SOURCE_DATE_EPOCH set."""
+    return reproducible or VARIABLE in os.environ
+
+
 def from_env(env: Mapping[str, str]) -> int | None:
     """SOURCE_DATE_EPOCH as a number of seconds, None when it is not set; an error when it is not a date."""
     raw = env.get(VARIABLE)

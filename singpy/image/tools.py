@@ -75,39 +75,38 @@ def _raise_interrupted(number: int, frame: object) -> None:
 
 
 def _deliver_again(unraisable: Any) -> None:
-    """sys.unraisablehook inside Interruptible: an Interrupted that Python could not raise is delivered again.
+    """sys.unraisablehook from a command's dispatch on (`keep_interrupts`) and inside Interruptible: a signal's
+    exception that Python could not raise is delivered again.
 
     Python runs a signal's handler at whatever bytecode the main thread is at; when that is a callback whose
     exceptions it can only print ("Exception ignored in": a weakref's callback such as importlib's module
-    lock's, a __del__), the Interrupted would go to the terminal as a traceback and the signal be lost (the
-    pull went on to its end). The signal is raised again instead, and taken in the code the callback cut into.
+    lock's, a __del__), the exception (Interruptible's Interrupted, or the default handler's KeyboardInterrupt
+    before any Interruptible) would go to the terminal as a traceback and the signal be lost (a pull went on
+    to its end: seen in CI). The signal is raised again instead, and taken in the code the callback cut into.
     """
     error = unraisable.exc_value
-    if isinstance(error, Interrupted) and error.number:
+    number = 0
+    if isinstance(error, Interrupted):
+        number = error.number
+    elif isinstance(error, KeyboardInterrupt):
+        number = signal.SIGINT
+    if number:
         import _thread  # raised here, the signal would be taken in this hook, whose exception is printed too
 
-        signal.signal(error.number, _raise_interrupted)
-        _thread.start_new_thread(_send_later, (_thread.get_ident(), error.number))
+        if isinstance(error, Interrupted):
+            signal.signal(number, _raise_interrupted)
+        _thread.start_new_thread(_send_later, (_thread.get_ident(), number))
         return
     _previous_hooks[-1](unraisable)
 
 
 def keep_interrupts() -> None:
     """From the dispatch of every command but run/exec/shell/test on (singpy.cli.main), before any Interruptible:
-    a Ctrl-C whose KeyboardInterrupt lands in a callback Python can only print (importlib's module lock's, as
-    typer or a command's modules load) is sent again, and ends the command as any other does, where it was
-    printed as a traceback and lost (a pull went on to its end: seen in CI)."""
+    `_deliver_again` for the command's whole life, over Python's own hook (never over another's: a test
+    runner's)."""
     if sys.unraisablehook is sys.__unraisablehook__:
-        sys.unraisablehook = _interrupt_again
-
-
-def _interrupt_again(unraisable: Any) -> None:
-    if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        import _thread  # as _deliver_again: raised in this hook, it would be printed too
-
-        _thread.start_new_thread(_send_later, (_thread.get_ident(), signal.SIGINT))
-        return
-    sys.__unraisablehook__(unraisable)
+        _previous_hooks.append(sys.unraisablehook)
+        sys.unraisablehook = _deliver_again
 
 
 def _send_later(main: int, number: int) -> None:
@@ -124,7 +123,7 @@ _AGAIN_AFTER = 0.01  # seconds before a signal taken in a callback is sent again
 
 _holding: list[None] = []  # one per SignalsHeld block the main thread is in
 _held: list[int] = []  # signals that came during those blocks, sent again at the end of the outermost
-_previous_hooks: list[Any] = []  # the unraisable hooks that Interruptible blocks replaced, innermost last
+_previous_hooks: list[Any] = []  # the hooks keep_interrupts and Interruptible blocks replaced, innermost last
 
 
 _SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)

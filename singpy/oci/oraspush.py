@@ -189,7 +189,7 @@ def push(path: str, text: str, options: PullOptions, env: Mapping[str, str], hom
                     client.upload(digest, size, handle.read, steps.transfer(f"SIF {digest[:19]}", size))
                 client.put_manifest(ref.tag or "latest", manifest_for(digest, size, os.path.basename(path)))
         except ImageError as error:
-            raise as_oras(_pushing(error), ref) from None
+            raise as_oras(_refused(error), ref) from None
     return f"pushed {path} to {shown(ref)} ({digest})"
 
 
@@ -205,12 +205,12 @@ def delete(text: str, options: PullOptions, env: Mapping[str, str], home: str, *
         with client:
             client.delete_manifest(ref.digest or ref.tag or "latest")
     except ImageError as error:
-        raise as_oras(_pushing(error, "deleting it"), ref) from None
+        raise as_oras(_refused(error, "deleting it"), ref) from None
     return f"Image {shown(ref).removeprefix('oras://')} ({arch}) deleted."
 
 
-def _pushing(error: ImageError, doing: str = "pushing to it") -> ImageError:
-    """The pull client's words for a refusal, said of a push."""
+def _refused(error: ImageError, doing: str = "pushing to it") -> ImageError:
+    """The pull client's words for a refusal, said of a push (or of what `doing` says)."""
     if "does not allow pulling it" not in error.message:
         return error
     return type(error)(error.message.replace("does not allow pulling it", f"does not allow {doing}"),

@@ -114,7 +114,7 @@ def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], h
     resolved = resolve(ref, source, _platform(options))
     from singpy.image import builddate
 
-    if options.reproducible or builddate.VARIABLE in os.environ:  # made in a temporary cache (singpy.cli)
+    if builddate.wanted(options.reproducible):  # made in a temporary cache then (singpy.cli)
         created = builddate.of_config(_config(resolved), str(ref)) if options.reproducible else None
         resolved = resolved.replace(epoch=builddate.chosen(options.reproducible, created, str(ref)))
     sif = ensure_sif(resolved, location, env)

@@ -138,15 +138,18 @@ def test_a_signal_during_a_thread_start_interrupts_once_the_thread_runs(name: st
     assert result.stdout == f"interrupted by {name} True\n" and result.stderr == "", result
 
 
-_BEFORE_INTERRUPTIBLE = """
+_DROPPED = """
 import os, signal
-from singpy.image.tools import keep_interrupts
 
 class Dropped:
-    def __del__(self):  # Python only prints what a __del__ raises ("Exception ignored in")
+    def __del__(self):  # as importlib's module lock callback: Python only prints what it raises
         os.kill(os.getpid(), signal.SIGINT)
         for _ in range(100000):  # the default handler's KeyboardInterrupt is raised here
             pass
+"""
+
+_BEFORE_INTERRUPTIBLE = _DROPPED + """
+from singpy.image.tools import keep_interrupts
 
 keep_interrupts()
 try:
@@ -168,15 +171,9 @@ def test_a_ctrl_c_in_a_callback_before_the_pull_is_not_lost() -> None:
     assert result.stdout == "interrupted\n" and result.stderr == "", result
 
 
-_AS_A_COMMAND_LOADS = """
-import os, signal, sys
+_AS_A_COMMAND_LOADS = _DROPPED + """
+import sys
 from singpy.cli.main import main
-
-class Dropped:
-    def __del__(self):  # as importlib's module lock callback: what it raises is only printed
-        os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(100000):
-            pass
 
 class Finder:  # asked first for every import: the Ctrl-C lands as the command's own module loads
     @staticmethod
