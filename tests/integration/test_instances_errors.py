@@ -26,7 +26,13 @@ from tests.support.instances import (
     named_instances,
     running,
 )
-from tests.support.leftovers import in_pid_namespace, settled, traces
+from tests.support.leftovers import (
+    in_pid_namespace,
+    pinned_pid_namespace,
+    settled,
+    traces,
+    wait_for_empty_pid_namespace,
+)
 from tests.support.users import is_root
 
 
@@ -182,11 +188,13 @@ def test_instance_with_its_own_pid_namespace(singpy: Singpy, images: dict[str, P
     members = {pid: command for pid in in_pid_namespace(namespace) if (command := command_line(pid))}
     assert len(members) >= 3, members
     processes = {**running(holder), **members}
-    # ...and nothing of the namespace outlives `instance stop`.
-    singpy.ok("instance", "stop", instance.name)
-    assert instance.wait_for_log("got TERM\n").endswith("got TERM\n")
-    assert_gone(processes)
-    assert in_pid_namespace(namespace) == []
+    # ...and nothing of the namespace outlives `instance stop` (held open, its number names no other copy's).
+    with pinned_pid_namespace(min(members)) as pinned:
+        assert pinned == namespace
+        singpy.ok("instance", "stop", instance.name)
+        assert instance.wait_for_log("got TERM\n").endswith("got TERM\n")
+        assert_gone(processes)
+        assert wait_for_empty_pid_namespace(namespace) == []
     assert not instance.record.exists()
     assert settled(before, image) == before
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Singpy
-from tests.support.leftovers import in_pid_namespace, settled, traces
+from tests.support.leftovers import boot_ticks, settled, traces, wait_for_empty_pid_namespace
 
 WAIT_FOR_TERM = 'trap "echo got-$1; exit 3" {sig}; echo ready; while :; do sleep 0.05; done'
 
@@ -65,12 +64,10 @@ def test_no_process_survives(singpy: Singpy, image: Path) -> None:
     before = traces(image, singpy.workdir)
     out = singpy.ok("exec", "--pid", str(image), "sh", "-c", "readlink /proc/self/ns/pid; sleep 30 & sleep 31 & "
                     "echo started")
+    returned = boot_ticks()  # the sleeps started before; a later namespace may get its number once it has gone
     namespace, started = out.split()
     assert namespace.startswith("pid:[") and started == "started"
-    deadline = time.monotonic() + 5
-    while in_pid_namespace(namespace) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert in_pid_namespace(namespace) == []
+    assert wait_for_empty_pid_namespace(namespace, started_by=returned, timeout=5) == []
     assert settled(before, image, singpy.workdir) == before
 
 

@@ -25,10 +25,11 @@ that another program could also run (`sleep 300`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 _TMPDIRS: list[str] = []  # TMPDIRs handed to singpy by the fixtures (see watch_tmpdir)
@@ -139,16 +140,45 @@ def wait_until_gone(pids: Iterable[int], command: str, timeout: float = 10.0) ->
     return left
 
 
-def in_pid_namespace(link: str) -> list[int]:
-    """Processes whose /proc/PID/ns/pid reads `link` ("pid:[4026532...]", as `readlink` printed it inside)."""
+def in_pid_namespace(link: str, started_by: int | None = None) -> list[int]:
+    """Processes whose /proc/PID/ns/pid reads `link` ("pid:[4026532...]", as `readlink` printed it inside).
+
+    The kernel hands a freed namespace's number to the next namespace made, of any kind, by anyone (the lowest
+    free one): once a namespace may have gone, `link` can name another copy's. Either hold it open
+    (`pinned_pid_namespace`) or pass `started_by` (`boot_ticks()` while it surely lived): later processes are
+    not of it."""
     found = []
     for pid in _pids():
         try:
-            if os.readlink(f"/proc/{pid}/ns/pid") == link and _cmdline(pid):
+            later = started_by is not None and (_start_ticks(pid) or 0) > started_by
+            if os.readlink(f"/proc/{pid}/ns/pid") == link and _cmdline(pid) and not later:
                 found.append(pid)
         except OSError:
             continue  # gone meanwhile, or not ours to look at
     return found
+
+
+def wait_for_empty_pid_namespace(link: str, started_by: int | None = None, timeout: float = 10.0) -> list[int]:
+    """Wait for `in_pid_namespace` to be empty (its processes die a moment after its PID 1); what is left."""
+    deadline = time.monotonic() + timeout
+    while (left := in_pid_namespace(link, started_by)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def boot_ticks() -> int:
+    """Now, in the clock of a process's start time (/proc/PID/stat's 22nd field: ticks since boot)."""
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")) + 1
+
+
+@contextlib.contextmanager
+def pinned_pid_namespace(pid: int) -> Iterator[str]:
+    """Hold PID's PID namespace open, so that its number names no other namespace while held; yields its link."""
+    descriptor = os.open(f"/proc/{pid}/ns/pid", os.O_RDONLY)
+    try:
+        yield os.readlink(f"/proc/self/fd/{descriptor}")
+    finally:
+        os.close(descriptor)
 
 
 # --- internals -------------------------------------------------------------------------------------------------------
@@ -300,6 +330,14 @@ def _cmdline(pid: int) -> str | None:
     """The arguments of `pid` joined by spaces; "" for a zombie or kernel thread; None once it is gone."""
     arguments = _arguments(pid)
     return None if arguments is None else " ".join(arguments)
+
+
+def _start_ticks(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[19])  # field 22; the name before may hold anything
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _parent(pid: int) -> int | None:

@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.support import leftovers
-from tests.support.leftovers import Traces, descendants, in_pid_namespace, settled, traces, wait_until_gone
+from tests.support.leftovers import (
+    Traces,
+    boot_ticks,
+    descendants,
+    in_pid_namespace,
+    pinned_pid_namespace,
+    settled,
+    traces,
+    wait_until_gone,
+)
 
 
 @pytest.fixture
@@ -72,6 +81,14 @@ def test_descendants_and_their_end(sleeper: subprocess.Popen[bytes]) -> None:
 def test_processes_of_a_pid_namespace() -> None:
     assert os.getpid() in in_pid_namespace(os.readlink("/proc/self/ns/pid"))
     assert in_pid_namespace("pid:[1]") == []
+
+
+def test_a_pid_namespace_pinned_and_its_later_processes(sleeper: subprocess.Popen[bytes]) -> None:
+    """A process started after `started_by` is not counted (another namespace may have the number by then)."""
+    with pinned_pid_namespace(sleeper.pid) as link:
+        assert link == os.readlink("/proc/self/ns/pid")
+        assert sleeper.pid in in_pid_namespace(link, started_by=boot_ticks())
+        assert sleeper.pid not in in_pid_namespace(link, started_by=0)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting needs root")
