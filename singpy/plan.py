@@ -76,6 +76,7 @@ class MountSpec(Record):
     stage: StageOrder = Stage.USER  # ordering key; see Stage
     dev: bool = False  # keep device nodes usable (nodev is set otherwise on binds from /dev)
     merge: bool = True  # FILE: merged with the image's file as Apptainer (passwd, group: mounts.system); False: replace
+    setuid: bool = False  # BIND, TMPFS: without nosuid, a host bind's cleared too (--allow-setuid: launch.setuid)
     asked: bool = False  # BIND: named by the user (--bind, --mount, --home SRC:DST); another asked bind below
     #                      it may get its mount point made in this one's host directory (singpy.mounts.apply)
 
@@ -177,6 +178,7 @@ class ProcessSpec(Record):
     privileges: Privileges = Privileges()  # capabilities left to the payload (applied just before execve)
     umask: int | None = None  # --no-umask: the payload's umask (0o022); None keeps the caller's, as Apptainer
     init: bool = True  # with a PID namespace: singpy's init is PID 1 (False: --no-init, the payload is)
+    no_new_privs: bool = True  # set before execve; False only for --allow-setuid (singpy.launch.setuid)
     app: str = ""  # --app: a SCIF app of the image; `run` executes /scif/apps/APP/scif/runscript
     runscript_timeout: str = ""  # run --runscript-timeout (Go duration): the env scripts' deadline (launch.scripttimer)
     security: SecuritySpec | None = None  # --security: seccomp filter, ids, AppArmor/SELinux (None: none asked)
@@ -297,6 +299,9 @@ class LaunchPlan(Record):
     fusemounts: tuple[FuseMountSpec, ...] = ()  # --fusemount, in order: mounted and started by the container's PID 1
     netns_path: str = ""  # --netns-path: the network namespace joined, on the host, before any other (launch.netnspath)
     host_dirs: tuple[HostDir, ...] = ()  # made on the host, as the user, before any namespace (singpy.mounts.workdir)
+    # --allow-setuid (root, no user namespace): the image's root and its layers mounted without nosuid, before the
+    # mounts (those marked `setuid` too); /proc, /sys, /dev, the launcher's files and GPU libraries keep it
+    allow_setuid: bool = False
 
     def no_layer(self) -> str:
         """Why the mount points the image lacks can't be added to it ("" when they can); see `no_layer`."""

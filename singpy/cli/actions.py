@@ -211,6 +211,7 @@ def build_request(action: str, values: Mapping[str, Any], positionals: list[str]
         fakeroot=bool(values.get("fakeroot")),
         keep_privs=bool(values.get("keep_privs")),
         no_privs=bool(values.get("no_privs")),
+        allow_setuid=bool(values.get("allow_setuid")),
         add_caps=tuple(values.get("add_caps", [])),
         drop_caps=tuple(values.get("drop_caps", [])),
         no_mount=_no_mount(values.get("no_mount", [])),

@@ -123,7 +123,7 @@ def _started(plan: LaunchPlan, request: LaunchRequest, name: str, dirs: tuple[st
                 log_out=os.path.join(logs, f"{name}.out"), log_err=os.path.join(logs, f"{name}.err"),
                 started=time.time(), cgroup=plan.cgroup.dirs if plan.cgroup else (),
                 cgroup_version=plan.cgroup.version if plan.cgroup else 0, security=_recorded_security(request),
-                ip=started.address))
+                ip=started.address, allow_setuid=plan.allow_setuid))
             written = True
             started.release()  # from now on the holder outlives us
         except BaseException:  # an instance nobody could find, or an interrupted start: not left running

@@ -106,6 +106,8 @@ ACTION_OPTIONS: tuple[Option, ...] = (
     Option("keep_privs", "--keep-privs", "root keeps all its capabilities, whatever singpy.conf says",
            env="KEEP_PRIVS", group="Privileges"),
     Option("no_privs", "--no-privs", "drop all capabilities (root, --fakeroot)", env="NO_PRIVS", group="Privileges"),
+    Option("allow_setuid", "--allow-setuid", "allow set-uid programs in the container (root only)",
+           env="ALLOW_SETUID", group="Privileges"),
     Option("add_caps", "--add-caps", "capabilities root keeps in addition (CAP_NET_RAW or net_raw, comma list)",
            value="CAPS", repeat=True, env="ADD_CAPS", group="Privileges"),
     Option("drop_caps", "--drop-caps", "capabilities to drop (comma list)", value="CAPS", repeat=True,
@@ -221,7 +223,6 @@ NO_DMTCP = "singpy has no DMTCP checkpointing (Apptainer's experimental `checkpo
 NO_DOCKER_DAEMON = "singpy reads images from no Docker daemon (Apptainer's docker-daemon: sources)"
 NOT_SUPPORTED = {
     "--boot": (_INSTANCE, "singpy does not boot an image's /sbin/init as an instance's PID 1 (Apptainer: root only)"),
-    "--allow-setuid": ((*ACTIONS, *_INSTANCE), "singpy mounts every container filesystem nosuid, for root too"),
     "--dmtcp-launch": (_INSTANCE, NO_DMTCP),
     "--dmtcp-restart": (_INSTANCE, NO_DMTCP),
     "--docker-host": ((*ACTIONS, *_INSTANCE), NO_DOCKER_DAEMON),

@@ -191,24 +191,12 @@ def rewrite(path: str, text: str) -> None:
 
 def _is_mount_point(path: str) -> bool:
     """Whether `path` is itself a mount point (a file bound over /etc/subuid), from mountinfo(5)."""
-    real = os.path.realpath(path)
+    from singpy.kernel.mountinfo import mount_points
+
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as mountinfo:
-            lines = mountinfo.read().splitlines()
+        return os.path.realpath(path) in mount_points()
     except OSError:
         return False
-    for line in lines:
-        fields = line.split(" ")
-        if len(fields) > 4 and _unescape(fields[4]) == real:
-            return True
-    return False
-
-
-def _unescape(field: str) -> str:
-    """mountinfo writes a space, a tab, a newline or a backslash in a path as an octal escape (\\040...)."""
-    import re
-
-    return re.sub(r"\\([0-7]{3})", lambda found: chr(int(found.group(1), 8)), field)
 
 
 def _in_place(path: str, text: str) -> None:

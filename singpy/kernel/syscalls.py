@@ -178,9 +178,21 @@ def pivot_root(new_root: str, put_old: str) -> None:
     _check(f"pivot_root into {new_root}", _calls.pivot_root, os.fsencode(new_root), os.fsencode(put_old))
 
 
+AT_FDCWD = -100
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x1, 0x2, 0x4
+
+
+def clear_nosuid_tree(path: str) -> bool:
+    """Clear nosuid on the mount at `path` and every mount below it (--allow-setuid), with mount_setattr(2);
+    False where the kernel lacks it (Linux < 5.12), for the caller to remount each."""
+    errno = _errno_of(_calls.mount_setattr, AT_FDCWD, os.fsencode(path), AT_RECURSIVE, 0, MOUNT_ATTR_NOSUID, 0, 0)
+    if errno in (38, 22):  # ENOSYS, EINVAL: an older kernel
+        return False
+    if errno:
+        raise KernelError(f"can't allow set-uid programs in the container (--allow-setuid): {os.strerror(errno)}")
+    return True
 
 
 def seal_tree(fd: int, what: str) -> bool:

@@ -67,6 +67,7 @@ class InstanceRecord(Record):
     holder_start: int = 0
     pid_ns: int = 0  # the inode of the starter's /proc/self/ns/pid, whose pid `pid` is (0: an older record's: ours)
     ip: str = ""  # the container's address with --network bridge|ptp (singpy.launch.holdernet), as `list` shows it
+    allow_setuid: bool = False  # started by root with --allow-setuid: root's joins too run without no_new_privs
 
 
 def check_name(name: str) -> str:
@@ -105,10 +106,10 @@ def cgroup_of(record: InstanceRecord, uid: int) -> tuple[str, ...]:
     return record.cgroup if ours else ()
 
 
-def instance_security(home: str, user: str, uid: int, name: str) -> tuple[str, ...]:
-    """The --security values the running instance NAME was started with (its record's), for a command joining it."""
+def instance_record(home: str, user: str, uid: int, name: str) -> InstanceRecord:
+    """The record of the running instance NAME (what it was started with), for a command joining it."""
     records, _ = state_dirs(home, user)
-    return find(records, name, uid).security
+    return find(records, name, uid)
 
 
 def state_dirs(home: str, user: str) -> tuple[str, str]:
@@ -341,7 +342,7 @@ _FIELDS = (("name", str), ("pid", int), ("image", str), ("socket", str), ("log_o
            ("started", (int, float)))
 _OPTIONAL = (("cgroup", list), ("cgroup_version", int),  # only in the records of instances with a cgroup
              ("security", list), ("holder_start", int),  # ...with --security; (none in an older singpy's)
-             ("pid_ns", int), ("ip", str))
+             ("pid_ns", int), ("ip", str), ("allow_setuid", bool))
 _KNOWN = frozenset(name for name, _ in _OPTIONAL)
 
 
@@ -356,7 +357,7 @@ def _record(data: object, stem: str) -> InstanceRecord | None:
     if data["name"] != stem or not _valid_name(stem):
         return None
     for name, kind in (*_FIELDS, *_OPTIONAL):
-        if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool)):
+        if name in data and (not isinstance(data[name], kind) or isinstance(data[name], bool) and kind is not bool):
             return None
     lists = ("cgroup", "security")
     if data["pid"] <= 0 or not all(isinstance(item, str) for key in lists for item in data.get(key, ())):

@@ -149,6 +149,8 @@ def prepare_root(plan: LaunchPlan, image_root: str) -> tuple[PreparedRoot, tuple
         else:
             rootfs.mount_image(image, mount_points=missing, writable=plan.writable_tmpfs,
                                userns=plan.namespaces.user, underlay=plan.underlay)
+        if plan.allow_setuid:  # root in no user namespace: the image's set-uid programs work (singpy.launch.setuid)
+            rootfs.allow_setuid(rootfs.NEWROOT, mount_setattr="mount_setattr" not in plan.avoid_features)
     except BaseException:
         image.close()
         raise

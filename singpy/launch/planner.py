@@ -127,6 +127,10 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                       max_loop_devices=config.number("max loop devices"),
                       underlay=underlay,
                       avoid_features=avoid, netns_path=netns_path, fusemounts=fusemounts)
+    if request.allow_setuid or request.instance and host.uid == 0:  # root's set-uid programs (imported only then)
+        from singpy.launch.setuid import allow_setuid
+
+        plan = allow_setuid(plan, asked=request.allow_setuid, joined=request.instance, home=host.home, user=host.user)
     if request.limits:
         plan = plan.replace(cgroup=_cgroup(request, host, share_key))
     if request.instance:
@@ -167,12 +171,8 @@ def _workdir(request: LaunchRequest, config: SysConfig, mounts: list[MountSpec],
 
 def _outside_host_dev(gpu_mounts: tuple[MountSpec, ...],
                       mounts: list[MountSpec]) -> tuple[tuple[MountSpec, ...], tuple[str, ...]]:
-    """The GPU mounts, less the binds of host /dev nodes onto themselves when the host's /dev is bound whole.
-
-    Without --contain (`mount dev = yes`) every /dev/nvidia* node is in the
-    container already, as in Apptainer; binding each over itself again cost
-    a mount apiece (9 on a 4-GPU host) and changed nothing.
-    """
+    """The GPU mounts, less the binds of host /dev nodes onto themselves when the host's /dev is bound whole
+    (no --contain: every /dev/nvidia* node is there, as in Apptainer; each bind cost a mount and changed nothing)."""
     if not gpu_mounts or not any(spec.op == MountOp.BIND and spec.source == "/dev" and spec.dest == "/dev"
                                  for spec in mounts):
         return gpu_mounts, ()
@@ -302,9 +302,9 @@ def _security(request: LaunchRequest, host: HostInfo, privileges: Privileges) ->
     record's, after the command's own: the first value of a feature wins)."""
     values = request.security
     if request.instance:
-        from singpy.launch.instance import instance_security
+        from singpy.launch.instance import instance_record
 
-        values = (*values, *instance_security(host.home, host.user, host.uid, request.instance))
+        values = (*values, *instance_record(host.home, host.user, host.uid, request.instance).security)
     if not values:
         return None
     from singpy.launch.security import plan_security

@@ -88,9 +88,8 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     `scripts` are the image's own env scripts and runscript, found in the image
     before anything was mounted on it (singpy.launch.phases.build_container).
 
-    No PR_SET_PDEATHSIG here: when this runs in the launcher's own process
-    (no --pid, no supervisor) there is no parent whose death matters, the
-    launcher *is* the payload; under a supervisor, `fork_tied` set it.
+    No PR_SET_PDEATHSIG here: when this runs in the launcher's own process (no --pid, no supervisor)
+    there is no parent whose death matters, the launcher *is* the payload; under a supervisor, `fork_tied` set it.
     """
     argv = payload_argv(process, scripts)
     if not argv:  # `test` of an image without a test script
@@ -101,7 +100,8 @@ def exec_process(process: ProcessSpec, scripts: ImageScripts) -> NoReturn:
     _check_command(argv[0])
     if process.umask is not None:  # --no-umask; otherwise the caller's, inherited, as Apptainer passes it on
         os.umask(process.umask)
-    k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
+    if process.no_new_privs:  # off for --allow-setuid alone (singpy.launch.setuid)
+        k.prctl(k.PR_SET_NO_NEW_PRIVS, 1)
     # --security uid:/gid: first (they need CAP_SETUID/CAP_SETGID); a payload no longer root has no capability
     # left, and no CAP_SETPCAP to trim its bounding set, which no_new_privs makes moot anyway.
     left_root = process.security is not None and _security().apply_ids(process.security)

@@ -49,6 +49,7 @@ class LaunchRequest(Record):
     fakeroot: bool = False  # --fakeroot: uid 0 inside a user namespace
     keep_privs: bool = False  # --keep-privs (root)
     no_privs: bool = False  # --no-privs
+    allow_setuid: bool = False  # --allow-setuid (root, no user namespace): set-uid programs work (singpy.launch.setuid)
     add_caps: tuple[str, ...] = ()  # --add-caps values, as given
     drop_caps: tuple[str, ...] = ()  # --drop-caps values, as given
     no_mount: tuple[str, ...] = ()  # --no-mount names, checked (singpy.mounts.system.check_no_mount)

@@ -35,6 +35,7 @@ from singpy.layers.staging import NEWROOT as NEWROOT
 from singpy.layers.staging import PROC as PROC
 from singpy.layers.staging import SCRATCH as SCRATCH
 from singpy.layers.staging import STAGE as STAGE
+from singpy.layers.staging import allow_setuid as allow_setuid
 from singpy.layers.staging import remount as remount
 from singpy.mounts.rootpath import Tree, resolve
 

@@ -19,18 +19,31 @@ IMAGE = "/image"  # mount point of a squashfs image (loop or FUSE), see singpy.i
 PROC = HOST + "/proc"  # the host's procfs, seen from the staging root (for /proc/self/fd/N)
 
 
-def remount(target: str, flags: int, *, shown: str | None = None) -> None:
-    """Add `flags` to the bind mount at `target`, keeping the flags it already has.
+def remount(target: str, flags: int, *, shown: str | None = None, clear: int = 0) -> None:
+    """Add `flags` to the bind mount at `target`, keeping the flags it already has, but for `clear`.
 
     Inside a user namespace the kernel refuses a remount that would clear a
     flag locked by a more privileged namespace (nosuid, nodev, noexec, atime),
-    so the current flags are read back and kept. `shown` names a descriptor's
-    path (k.fd_path) in messages.
+    so the current flags are read back and kept. `clear` (MS_NOSUID, for
+    --allow-setuid: root, in no user namespace, where nothing is locked) is
+    taken off. `shown` names a descriptor's path (k.fd_path) in messages.
     """
     current = _mount_flags(target)
-    if current & flags == flags:
+    if current & flags == flags and not current & clear:
         return
-    k.mount(None, target, None, k.MS_REMOUNT | k.MS_BIND | current | flags, shown=shown)
+    k.mount(None, target, None, k.MS_REMOUNT | k.MS_BIND | (current & ~clear) | flags, shown=shown)
+
+
+def allow_setuid(target: str, *, mount_setattr: bool) -> None:
+    """Clear nosuid on the mount at `target` and on every mount below it (--allow-setuid: the image's root and
+    its layers, before any other mount; singpy.launch.setuid): one mount_setattr(2), else a remount of each."""
+    if mount_setattr and k.clear_nosuid_tree(target):
+        return
+    from singpy.kernel.mountinfo import mount_points
+
+    for point in mount_points(PROC):
+        if point == target or point.startswith(target + "/"):
+            remount(point, 0, clear=k.MS_NOSUID)
 
 
 _STATVFS_TO_MS = ((os.ST_RDONLY, k.MS_RDONLY), (os.ST_NOSUID, k.MS_NOSUID), (os.ST_NODEV, k.MS_NODEV),

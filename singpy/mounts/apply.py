@@ -129,8 +129,8 @@ class _Applier:
                 self._bind(spec)
             case MountOp.TMPFS if spec.dest in self.to_seal:
                 self._stage(spec, number)
-            case MountOp.TMPFS:
-                self._fresh(spec, "tmpfs", k.MS_NOSUID | k.MS_NODEV, f"mode={spec.mode}")
+            case MountOp.TMPFS:  # (setuid: --allow-setuid, singpy.launch.setuid)
+                self._fresh(spec, "tmpfs", (0 if spec.setuid else k.MS_NOSUID) | k.MS_NODEV, f"mode={spec.mode}")
             case MountOp.PROC:
                 self._fresh(spec, "proc", k.MS_NOSUID | k.MS_NODEV | k.MS_NOEXEC, None)
             case MountOp.DEVPTS:
@@ -205,12 +205,14 @@ class _Applier:
         try:
             _check_kinds(spec, info, os.fstat(target))
             _say_binding(spec)
-            flags = k.MS_NOSUID | (0 if spec.dev else k.MS_NODEV) | (k.MS_RDONLY if spec.readonly else 0)
-            view = self._read_only_view(spec.source, source) if spec.readonly and not spec.dev else None
+            flags = (0 if spec.setuid else k.MS_NOSUID) | (0 if spec.dev else k.MS_NODEV) | \
+                (k.MS_RDONLY if spec.readonly else 0)
+            viewed = spec.readonly and not (spec.dev or spec.setuid)  # a view is nodev and nosuid
+            view = self._read_only_view(spec.source, source) if viewed else None
             k.mount(view or source, k.fd_path(target, PROC), None, k.MS_BIND | k.MS_REC, shown=spec.dest,
                     source_shown=spec.source)
-            if view is None:
-                self._remount(found, flags, spec.dest)
+            if view is None:  # a host mount's nosuid cleared on its bind for --allow-setuid, as Apptainer does
+                self._remount(found, flags, spec.dest, clear=k.MS_NOSUID if spec.setuid else 0)
         finally:
             os.close(target)
         self.host_binds.append((found.path, spec.source))
@@ -419,11 +421,11 @@ class _Applier:
             os.close(self.link_dir[1])
             self.link_dir = None
 
-    def _remount(self, found: Lookup, flags: int, shown: str) -> None:
+    def _remount(self, found: Lookup, flags: int, shown: str, clear: int = 0) -> None:
         """Add `flags` to what was just mounted on `found` (reopened: its descriptor is the mount point below)."""
         mounted = self.container.reopen(found)
         try:
-            remount(k.fd_path(mounted, PROC), flags, shown=shown)
+            remount(k.fd_path(mounted, PROC), flags, shown=shown, clear=clear)
         finally:
             os.close(mounted)
 
