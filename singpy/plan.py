@@ -169,7 +169,7 @@ class ProcessSpec(Record):
     container root once it is in place (a SIF's content is not known before).
     """
 
-    action: str  # "exec", "run", "shell" or "test"
+    action: str  # "exec", "run", "shell", "test" or "boot" (an instance's PID 1 is /sbin/init: singpy.launch.boot)
     args: tuple[str, ...]  # exec: command and arguments; run: runscript arguments
     env: EnvPlan  # the environment rules, applied in the container (singpy.env.environ)
     cwd: str  # working directory inside the container

@@ -85,6 +85,10 @@ def _start(argv: list[str], *, runscript: bool = False) -> int:
         if image.startswith(PULLED_URI_PREFIXES):
             image = pulled(image, values, host.env, host.home)  # --config is in SINGPY_CONFIG here (cli.main)
         request = build_request("run", values, [image, *args], host.cwd)
+        if values.get("boot"):  # (singpy.launch.boot, imported only then)
+            from singpy.launch.boot import booted
+
+            request = booted(request, name, host.uid)
         planned, _ = launch.plan_launch(request, config, host)
         socket = instance.new_socket_name(host.uid)
         plan = planned.plan.replace(share=ShareSpec(socket=socket, origin=f"instance {name}", runscript=runscript))

@@ -82,6 +82,8 @@ ACTION_OPTIONS: tuple[Option, ...] = (
            env_also=("NO_INIT",), group="Isolation"),
     Option("ipc", "--ipc", "run in a new IPC namespace", "-i", env="IPC", env_also=("UNSHARE_IPC",),
            group="Isolation"),
+    Option("boot", "--boot", "run the image's /sbin/init as the instance's PID 1 (root only; implies --contain, "
+           "--pid, --uts, --net)", env="BOOT", group="Isolation", commands=("instance start", "instance run")),
     Option("uts", "--uts", "run in a new UTS namespace", env="UTS", env_also=("UNSHARE_UTS",), group="Isolation"),
     Option("net", "--net", "run in a new network namespace (root: bridge network; users: loopback only)", "-n",
            env="NET", env_also=("UNSHARE_NET",), group="Network"),
@@ -222,7 +224,6 @@ _INSTANCE = ("instance start", "instance run")
 NO_DMTCP = "singpy has no DMTCP checkpointing (Apptainer's experimental `checkpoint` commands)"
 NO_DOCKER_DAEMON = "singpy reads images from no Docker daemon (Apptainer's docker-daemon: sources)"
 NOT_SUPPORTED = {
-    "--boot": (_INSTANCE, "singpy does not boot an image's /sbin/init as an instance's PID 1 (Apptainer: root only)"),
     "--dmtcp-launch": (_INSTANCE, NO_DMTCP),
     "--dmtcp-restart": (_INSTANCE, NO_DMTCP),
     "--docker-host": ((*ACTIONS, *_INSTANCE), NO_DOCKER_DAEMON),

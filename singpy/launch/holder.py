@@ -378,9 +378,9 @@ def _serve_instance(plan: LaunchPlan, listener: socket.socket, fds: list[tuple[s
     if proc >= 0:
         become_subreaper()
     child = _start_script(plan, scripts)
-    stop_at: float | None = None
+    booted, stop_at = plan.process.action == "boot", None  # --boot: a stop waits for /sbin/init (PID 1) too
     try:
-        while stop_at is None or (_running(child, members, proc) and time.monotonic() < stop_at):
+        while stop_at is None or ((_running(child, members, proc) or booted and _INIT) and time.monotonic() < stop_at):
             for fd, _ in members.poller.poll(200):
                 if members.handle(fd):
                     continue
@@ -422,8 +422,8 @@ def _running(child: int | None, members: _Members, proc: int) -> bool:
 
 
 def _end_children(proc: int) -> None:
-    """SIGKILL to the startscript and everything it started, until none is left: a process killed leaves its
-    children to us (the subreaper), killed in the next round. Then they are reaped."""
+    """SIGKILL to the startscript and all it started, until none is left (a process killed leaves its children to
+    us, the subreaper: killed in the next round), reaped."""
     deadline = time.monotonic() + 5.0
     while (left := _others(proc)) and time.monotonic() < deadline:
         for pid in left:
@@ -446,6 +446,8 @@ def _start_script(plan: LaunchPlan, scripts: ImageScripts) -> int | None:
     from singpy.launch import process
 
     runscript = plan.share is not None and plan.share.runscript  # `instance run`: the plan's own process, a `run`
+    if plan.process.action == "boot":  # --boot: the namespace's PID 1 is the image's /sbin/init (launch.boot)
+        return None
     if not runscript and not (os.path.isfile(STARTSCRIPT) and os.access(STARTSCRIPT, os.X_OK)):
         console.info(f"no executable {STARTSCRIPT} in the image: the instance runs nothing until joined")
         return None

@@ -92,10 +92,15 @@ def _init(plan: LaunchPlan, root: PreparedRoot, go: int, report: int) -> NoRetur
     if os.read(go, 1) != b"g":  # the holder died first (fork_tied's signal may not have come yet)
         os._exit(1)
     os.close(go)
+    booting = plan.process.action == "boot"  # --boot: /sbin/init replaces this PID 1 once the container is built
+    if booting:
+        from singpy.launch import boot  # now: out of reach once in the container
     try:
         with open(f"{rootfs.PROC}/self/comm", "w") as comm:  # what `ps` shows inside: not the holder's name
             comm.write("singpy-init")
         build_container(plan, root)
+        if booting:
+            boot.check_init()
     except SingpyError as error:
         os.write(report, error.message.encode())
         os._exit(error.exit_code)
@@ -104,6 +109,8 @@ def _init(plan: LaunchPlan, root: PreparedRoot, go: int, report: int) -> NoRetur
         os._exit(255)
     os.write(report, b"\0")
     os.close(report)
+    if booting:
+        boot.exec_init(plan.process)
     _reap_orphans()
 
 
