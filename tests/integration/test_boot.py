@@ -10,7 +10,6 @@ singpy runs in a network namespace of the test (tests.support.netns), where its 
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +19,7 @@ import pytest
 from tests.conftest import SINGPY, Singpy, assert_one_fatal, instance_logs
 from tests.support.images import build_busybox_rootfs
 from tests.support.leftovers import settled, traces
-from tests.support.netns import NetNs
-from tests.support.users import is_root
+from tests.support.netns import NetNs, made_netns
 
 INIT = """#!/bin/sh
 echo "init: pid $$, $(hostname), $(cat /proc/1/comm)"
@@ -42,13 +40,7 @@ def images(workdir: Path) -> dict[str, Path]:
 
 @pytest.fixture
 def netns(as_root: Singpy, workdir: Path) -> Iterator[NetNs]:
-    if not is_root() or shutil.which("ip") is None:
-        pytest.skip("network namespaces wired from the host: root, with iproute2")
-    ns = NetNs(SINGPY, workdir, as_root.env())
-    try:
-        yield ns
-    finally:
-        ns.delete()
+    yield from made_netns(SINGPY, workdir, as_root.env())
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +31,7 @@ import pytest
 from tests.conftest import SINGPY, Singpy, readable_by_all
 from tests.support import sifs
 from tests.support.images import build_busybox_rootfs
-from tests.support.netns import BRIDGE, BRIDGE_NET, PTP_NET, NetNs
+from tests.support.netns import BRIDGE, BRIDGE_NET, PTP_NET, NetNs, made_netns
 from tests.support.users import is_root
 
 SESSION = f"h{os.getpid()}-{uuid.uuid4().hex[:6]}"  # in every instance name: the homes are shared
@@ -326,13 +325,7 @@ def test_stop_never_signals_a_process_that_took_a_joined_pid(singpy: Singpy, ima
 @pytest.fixture
 def netns(as_root: Singpy, workdir: Path) -> Iterator[NetNs]:
     """A network namespace of this test (tests.support.netns): the instance's veths and bridge live there."""
-    if not is_root() or shutil.which("ip") is None:
-        pytest.skip("network namespaces wired from the host: root, with iproute2")
-    ns = NetNs(SINGPY, workdir, as_root.env())
-    try:
-        yield ns
-    finally:
-        ns.delete()
+    yield from made_netns(SINGPY, workdir, as_root.env())
 
 
 @pytest.mark.parametrize(("network", "stop"), [("bridge", ()), ("ptp", ()), ("bridge", ("--force",))],

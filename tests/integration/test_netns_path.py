@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SINGPY, Singpy, assert_one_fatal
-from tests.support.netns import NetNs
+from tests.support.netns import NetNs, made_netns
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0 or shutil.which("ip") is None,
                                 reason="the test's network namespace is made by root, with iproute2")
@@ -25,11 +25,7 @@ pytestmark = pytest.mark.skipif(os.getuid() != 0 or shutil.which("ip") is None,
 
 @pytest.fixture
 def netns(as_root: Singpy, workdir: Path) -> Iterator[NetNs]:
-    ns = NetNs(SINGPY, workdir, as_root.env())
-    try:
-        yield ns
-    finally:
-        ns.delete()
+    yield from made_netns(SINGPY, workdir, as_root.env())
 
 
 def _path(ns: NetNs) -> str:

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 _names = itertools.count()
 _RUN = os.getpid()
@@ -93,3 +97,13 @@ class NetNs:
         return subprocess.Popen(["ip", "netns", "exec", self.name, *argv], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
 
+
+def made_netns(singpy: str, workdir: Path, env: dict[str, str]) -> Iterator[NetNs]:
+    """A fixture's body: a network namespace for one test, deleted after it (skipped but as root, with iproute2)."""
+    if os.getuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces wired from the host: root, with iproute2")
+    ns = NetNs(singpy, workdir, env)
+    try:
+        yield ns
+    finally:
+        ns.delete()
