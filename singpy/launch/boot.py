@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 INIT = "/sbin/init"
-ACTION = "boot"  # ProcessSpec.action of a booted instance
 _DROPPED = "CAP_SYS_BOOT,CAP_SYS_RAWIO"
 
 
@@ -32,7 +31,7 @@ def booted(request: LaunchRequest, name: str, uid: int) -> LaunchRequest:
     """The request of `instance start|run --boot IMAGE NAME`; a user is refused with Apptainer's words."""
     if uid != 0:
         raise SingpyError("--boot requires root privileges")
-    return request.replace(action=ACTION, contain=True, pid=True, uts=True, net=True,
+    return request.replace(action="boot", contain=True, pid=True, uts=True, net=True,
                            hostname=request.hostname or name,
                            drop_caps=request.drop_caps if request.keep_privs else (*request.drop_caps, _DROPPED))
 
