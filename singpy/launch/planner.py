@@ -41,6 +41,7 @@ from singpy.record import Record
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
+    from singpy.launch.instance import InstanceRecord
     from singpy.layers.overlay import OverlayChoice
     from singpy.mounts.workdir import WorkdirPlan
 
@@ -77,7 +78,8 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
     underlay = _underlay(request, config, namespaces.user and _no_userns_overlay(config))
     no_layer = plan_no_layer(writable=request.writable, overlays=bool(layers and layers.overlays), underlay=underlay,
                              overlay_driver=layers.driver if layers is not None else _default_driver(config))
-    security = _security(request, host, privileges)
+    joined = _joined(request, host)  # instance://NAME: what it was started with, read once
+    security = _security(request, host, privileges, joined)
     identity, identity_warnings = _identity_files(request, config, host, home_dest, security)
     mounts = _mounts(request, config, host, namespaces, home_source, home_dest, identity, no_layer=bool(no_layer))
     work = _workdir(request, config, mounts, home_dest) if request.workdir or request.scratch else None
@@ -127,10 +129,10 @@ def build_plan(request: LaunchRequest, config: SysConfig, host: HostInfo, image:
                       max_loop_devices=config.number("max loop devices"),
                       underlay=underlay,
                       avoid_features=avoid, netns_path=netns_path, fusemounts=fusemounts)
-    if request.allow_setuid or request.instance and host.uid == 0:  # root's set-uid programs (imported only then)
-        from singpy.launch.setuid import allow_setuid
+    if request.allow_setuid or joined is not None and joined.allow_setuid and host.uid == 0:  # or root joins one
+        from singpy.launch.setuid import allow_setuid  # (imported only then)
 
-        plan = allow_setuid(plan, asked=request.allow_setuid, joined=request.instance, home=host.home, user=host.user)
+        plan = allow_setuid(plan)
     if request.limits:
         plan = plan.replace(cgroup=_cgroup(request, host, share_key))
     if request.instance:
@@ -190,8 +192,7 @@ def _layers(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Im
     enable = config.text("enable overlay")
     partition = image.overlay_partition()
     needed = request.writable or request.overlays or partition is not None
-    # No overlayfs in a user namespace (`avoid kernel features = userns_overlay`, or Linux < 5.11): the layers
-    # need fuse-overlayfs, as with `driver`.
+    # No overlayfs in a user namespace (avoided, or Linux < 5.11): the layers need fuse-overlayfs, as with `driver`.
     avoided = user_namespace and _no_userns_overlay(config)
     if not needed and not (request.writable_tmpfs and (enable in ("no", "driver") or avoided)):
         return None
@@ -204,10 +205,8 @@ def _layers(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Im
 
 
 def _no_userns_overlay(config: SysConfig) -> bool:
-    """Whether overlayfs can't be mounted in a user namespace: avoided by the admin, or a kernel before 5.11.
-
-    (Ubuntu let users mount overlayfs earlier, but without `userxattr`, which singpy passes: the same.)
-    """
+    """Whether overlayfs can't be mounted in a user namespace: avoided by the admin, or a kernel before 5.11
+    (Ubuntu let users mount overlayfs earlier, but without `userxattr`, which singpy passes: the same)."""
     if "userns_overlay" in config.items("avoid kernel features"):
         return True
     release = os.uname().release.split(".")
@@ -218,10 +217,8 @@ def _no_userns_overlay(config: SysConfig) -> bool:
 
 
 def _underlay(request: LaunchRequest, config: SysConfig, no_userns_overlay: bool) -> str:
-    """When the mount points the image lacks go in an underlay (singpy.layers.underlay) rather than an overlay layer.
-
-    `no_userns_overlay`: a user namespace is made, and overlayfs can't be mounted there (_no_userns_overlay).
-    """
+    """When the mount points the image lacks go in an underlay (singpy.layers.underlay) rather than an overlay
+    layer. `no_userns_overlay`: a user namespace is made, and overlayfs can't be mounted there (_no_userns_overlay)."""
     enable = config.text("enable underlay")
     if enable == "no":
         if request.underlay:
@@ -297,14 +294,20 @@ def _fusemounts(request: LaunchRequest, config: SysConfig,
                            host_path=host.env.get("PATH", "") or DEFAULT_PATH)
 
 
-def _security(request: LaunchRequest, host: HostInfo, privileges: Privileges) -> SecuritySpec | None:
+def _joined(request: LaunchRequest, host: HostInfo) -> InstanceRecord | None:
+    """The record of the instance joined (instance://NAME), None without one: its --security, --allow-setuid."""
+    if not request.instance:
+        return None
+    from singpy.launch.instance import instance_record
+
+    return instance_record(host.home, host.user, host.uid, request.instance)
+
+
+def _security(request: LaunchRequest, host: HostInfo, privileges: Privileges,
+              joined: InstanceRecord | None) -> SecuritySpec | None:
     """--security (singpy.launch.security, imported only then); joining an instance, the instance's too (its
     record's, after the command's own: the first value of a feature wins)."""
-    values = request.security
-    if request.instance:
-        from singpy.launch.instance import instance_record
-
-        values = (*values, *instance_record(host.home, host.user, host.uid, request.instance).security)
+    values = (*request.security, *(joined.security if joined else ()))
     if not values:
         return None
     from singpy.launch.security import plan_security
@@ -404,10 +407,8 @@ def _mounts(request: LaunchRequest, config: SysConfig, host: HostInfo, namespace
 
 
 def _home_enabled(request: LaunchRequest, config: SysConfig, home_dest: str) -> bool:
-    """Whether a home is mounted: a --home is even with `mount home = no`, as in Apptainer.
-
-    A home of `/` (HOME=/, as for some system accounts) is not, as in Apptainer: it would hide the image.
-    """
+    """Whether a home is mounted: a --home is even with `mount home = no`; a home of `/` (HOME=/, as for some
+    system accounts) is not: it would hide the image. Both as in Apptainer."""
     if request.no_home or "home" in request.no_mount or home_dest == "/":
         return False
     if request.home is None:
@@ -418,11 +419,8 @@ def _home_enabled(request: LaunchRequest, config: SysConfig, home_dest: str) -> 
 
 
 def _home_source(request: LaunchRequest, source: str) -> str | None:
-    """The host directory bound as the home, or None for an empty one (a tmpfs).
-
-    --contain empties the default home but binds a --home, and a home that
-    does not exist on the host is an empty one at its place, as in Apptainer.
-    """
+    """The host directory bound as the home, or None for an empty one (a tmpfs): --contain empties the default
+    home but binds a --home, and a home missing on the host is an empty one at its place, as in Apptainer."""
     if request.contain and request.home is None:
         return None
     try:

@@ -11,7 +11,8 @@ A user is refused (Apptainer's words). In a user namespace (root with --userns o
 nothing, as Apptainer's. no_new_privs, which makes the kernel ignore set-uid bits, is left off only where that
 gives the payload nothing it lacks: root with all its capabilities, no --security. Where they are trimmed
 (`root default capabilities`, --drop-caps, --no-privs), it stays, so that no set-uid root program hands them back:
-the flag then changes nothing either. -v says why in both cases.
+the flag then changes nothing either. -v says why in both cases. Root joining an instance started with it gets
+the same (its record says so: singpy.launch.planner), as Apptainer's joins take the instance's no_new_privs.
 """
 
 from __future__ import annotations
@@ -24,14 +25,8 @@ from singpy.plan import LaunchPlan, MountOp, MountSpec, Stage
 _HOST_STAGES = (Stage.SYSTEM_FILES, Stage.HOME_TMP, Stage.USER)  # not KERNEL (/proc, /sys, /dev) nor GPU
 
 
-def allow_setuid(plan: LaunchPlan, *, asked: bool, joined: str = "", home: str = "", user: str = "") -> LaunchPlan:
-    """The plan with --allow-setuid's changes, where they apply (a user is refused). `joined`: the instance root's
-    command joins, which runs as the instance was started (as Apptainer's joins take its no_new_privs)."""
-    if joined and not asked:
-        from singpy.launch.instance import instance_record
-
-        if not instance_record(home, user, plan.uid, joined).allow_setuid:
-            return plan
+def allow_setuid(plan: LaunchPlan) -> LaunchPlan:
+    """The plan with --allow-setuid's changes, where they apply (a user is refused)."""
     if plan.uid != 0:
         raise SingpyError("--allow-setuid requires root privileges")
     if plan.namespaces.user:

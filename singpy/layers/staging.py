@@ -39,7 +39,7 @@ def allow_setuid(target: str, *, mount_setattr: bool) -> None:
     its layers, before any other mount; singpy.launch.setuid): one mount_setattr(2), else a remount of each."""
     if mount_setattr and k.clear_nosuid_tree(target):
         return
-    from singpy.kernel.mountinfo import mount_points
+    from singpy.kernel.mountinfo import mount_points  # loaded before the pivot, by singpy.launch.setuid
 
     for point in mount_points(PROC):
         if point == target or point.startswith(target + "/"):

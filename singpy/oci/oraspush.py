@@ -123,7 +123,6 @@ class Uploader(Registry):
         response = self.send("PUT", url, {"Content-Type": OCI_MANIFEST}, data)
         self.expect(response, url, (201, 200), f"the manifest of {self.ref.registry}/{self.ref.repository}:{tag}")
 
-
     def delete_manifest(self, reference: str) -> None:
         url = self.base + f"/v2/{self.ref.repository}/manifests/{reference}"
         response = self.send("DELETE", url, {})

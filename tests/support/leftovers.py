@@ -168,7 +168,7 @@ def wait_for_empty_pid_namespace(link: str, started_by: int | None = None, timeo
 
 def boot_ticks() -> int:
     """Now, in the clock of a process's start time (/proc/PID/stat's 22nd field: ticks since boot)."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")) + 1
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * os.sysconf("SC_CLK_TCK")) + 1  # this tick's included
 
 
 @contextlib.contextmanager
