@@ -17,6 +17,7 @@ import os
 from singpy.cgroups.files import ACCOUNTING, v1_writes, v2_writes
 from singpy.cgroups.limits import requested
 from singpy.errors import SingpyError
+from singpy.kernel.mountinfo import unescape
 from singpy.plan import CgroupSpec
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -52,7 +53,7 @@ def cgroup_mounts() -> list[Mount]:
         parts, after = fields.split(), tail.split()
         if len(parts) < 5 or len(after) < 3 or after[0] not in ("cgroup", "cgroup2"):
             continue
-        point = parts[4].replace("\\040", " ")
+        point = unescape(parts[4])
         if point == CGROUP_ROOT or point.startswith(CGROUP_ROOT + "/"):
             options = frozenset(after[2].split(",")) if after[0] == "cgroup" else frozenset()
             found.append((point, after[0], options))

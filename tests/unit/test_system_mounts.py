@@ -20,12 +20,13 @@ MOUNTINFO = """\
 34 27 254:33 / /boot/efi rw - vfat /dev/vda1 rw
 35 27 254:16 / /scratch rw - xfs /dev/vdb rw
 36 27 7:0 / /var/lib/docker/overlay2/x rw - ext4 /dev/loop0 rw
+37 27 254:48 / /data\\011tab\\134back\\012line rw - ext4 /dev/vdd rw
 """
 
 
 def test_hostfs_binds_real_filesystems_only() -> None:
     specs = hostfs_mounts(MOUNTINFO)
-    assert [spec.dest for spec in specs] == ["/scratch", "/home", "/data set"]
+    assert [spec.dest for spec in specs] == ["/scratch", "/home", "/data set", "/data\ttab\\back\nline"]
     assert all(spec.op == MountOp.BIND and spec.source == spec.dest for spec in specs)
     assert all(spec.missing == Missing.SKIP for spec in specs)
 
