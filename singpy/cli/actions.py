@@ -144,10 +144,16 @@ def _instance_image(reference: str, host: HostInfo) -> tuple[str, str]:
 def pulled(reference: str, values: Mapping[str, Any], env: Mapping[str, str], home: str) -> str:
     """The cached SIF of a docker://, oci:, oras://, library://... image (PULLED_URI_PREFIXES), pulled first if
     needed: the launch sees only a SIF. The one routing of run/exec/shell/test, `instance start|run` and
-    `inspect` (`values`: their --docker-login, --authfile, --no-https, and the global --config)."""
+    `inspect` (`values`: their --docker-login, --authfile, --no-https, the hidden --docker-username,
+    --docker-password and --tmpdir (singpy.cli.flagvars), and the global --config)."""
     from singpy.kernel.syscalls import wait_single_threaded
     from singpy.oci.pull import cached_image
 
+    if values.get("docker_username") or values.get("docker_password") or values.get("tmpdir"):
+        from singpy.cli.flagvars import flag_variables
+
+        env = {**env, **flag_variables(env, username=values.get("docker_username") or "",
+                                       password=values.get("docker_password") or "", tmpdir=values.get("tmpdir") or "")}
     options = _pull_options(values)
     if reference.startswith("library://"):  # a SIF in a Sylabs library: cached as it is (singpy.library.pull)
         from singpy.library.pull import LibraryOptions

@@ -6,7 +6,17 @@ import typer
 
 from singpy import console
 from singpy.cli.fastpull import SIF_URI_PREFIXES
-from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, pull_options, variables
+from singpy.cli.pull import (
+    AUTHFILE,
+    DOCKER_LOGIN,
+    DOCKER_PASSWORD,
+    DOCKER_USERNAME,
+    NO_HTTPS,
+    TMPDIR,
+    pull_options,
+    set_flag_variables,
+    variables,
+)
 
 TYPE_CHECKING = False  # see singpy.record
 if TYPE_CHECKING:
@@ -99,8 +109,12 @@ def build_command(
                                     "(implies --encrypt)"),
     pem_path: str = typer.Option("", "--pem-path", help="an RSA public key (PEM) to encrypt the image for "
                                  "(implies --encrypt)", metavar="PUBLIC.pem"),
+    docker_username: str = DOCKER_USERNAME,
+    docker_password: str = DOCKER_PASSWORD,
+    tmpdir: str = TMPDIR,
 ) -> None:
     """Build a SIF or a sandbox from a definition file, a sandbox, a SIF/squashfs image, or an OCI image."""
+    set_flag_variables(docker_username, docker_password, tmpdir)
     if not _ENCRYPTING:
         arguments = dict(locals())  # this call's arguments, for the plain build of an encrypted one
         key = _encryption_key(encrypt or passphrase or bool(pem_path), passphrase, pem_path, sandbox)

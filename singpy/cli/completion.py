@@ -28,17 +28,22 @@ def table(group: object) -> tuple[dict[str, list[str]], list[str]]:
     `group` is the typer app's click group (singpy.cli.app passes it: this
     module is below the app and never imports it).
     """
-    commands: dict[str, list[str]] = {action: _names(tuple(option for option in ACTION_OPTIONS
-                                                          if not option.commands or action in option.commands))
+    commands: dict[str, list[str]] = {action: _names(tuple(option for option in ACTION_OPTIONS if not option.hidden
+                                                          and (not option.commands or action in option.commands)))
                                       for action in ACTIONS}
     for name, command in getattr(group, "commands", {}).items():
         if name in ACTIONS:
             continue
-        commands[name] = [opt for param in command.params for opt in param.opts if opt.startswith("-")]
+        commands[name] = _offered(command)
         for sub, subcommand in getattr(command, "commands", {}).items():
-            commands[f"{name} {sub}"] = [opt for param in subcommand.params for opt in param.opts
-                                         if opt.startswith("-")]
+            commands[f"{name} {sub}"] = _offered(subcommand)
     return commands, _names(GLOBAL_OPTIONS)
+
+
+def _offered(command: object) -> list[str]:
+    """The flags of a typer command, less those it hides (as its help does)."""
+    return [opt for param in getattr(command, "params", ()) if not getattr(param, "hidden", False)
+            for opt in param.opts if opt.startswith("-")]
 
 
 def script(shell: str, group: object) -> str:

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import typer
 
-from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, variables
+from singpy.cli.pull import (
+    AUTHFILE,
+    DOCKER_LOGIN,
+    DOCKER_PASSWORD,
+    DOCKER_USERNAME,
+    NO_HTTPS,
+    set_flag_variables,
+    variables,
+)
 
 REFERENCE = typer.Argument(..., metavar="library://REF|oras://REF", show_default=False,
                            help="the image: library://[HOST/]ENTITY/COLLECTION/CONTAINER[:TAG], or "
@@ -26,6 +34,8 @@ def delete_command(
     docker_login: bool = DOCKER_LOGIN,
     authfile: str = AUTHFILE,
     no_https: bool = NO_HTTPS,
+    docker_username: str = DOCKER_USERNAME,
+    docker_password: str = DOCKER_PASSWORD,
 ) -> None:
     """Delete an image from a library (library://, with the token of its remote: `singpy remote login`) or from
     an OCI registry (oras://, with the credentials of `singpy registry login`)."""
@@ -36,6 +46,7 @@ def delete_command(
     from singpy.host import host
     from singpy.image.sifscan import host_arch
 
+    set_flag_variables(docker_username, docker_password, "")
     arch = arch or host_arch()
     if reference.startswith("oras://"):
         from singpy.cli.fastpull import pull_options

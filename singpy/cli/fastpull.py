@@ -40,6 +40,9 @@ FLAGS: dict[str, tuple[str, bool]] = {
     "--disable-cache": ("disable_cache", False),
     "--sandbox": ("sandbox", False),
     "--reproducible": ("reproducible", False),
+    "--docker-username": ("docker_username", True),  # Apptainer's hidden three (singpy.cli.flagvars)
+    "--docker-password": ("docker_password", True),
+    "--tmpdir": ("tmpdir", True),
 }
 BOOLEANS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if not takes_value}))
 TEXTS = tuple(sorted({dest for dest, takes_value in FLAGS.values() if takes_value}))
@@ -48,6 +51,7 @@ ENV_KEYS: dict[str, tuple[str, ...]] = {
     "docker_login": ("DOCKER_LOGIN",), "authfile": ("AUTH_FILE", "AUTHFILE"), "no_https": ("NOHTTPS", "NO_HTTPS"),
     "name": ("PULL_NAME",), "directory": ("PULLDIR", "PULLFOLDER"), "library": ("LIBRARY",),
     "disable_cache": ("DISABLE_CACHE",), "sandbox": ("SANDBOX",), "reproducible": ("REPRODUCIBLE",),
+    "docker_username": ("DOCKER_USERNAME",), "docker_password": ("DOCKER_PASSWORD",), "tmpdir": ("TMPDIR",),
 }
 # click's boolean words (typer._click.types.BoolParamType); any other value is left to typer to refuse
 _CLICK_WORDS = {"1": True, "yes": True, "true": True, "on": True, "t": True, "y": True,
@@ -143,6 +147,18 @@ def _leave() -> NoReturn:
     os._exit(status)
 
 
+def set_flag_variables(username: str, password: str, tmpdir: str) -> None:
+    """--docker-username, --docker-password and --tmpdir of a command that only pulls or builds: this process's
+    variables (singpy.cli.flagvars), which each of its image paths reads (a container it runs never sees them:
+    singpy.env.environ passes no SINGPY_ variable)."""
+    if username or password or tmpdir:
+        import os
+
+        from singpy.cli.flagvars import flag_variables
+
+        os.environ.update(flag_variables(os.environ, username=username, password=password, tmpdir=tmpdir))
+
+
 def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool, variant: str = "",
                  reproducible: bool = False) -> PullOptions:
     """The PullOptions of these flags."""
@@ -154,11 +170,13 @@ def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool, v
 
 def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, authfile: str, no_https: bool,
                name: str, directory: str, library: str, disable_cache: bool = False, arch_variant: str = "",
-               sandbox: bool = False, reproducible: bool = False) -> None:
+               sandbox: bool = False, reproducible: bool = False, docker_username: str = "", docker_password: str = "",
+               tmpdir: str = "") -> None:
     """The body of `singpy pull`, whichever parser read the command line."""
     from singpy import console
     from singpy.host import host
 
+    set_flag_variables(docker_username, docker_password, tmpdir)
     target, reference = pull_target(words, name, directory)
     if reference.startswith(URL_PREFIXES) and not sandbox:  # an image file on a web server (Nextflow's nf-core images)
         from singpy.oci import netpull

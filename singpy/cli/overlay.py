@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from singpy.cli.pull import variables
+from singpy.cli.pull import TMPDIR, variables
 
 overlay_app = typer.Typer(name="overlay", help="Manage writable overlay images (ext3).", no_args_is_help=True)
 
@@ -20,6 +20,7 @@ def create_command(
                                          help="a directory to create in the overlay, writable by you (repeatable)"),
     fakeroot: bool = typer.Option(False, "--fakeroot", "-f", help="make the overlay layout root's, for "
                                   "containers run with --fakeroot", envvar=variables("FAKEROOT"), show_envvar=False),
+    tmpdir: str = TMPDIR,  # Apptainer's hidden flag: where the overlay's tree is laid out
 ) -> None:
     """Create a writable ext3 overlay image (FILE.img), or add one as a partition to a SIF image.
 
@@ -33,6 +34,7 @@ def create_command(
     from singpy.image.overlaycreate import create
     from singpy.oci.store import TMPDIR_VARIABLES
 
-    tmpdir = next((os.environ[name] for name in TMPDIR_VARIABLES if os.environ.get(name)), tempfile.gettempdir())
+    tmpdir = tmpdir or next((os.environ[name] for name in TMPDIR_VARIABLES if os.environ.get(name)),
+                            tempfile.gettempdir())
     console.info(create(image, size_mb=size, sparse=sparse, dirs=list(create_dir), fakeroot=fakeroot,
                         env=os.environ, tmpdir=tmpdir))

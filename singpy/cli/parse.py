@@ -176,7 +176,8 @@ def action_help(action: str, *, command: str = "", usage: str = "", summary: str
                      summary or action_summary.capitalize() + ".",
                      [(option.group, help_row(option.short, option.long, option.value, option.help,
                                               option.env and ENV_PREFIXES[1] + option.env))
-                      for option in ACTION_OPTIONS if not option.commands or command in option.commands],
+                      for option in ACTION_OPTIONS
+                      if not option.hidden and (not option.commands or command in option.commands)],
                      EXAMPLES.get(command, ()))
 
 

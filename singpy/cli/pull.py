@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import typer
 
-from singpy.cli.fastpull import ENV_KEYS, pull_options, pull_target, pull_words, variables
+from singpy.cli.fastpull import ENV_KEYS, pull_options, pull_target, pull_words, set_flag_variables, variables
 
-__all__ = ["AUTHFILE", "DOCKER_LOGIN", "NO_HTTPS", "pull_command", "pull_options", "pull_target", "variables"]
+__all__ = ["AUTHFILE", "DOCKER_LOGIN", "DOCKER_PASSWORD", "DOCKER_USERNAME", "NO_HTTPS", "TMPDIR", "pull_command",
+           "pull_options", "pull_target", "set_flag_variables", "variables"]
 
 ARCH = typer.Option("", "--arch", help="the platform to pull from a multi-architecture image (amd64, arm64, "
                     "arm64/v8, linux/arm/v7...; default: this host's)", metavar="ARCH",
@@ -17,6 +18,12 @@ DOCKER_LOGIN = typer.Option(False, "--docker-login", help="ask for the registry'
                             envvar=variables(*ENV_KEYS["docker_login"]), show_envvar=False)
 AUTHFILE = typer.Option("", "--authfile", help="registry credentials in docker's config.json format",
                         metavar="FILE", envvar=variables(*ENV_KEYS["authfile"]), show_envvar=False)
+# Apptainer's hidden flags of pull, build, push and delete (singpy.cli.flagvars); --tmpdir: pull, build, overlay
+DOCKER_USERNAME = typer.Option("", "--docker-username", metavar="NAME", hidden=True,
+                               envvar=variables(*ENV_KEYS["docker_username"]))
+DOCKER_PASSWORD = typer.Option("", "--docker-password", metavar="PASSWORD", hidden=True,
+                               envvar=variables(*ENV_KEYS["docker_password"]))
+TMPDIR = typer.Option("", "--tmpdir", metavar="DIR", hidden=True, envvar=variables(*ENV_KEYS["tmpdir"]))
 WORDS = typer.Argument(..., metavar="[OUT.sif] REF", show_default=False,
                        help="the file to write (default: NAME_TAG.sif), then the image")
 # --nohttps: Apptainer's deprecated spelling, still passed by scripts written for Singularity 3. Its variables
@@ -56,6 +63,9 @@ def pull_command(
                                       envvar=variables(*ENV_KEYS["reproducible"]), show_envvar=False),
     allow_unsigned: bool = typer.Option(False, "--allow-unsigned", "-U", "--allow-unauthenticated", hidden=True,
                                         envvar=variables("ALLOW_UNSIGNED", "ALLOW_UNAUTHENTICATED")),
+    docker_username: str = DOCKER_USERNAME,
+    docker_password: str = DOCKER_PASSWORD,
+    tmpdir: str = TMPDIR,
 ) -> None:
     """Pull an image from a registry (docker://) or an OCI layout/archive and write it as a SIF file; download
     a SIF stored in an OCI registry (oras://), or an image file (SIF) from an http:// or https:// URL."""
@@ -63,7 +73,8 @@ def pull_command(
         _deprecated_on_command_line(context)
     pull_words(words, force=force, arch=arch, docker_login=docker_login, authfile=authfile, no_https=no_https,
                name=name, directory=directory, library=library, disable_cache=disable_cache, arch_variant=arch_variant,
-               sandbox=sandbox, reproducible=reproducible)
+               sandbox=sandbox, reproducible=reproducible, docker_username=docker_username,
+               docker_password=docker_password, tmpdir=tmpdir)
 
 
 def _deprecated_on_command_line(context: typer.Context) -> None:

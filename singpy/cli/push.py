@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, NO_HTTPS, variables
+from singpy.cli.pull import (
+    AUTHFILE,
+    DOCKER_LOGIN,
+    DOCKER_PASSWORD,
+    DOCKER_USERNAME,
+    NO_HTTPS,
+    set_flag_variables,
+    variables,
+)
 
 IMAGE = typer.Argument(..., metavar="IMAGE.sif", show_default=False, help="the SIF file to upload")
 DESTINATION = typer.Argument(..., metavar="URI", show_default=False,
@@ -23,8 +31,11 @@ def push_command(
                                         "image (library://)", envvar=variables("ALLOW_UNSIGNED"), show_envvar=False),
     description: str = typer.Option("", "--description", "-D", help="description for container image (library:// "
                                     "only)", metavar="TEXT"),
+    docker_username: str = DOCKER_USERNAME,
+    docker_password: str = DOCKER_PASSWORD,
 ) -> None:
     """Upload a SIF image to an OCI registry (oras://), where `singpy pull oras://...` and Apptainer find it."""
+    set_flag_variables(docker_username, docker_password, "")
     import os
 
     from singpy import console

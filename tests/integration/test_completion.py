@@ -28,6 +28,8 @@ CASES = [
     (["singpy", "pull", "--ar"], "0 --arch --arch-variant"),
     (["singpy", "run", "--runs"], "0 --runscript-timeout"),
     (["singpy", "exec", "--runs"], "0 "),  # a flag of run alone, as Apptainer registers it
+    (["singpy", "exec", "--docker-"], "0 --docker-login"),  # not the hidden --docker-username/--docker-password
+    (["singpy", "pull", "--docker-"], "0 --docker-login"),
     (["singpy", "exec", "image.sif"], "1 "),  # no flag asked for: bash completes file names (-o default)
 ]
 

@@ -20,7 +20,8 @@ from tests.support.envkeys import PENDING, SAMPLES, table_rows
 
 # Effects a sandbox image's dry run cannot show (unit-tested): these act while pulling a docker:// image, or
 # extract a SIF.
-NOT_IN_THE_PLAN = {"--docker-login", "--authfile", "--no-https", "--unsquash"}
+NOT_IN_THE_PLAN = {"--docker-login", "--authfile", "--no-https", "--unsquash", "--docker-username", "--docker-password",
+                   "--tmpdir"}
 
 
 def _exec_cases() -> list[tuple[str, str]]:

@@ -253,7 +253,7 @@ def test_action_help_lists_every_option(action: str) -> None:
     assert text.endswith("\n")
     for option in ACTION_OPTIONS:
         matching = [line for line in lines if option.help in line]
-        if option.commands and action not in option.commands:  # a flag of other commands: not offered
+        if option.hidden or (option.commands and action not in option.commands):  # not offered here
             assert matching == [], option.long
             continue
         assert len(matching) == 1, option.long
