@@ -6,15 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from singpy.cli.pull import (
-    AUTHFILE,
-    DOCKER_LOGIN,
-    DOCKER_PASSWORD,
-    DOCKER_USERNAME,
-    NO_HTTPS,
-    set_flag_variables,
-    variables,
-)
+from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, DOCKER_PASSWORD, DOCKER_USERNAME, NO_HTTPS, variables
 
 REFERENCE = typer.Argument(..., metavar="library://REF|oras://REF", show_default=False,
                            help="the image: library://[HOST/]ENTITY/COLLECTION/CONTAINER[:TAG], or "
@@ -42,6 +34,7 @@ def delete_command(
     import os
 
     from singpy import console
+    from singpy.cli.fastpull import set_flag_variables
     from singpy.errors import UsageError
     from singpy.host import host
     from singpy.image.sifscan import host_arch

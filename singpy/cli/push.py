@@ -4,15 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from singpy.cli.pull import (
-    AUTHFILE,
-    DOCKER_LOGIN,
-    DOCKER_PASSWORD,
-    DOCKER_USERNAME,
-    NO_HTTPS,
-    set_flag_variables,
-    variables,
-)
+from singpy.cli.pull import AUTHFILE, DOCKER_LOGIN, DOCKER_PASSWORD, DOCKER_USERNAME, NO_HTTPS, variables
 
 IMAGE = typer.Argument(..., metavar="IMAGE.sif", show_default=False, help="the SIF file to upload")
 DESTINATION = typer.Argument(..., metavar="URI", show_default=False,
@@ -35,6 +27,8 @@ def push_command(
     docker_password: str = DOCKER_PASSWORD,
 ) -> None:
     """Upload a SIF image to an OCI registry (oras://), where `singpy pull oras://...` and Apptainer find it."""
+    from singpy.cli.fastpull import set_flag_variables
+
     set_flag_variables(docker_username, docker_password, "")
     import os
 
