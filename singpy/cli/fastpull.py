@@ -51,7 +51,8 @@ ENV_KEYS: dict[str, tuple[str, ...]] = {
     "docker_login": ("DOCKER_LOGIN",), "authfile": ("AUTH_FILE", "AUTHFILE"), "no_https": ("NOHTTPS", "NO_HTTPS"),
     "name": ("PULL_NAME",), "directory": ("PULLDIR", "PULLFOLDER"), "library": ("LIBRARY",),
     "disable_cache": ("DISABLE_CACHE",), "sandbox": ("SANDBOX",), "reproducible": ("REPRODUCIBLE",),
-    "docker_username": ("DOCKER_USERNAME",), "docker_password": ("DOCKER_PASSWORD",), "tmpdir": ("TMPDIR",),
+    # none read here: singpy.oci.auth and singpy.oci.store read them where they act (singpy.cli.flagvars)
+    "docker_username": (), "docker_password": (), "tmpdir": (),
 }
 # click's boolean words (typer._click.types.BoolParamType); any other value is left to typer to refuse
 _CLICK_WORDS = {"1": True, "yes": True, "true": True, "on": True, "t": True, "y": True,

@@ -4,7 +4,9 @@
 The credentials are SINGPY_DOCKER_USERNAME/_PASSWORD (singpy.oci.auth: the image's own registry, never a
 mirror's), the work directory SINGPY_TMPDIR (singpy.oci.store.work_dir). Each flag stands for one half, as in
 Apptainer, where each is bound to its own variable: `--docker-username alice` with APPTAINER_DOCKER_PASSWORD set
-is alice with that password (singpy.oci.auth alone pairs the halves of one prefix).
+is alice with that password (singpy.oci.auth alone pairs the halves of one prefix). The parsers read no variable
+for these flags: without a flag, auth and store read the variables themselves, and their messages name the one
+that was set (APPTAINER_TMPDIR, say).
 """
 
 from __future__ import annotations

@@ -184,13 +184,14 @@ ACTION_OPTIONS: tuple[Option, ...] = (
     Option("authfile", "--authfile", "registry credentials in docker's config.json format", value="FILE",
            env="AUTH_FILE", env_also=("AUTHFILE",), group="Images"),
     # Apptainer's hidden flags of these variables (singpy.cli.flagvars): a password on a command line is seen by
-    # every user of the host, which is why neither Apptainer nor singpy shows them
+    # every user of the host, which is why neither Apptainer nor singpy shows them. No env=: their variables are
+    # read where they act (singpy.oci.auth, singpy.oci.store), which names the one that was set
     Option("docker_username", "--docker-username", "the username for the image's registry (docker://, oras://)",
-           value="NAME", env="DOCKER_USERNAME", group="Images", hidden=True),
+           value="NAME", group="Images", hidden=True),
     Option("docker_password", "--docker-password", "the password for the image's registry (docker://, oras://)",
-           value="PASSWORD", env="DOCKER_PASSWORD", group="Images", hidden=True),
+           value="PASSWORD", group="Images", hidden=True),
     Option("tmpdir", "--tmpdir", "where a docker://... image is converted (as SINGPY_TMPDIR)", value="DIR",
-           env="TMPDIR", group="Images", hidden=True),
+           group="Images", hidden=True),
     Option("no_https", "--no-https", "talk to docker:// registries over plain HTTP", env="NOHTTPS",
            env_also=("NO_HTTPS",), group="Images"),
     # Apptainer still takes its deprecated spelling, and scripts written for Singularity 2/3 pass it

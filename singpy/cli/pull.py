@@ -19,11 +19,10 @@ DOCKER_LOGIN = typer.Option(False, "--docker-login", help="ask for the registry'
 AUTHFILE = typer.Option("", "--authfile", help="registry credentials in docker's config.json format",
                         metavar="FILE", envvar=variables(*ENV_KEYS["authfile"]), show_envvar=False)
 # Apptainer's hidden flags of pull, build, push and delete (singpy.cli.flagvars); --tmpdir: pull, build, overlay
-DOCKER_USERNAME = typer.Option("", "--docker-username", metavar="NAME", hidden=True,
-                               envvar=variables(*ENV_KEYS["docker_username"]))
-DOCKER_PASSWORD = typer.Option("", "--docker-password", metavar="PASSWORD", hidden=True,
-                               envvar=variables(*ENV_KEYS["docker_password"]))
-TMPDIR = typer.Option("", "--tmpdir", metavar="DIR", hidden=True, envvar=variables(*ENV_KEYS["tmpdir"]))
+# (no envvar: their variables are read where they act, fastpull.ENV_KEYS says)
+DOCKER_USERNAME = typer.Option("", "--docker-username", metavar="NAME", hidden=True)
+DOCKER_PASSWORD = typer.Option("", "--docker-password", metavar="PASSWORD", hidden=True)
+TMPDIR = typer.Option("", "--tmpdir", metavar="DIR", hidden=True)
 WORDS = typer.Argument(..., metavar="[OUT.sif] REF", show_default=False,
                        help="the file to write (default: NAME_TAG.sif), then the image")
 # --nohttps: Apptainer's deprecated spelling, still passed by scripts written for Singularity 3. Its variables
