@@ -17,7 +17,7 @@ import os
 from singpy.cgroups.files import ACCOUNTING, v1_writes, v2_writes
 from singpy.cgroups.limits import requested
 from singpy.errors import SingpyError
-from singpy.kernel.mountinfo import unescape
+from singpy.kernel.mountinfo import entries
 from singpy.plan import CgroupSpec
 
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -45,18 +45,12 @@ def cgroup_mounts() -> list[Mount]:
     found = []
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as mountinfo:
-            lines = mountinfo.read().splitlines()
+            text = mountinfo.read()
     except OSError:
         return []
-    for line in lines:
-        fields, _, tail = line.partition(" - ")
-        parts, after = fields.split(), tail.split()
-        if len(parts) < 5 or len(after) < 3 or after[0] not in ("cgroup", "cgroup2"):
-            continue
-        point = unescape(parts[4])
-        if point == CGROUP_ROOT or point.startswith(CGROUP_ROOT + "/"):
-            options = frozenset(after[2].split(",")) if after[0] == "cgroup" else frozenset()
-            found.append((point, after[0], options))
+    for point, fstype, options in entries(text):
+        if fstype in ("cgroup", "cgroup2") and (point == CGROUP_ROOT or point.startswith(CGROUP_ROOT + "/")):
+            found.append((point, fstype, frozenset(options.split(",")) if fstype == "cgroup" else frozenset()))
     return found
 
 

@@ -6,6 +6,7 @@ import typer
 
 from singpy import console
 from singpy.cli.fastpull import SIF_URI_PREFIXES
+from singpy.cli.flagvars import set_flag_variables
 from singpy.cli.pull import (
     AUTHFILE,
     DOCKER_LOGIN,
@@ -14,7 +15,6 @@ from singpy.cli.pull import (
     NO_HTTPS,
     TMPDIR,
     pull_options,
-    set_flag_variables,
     variables,
 )
 

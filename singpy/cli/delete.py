@@ -34,7 +34,7 @@ def delete_command(
     import os
 
     from singpy import console
-    from singpy.cli.fastpull import set_flag_variables
+    from singpy.cli.flagvars import set_flag_variables
     from singpy.errors import UsageError
     from singpy.host import host
     from singpy.image.sifscan import host_arch

@@ -148,18 +148,6 @@ def _leave() -> NoReturn:
     os._exit(status)
 
 
-def set_flag_variables(username: str, password: str, tmpdir: str) -> None:
-    """--docker-username, --docker-password and --tmpdir of a command that only pulls or builds: this process's
-    variables (singpy.cli.flagvars), which each of its image paths reads (a container it runs never sees them:
-    singpy.env.environ passes no SINGPY_ variable)."""
-    if username or password or tmpdir:
-        import os
-
-        from singpy.cli.flagvars import flag_variables
-
-        os.environ.update(flag_variables(os.environ, username=username, password=password, tmpdir=tmpdir))
-
-
 def pull_options(arch: str, docker_login: bool, authfile: str, no_https: bool, variant: str = "",
                  reproducible: bool = False) -> PullOptions:
     """The PullOptions of these flags."""
@@ -175,6 +163,7 @@ def pull_words(words: list[str], *, force: bool, arch: str, docker_login: bool, 
                tmpdir: str = "") -> None:
     """The body of `singpy pull`, whichever parser read the command line."""
     from singpy import console
+    from singpy.cli.flagvars import set_flag_variables
     from singpy.host import host
 
     set_flag_variables(docker_username, docker_password, tmpdir)

@@ -29,6 +29,15 @@ def flag_variables(env: Mapping[str, str], *, username: str = "", password: str 
     return found
 
 
+def set_flag_variables(username: str, password: str, tmpdir: str) -> None:
+    """The flags of a command that only pulls, builds, pushes or deletes, as this process's variables, which each
+    of its image paths reads (a container it runs never sees them: singpy.env.environ passes no SINGPY_ one)."""
+    if username or password or tmpdir:
+        import os
+
+        os.environ.update(flag_variables(os.environ, username=username, password=password, tmpdir=tmpdir))
+
+
 def _first(env: Mapping[str, str], half: str) -> str:
     from singpy.oci.auth import ENV_PREFIXES
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import typer
 
-from singpy.cli.fastpull import ENV_KEYS, pull_options, pull_target, pull_words, set_flag_variables, variables
+from singpy.cli.fastpull import ENV_KEYS, pull_options, pull_target, pull_words, variables
 
 __all__ = ["AUTHFILE", "DOCKER_LOGIN", "DOCKER_PASSWORD", "DOCKER_USERNAME", "NO_HTTPS", "TMPDIR", "pull_command",
-           "pull_options", "pull_target", "set_flag_variables", "variables"]
+           "pull_options", "pull_target", "variables"]
 
 ARCH = typer.Option("", "--arch", help="the platform to pull from a multi-architecture image (amd64, arm64, "
                     "arm64/v8, linux/arm/v7...; default: this host's)", metavar="ARCH",

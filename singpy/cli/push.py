@@ -27,16 +27,15 @@ def push_command(
     docker_password: str = DOCKER_PASSWORD,
 ) -> None:
     """Upload a SIF image to an OCI registry (oras://), where `singpy pull oras://...` and Apptainer find it."""
-    from singpy.cli.fastpull import set_flag_variables
-
-    set_flag_variables(docker_username, docker_password, "")
     import os
 
     from singpy import console
+    from singpy.cli.flagvars import set_flag_variables
     from singpy.cli.pull import pull_options
     from singpy.errors import UsageError
     from singpy.host import host
 
+    set_flag_variables(docker_username, docker_password, "")
     options = pull_options("", docker_login, authfile, no_https)
     if destination.startswith("library://"):  # a Sylabs library (singpy.library.push)
         from singpy.library.push import push as push_library

@@ -10,6 +10,18 @@ def mount_points(proc: str = "/proc") -> list[str]:
         return [unescape(line.split(" ")[4]) for line in handle if line.count(" ") > 4]
 
 
+def entries(text: str) -> list[tuple[str, str, str]]:
+    """Each mount's (mount point, filesystem type, super options) in mountinfo `text`, in its order. The optional
+    fields before " - " vary in number, so the last three are counted from there; a line without them is skipped."""
+    found = []
+    for line in text.splitlines():
+        fields, _, tail = line.partition(" - ")
+        parts, after = fields.split(), tail.split()
+        if len(parts) > 4 and len(after) > 2:
+            found.append((unescape(parts[4]), after[0], after[2]))
+    return found
+
+
 def unescape(field: str) -> str:
     """A mountinfo path: a space, a tab, a newline or a backslash is written as an octal escape (\\040...), so
     every backslash begins one."""

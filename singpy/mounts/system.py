@@ -238,16 +238,12 @@ def hostfs_mounts(mountinfo: str) -> list[MountSpec]:
     Read from /proc/self/mountinfo lines ("id parent maj:min root mountpoint opts ... - fstype ...").
     The root and system directories stay the container's own, as Apptainer does.
     """
-    from singpy.kernel.mountinfo import unescape  # only with `mount hostfs = yes`
+    from singpy.kernel.mountinfo import entries  # only with `mount hostfs = yes`
 
+    under = tuple(f"{path}/" for path in _HOSTFS_SKIPPED_UNDER)
     specs = []
-    for line in mountinfo.splitlines():
-        fields, _, tail = line.partition(" - ")
-        parts, fstype = fields.split(), tail.split(" ", 1)[0]
-        if len(parts) < 5 or fstype in _PSEUDO_FS:
-            continue
-        point = unescape(parts[4])  # a space, tab, newline or backslash is an octal escape there
-        if point in SYSTEM_DIRS or point.startswith(tuple(p + "/" for p in _HOSTFS_SKIPPED_UNDER)):
+    for point, fstype, _ in entries(mountinfo):
+        if fstype in _PSEUDO_FS or point in SYSTEM_DIRS or point.startswith(under):
             continue
         specs.append(MountSpec(op=MountOp.BIND, source=point, dest=point, missing=Missing.SKIP,
                                stage=Stage.SYSTEM_FILES))
