@@ -202,4 +202,7 @@ def test_container_program_runs_as_the_payload(singpy: Singpy, fuse_image: Path,
     out = singpy.ok("exec", "--no-privs", "--fusemount", "container:squashfuse /data.sqfs /mnt/sq", str(fuse_image),
                     "sh", "-c", "for p in /proc/[0-9]*; do [ \"$(cat $p/comm)\" = squashfuse ] && "
                     "grep -E '^(CapEff|NoNewPrivs):' $p/status; done; true")
-    assert out.split() == ["CapEff:", "0000000000000000", "NoNewPrivs:", "1"]
+    # squashfuse daemonizes: under load its first process may not be gone yet, with the same status as the second
+    words = out.split()
+    assert words and [words[index:index + 4] for index in range(0, len(words), 4)] == \
+        [["CapEff:", "0000000000000000", "NoNewPrivs:", "1"]] * (len(words) // 4), out
