@@ -233,6 +233,7 @@ NOT_SUPPORTED_FLAGS = {
     ("push", "--docker-host"): NO_DOCKER_DAEMON,
     ("build", "--buildkit-host"): "singpy builds no Dockerfile (Apptainer's builds through BuildKit)",
     ("build", "--json"): "singpy reads definition files, not JSON ones",
+    ("build", "--remote"): "singpy builds locally (Apptainer no longer supports it either)",
     ("build", "--data"): "singpy builds no data container (an OCI-SIF holding a data layer)",
     ("pull", "--no-cleanup"): _NO_CLEANUP,
     ("push", "--annotation"): "singpy pushes no OCI annotations",

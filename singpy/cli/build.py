@@ -39,6 +39,17 @@ SECTION = typer.Option([], "--section", help="only run these sections of the def
                        "files, post, environment, runscript, startscript, test, help, labels, all, none",
                        metavar="SECTION", envvar=variables("SECTION"), show_envvar=False)
 
+# Apptainer's hidden switches of its fakeroot modes (its tests force one with them; singpy.layers.fakeroot), and
+# two of what singpy never runs (the fakeroot command; proot, around mksquashfs): taken, so such command lines work
+IGNORE_SUBUID = typer.Option(False, "--ignore-subuid", envvar=variables("IGNORE_SUBUID"), show_envvar=False,
+                             hidden=True)
+IGNORE_USERNS = typer.Option(False, "--ignore-userns", envvar=variables("IGNORE_USERNS"), show_envvar=False,
+                             hidden=True)
+IGNORE_FAKEROOT_COMMAND = typer.Option(False, "--ignore-fakeroot-command", hidden=True, show_envvar=False,
+                                       envvar=variables("IGNORE_FAKEROOT_COMMAND"))
+IGNORE_PROOT = typer.Option(False, "--ignore-proot", envvar=variables("IGNORE_PROOT"), show_envvar=False,
+                            hidden=True)
+
 
 def build_command(
     target: str = typer.Argument(..., help="the image to write: a SIF file, or a directory (sandbox)"),
@@ -112,6 +123,10 @@ def build_command(
     docker_username: str = DOCKER_USERNAME,
     docker_password: str = DOCKER_PASSWORD,
     tmpdir: str = TMPDIR,
+    ignore_subuid: bool = IGNORE_SUBUID,
+    ignore_userns: bool = IGNORE_USERNS,
+    ignore_fakeroot_command: bool = IGNORE_FAKEROOT_COMMAND,
+    ignore_proot: bool = IGNORE_PROOT,
 ) -> None:
     """Build a SIF or a sandbox from a definition file, a sandbox, a SIF/squashfs image, or an OCI image."""
     set_flag_variables(docker_username, docker_password, tmpdir)
@@ -130,6 +145,8 @@ def build_command(
     squash_args = tuple(mksquashfs_args.split())  # Apptainer's strings.Fields: no quoting
     if userns:  # Apptainer's "without setuid": singpy has no setuid part, it always builds this way
         console.verbose("--userns: singpy never uses setuid; the build runs as it would without the flag")
+    if ignore_fakeroot_command or ignore_proot:  # nothing to leave out
+        console.verbose("--ignore-fakeroot-command, --ignore-proot: singpy runs neither the fakeroot command nor proot")
     wanted = _sections(section)
     if no_cleanup and not is_definition_file(source):  # a build from an image converts it: no stage trees
         console.verbose("--no-cleanup: a build from an image keeps no work directory")
@@ -163,7 +180,8 @@ def build_command(
         request = request.replace(mounts=tuple(mount), sections=wanted, update=update, fix_perms=fix_perms,
                                   nv=nv, nvccli=nvccli, rocm=rocm, compat32=compat32, writable_tmpfs=writable_tmpfs,
                                   disable_cache=disable_cache, squash_args=squash_args, library=library,
-                                  no_cleanup=no_cleanup, reproducible=reproducible)
+                                  no_cleanup=no_cleanup, reproducible=reproducible, ignore_subuid=ignore_subuid,
+                                  ignore_userns=ignore_userns)
         _check_specs(request, info.cwd)
         console.info(build(request, options=options, env=os.environ, home=info.home, cwd=info.cwd))
         return

@@ -104,6 +104,13 @@ ACTION_OPTIONS: tuple[Option, ...] = (
            group="Privileges"),
     Option("fakeroot", "--fakeroot", "be root inside the container (in a user namespace), yourself outside", "-f",
            env="FAKEROOT", group="Privileges"),
+    # Apptainer's hidden switches of its fakeroot modes (its tests force one with them): singpy.layers.fakeroot
+    Option("ignore_subuid", "--ignore-subuid", "--fakeroot: ignore entries inside /etc/subuid (a single mapping)",
+           env="IGNORE_SUBUID", group="Privileges", hidden=True),
+    Option("ignore_userns", "--ignore-userns", "--fakeroot: ignore user namespaces (no single mapping)",
+           env="IGNORE_USERNS", group="Privileges", hidden=True),
+    Option("ignore_fakeroot_command", "--ignore-fakeroot-command", "ignore the fakeroot command (singpy never uses "
+           "it)", env="IGNORE_FAKEROOT_COMMAND", group="Privileges", hidden=True),
     Option("userns", "--userns", "run in a new user namespace, even as root", "-u", env="USERNS",
            env_also=("UNSHARE_USERNS",), group="Privileges"),
     Option("keep_privs", "--keep-privs", "root keeps all its capabilities, whatever singpy.conf says",
@@ -175,6 +182,9 @@ ACTION_OPTIONS: tuple[Option, ...] = (
            env="INTEL_HPU", group="GPU"),
     Option("compat32", "--compat32", "with --nv or --rocm: the host's 32-bit GPU libraries too, in "
            "/.singularity.d/libs32 (for 32-bit programs)", env="COMPAT32", group="GPU"),
+    # Singularity 2's hidden flag, which Apptainer still takes: host library files bound where --nv binds its own
+    Option("containlibs", "--containlibs", "host libraries for /.singularity.d/libs: PATH[:NAME] (comma lists)",
+           value="PATH", repeat=True, env="CONTAINLIBS", group="GPU", hidden=True),
     Option("device", "--device", "a CDI device: VENDOR/CLASS=NAME, as nvidia.com/gpu=all or =0 (comma lists)",
            value="NAME", repeat=True, group="GPU"),
     Option("cdi_dirs", "--cdi-dirs", "directories of CDI specs, later ones winning (default: /etc/cdi,/var/run/cdi)",

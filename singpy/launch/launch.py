@@ -136,7 +136,8 @@ def _gpu_notes(gpu: GpuContribution, plan: LaunchPlan) -> tuple[str, ...]:
 
 
 def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: ImageSpec) -> GpuContribution | None:
-    """GPU discovery, only when --nv / --rocm (or the conf's `always use`) or --device asks for it; None otherwise.
+    """GPU discovery, only when --nv / --rocm (or the conf's `always use`), --device or --containlibs asks for it;
+    None otherwise.
 
     The flags are checked before the GPU package is imported: it pulls in `re`
     and `shutil`, several milliseconds that a plain exec must not pay. --nv and
@@ -149,7 +150,7 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Imag
     if compat32 and not (nv or rocm):  # Apptainer's words (singpy.gpu.compat32, not imported for a warning)
         console.warning("ignoring --compat32, it requires a GPU option such as --nv or --rocm")
         compat32 = False
-    if not (nv or rocm or request.intel_hpu or request.devices):
+    if not (nv or rocm or request.intel_hpu or request.devices or request.containlibs):
         return None
     from singpy.gpu import merge
 
@@ -166,6 +167,11 @@ def _gpus(request: LaunchRequest, config: SysConfig, host: HostInfo, image: Imag
 
         parts.append(cdicache.discover(tuple(request.devices), tuple(request.cdi_dirs or CDI_DIRS),
                                        cache=cache_dir(host.env, host.home)))
+    if request.containlibs:  # last: a GPU library of the same name wins (singpy.gpu.containlibs)
+        from singpy.gpu import containlibs
+
+        parts.append(containlibs.contribution(request.containlibs, cwd=host.cwd,
+                                              bind_control=config.flag("user bind control")))
     return merge(*parts)
 
 

@@ -339,9 +339,10 @@ def _identity_files(request: LaunchRequest, config: SysConfig, host: HostInfo, h
 def _fakeroot(request: LaunchRequest, host: HostInfo) -> IdMap | None:
     if not request.fakeroot:
         return None
-    from singpy.layers.fakeroot import plan_id_map
+    from singpy.layers.fakeroot import fakeroot_id_map
 
-    return plan_id_map(uid=host.uid, gid=host.gid, user=host.user)
+    return fakeroot_id_map(uid=host.uid, gid=host.gid, user=host.user, ignore_subuid=request.ignore_subuid,
+                           ignore_userns=request.ignore_userns)
 
 
 def _privileges(request: LaunchRequest, config: SysConfig, host: HostInfo) -> Privileges:

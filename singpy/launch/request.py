@@ -47,6 +47,8 @@ class LaunchRequest(Record):
     network_args: tuple[str, ...] = ()  # --network-args values, as given
     dns: tuple[str, ...] = ()  # --dns values, as given (comma lists)
     fakeroot: bool = False  # --fakeroot: uid 0 inside a user namespace
+    ignore_subuid: bool = False  # --ignore-subuid (hidden): --fakeroot's single mapping, whatever /etc/subuid says
+    ignore_userns: bool = False  # --ignore-userns (hidden): no single mapping (singpy.layers.fakeroot_id_map)
     keep_privs: bool = False  # --keep-privs (root)
     no_privs: bool = False  # --no-privs
     allow_setuid: bool = False  # --allow-setuid (root, no user namespace): set-uid programs work (singpy.launch.setuid)
@@ -58,6 +60,7 @@ class LaunchRequest(Record):
     userns: bool = False  # -u/--userns: a user namespace even as root (root mapped to itself)
     nvccli: bool = False  # --nvccli: the library list must come from nvidia-container-cli
     compat32: bool = False  # --compat32: with --nv/--rocm, the 32-bit GPU libraries too (singpy.gpu.compat32)
+    containlibs: tuple[str, ...] = ()  # --containlibs (hidden): host files into /.singularity.d/libs, PATH[:NAME]
     app: str = ""  # --app NAME: a SCIF app of the image (its environment; `run` runs its runscript)
     instance: str = ""  # the NAME of instance://NAME: join that running instance (singpy.launch.instance)
     sharens: bool = False  # --sharens: share the container with the others started by the same parent process

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from singpy.constants import SYSTEM_PATH
-from singpy.errors import KernelError
+from singpy.errors import KernelError, SingpyError
 from singpy.host.hostfiles import read_bounded, spawn_reading, which
 from singpy.kernel import syscalls as k
 from singpy.kernel.idmap import write_proc_file
@@ -67,8 +67,8 @@ def pick_range(ranges: tuple[tuple[int, int], ...]) -> tuple[int, int] | None:
     return max(large, key=lambda item: item[1]) if large else None
 
 
-def own_id_map() -> IdMap:
-    """`plan_id_map` for the calling user (named as the password database says, else by uid)."""
+def own_id_map(*, ignore_subuid: bool = False, ignore_userns: bool = False, building: bool = False) -> IdMap:
+    """`fakeroot_id_map` for the calling user (named as the password database says, else by uid)."""
     import pwd
 
     uid = os.getuid()
@@ -76,12 +76,40 @@ def own_id_map() -> IdMap:
         user = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = str(uid)
-    return plan_id_map(uid=uid, gid=os.getgid(), user=user)
+    return fakeroot_id_map(uid=uid, gid=os.getgid(), user=user, ignore_subuid=ignore_subuid,
+                           ignore_userns=ignore_userns, building=building)
 
 
-def plan_id_map(*, uid: int, gid: int, user: str, subuid: str = SUBUID, subgid: str = SUBGID) -> IdMap:
+def fakeroot_id_map(*, uid: int, gid: int, user: str, ignore_subuid: bool = False, ignore_userns: bool = False,
+                    building: bool = False) -> IdMap:
+    """`plan_id_map` under Apptainer's hidden --ignore-subuid and --ignore-userns (the switches its tests use to
+    force one of its fakeroot modes), as its launcher and build decide for a user (root: neither applies).
+
+    --ignore-userns takes away the single mapping: a root-mapped user namespace the user makes alone, which is
+    what Apptainer then gives up for its fakeroot command, a mode singpy does not have. A launch with a range
+    still goes on, as Apptainer's (it does not look at the flag then); a build refuses both, as Apptainer's.
+    """
+    idmap = plan_id_map(uid=uid, gid=gid, user=user, ignore_subuid=ignore_subuid and uid != 0)
+    if not ignore_userns or uid == 0:
+        return idmap
+    if not idmap.helper:
+        what = "building from a definition file unprivileged" if building else "--fakeroot"
+        raise SingpyError(f"{what} requires either being in {SUBUID}, unprivileged user namespaces or the fakeroot "
+                          "command: --ignore-userns leaves none (singpy has no fakeroot command mode)")
+    if building:
+        raise SingpyError(f"{SUBUID} mapping found but no user namespace available for fakeroot (--ignore-userns)",
+                          hint=f"the {SUBUID} mapping can be ignored with --ignore-subuid")
+    return idmap
+
+
+def plan_id_map(*, uid: int, gid: int, user: str, subuid: str = SUBUID, subgid: str = SUBGID,
+                ignore_subuid: bool = False) -> IdMap:
     """The mapping --fakeroot will use for `user`; the note says which and why."""
     single = ((0, uid, 1),), ((0, gid, 1),)
+    if ignore_subuid:
+        return IdMap(uids=single[0], gids=single[1], helper=False,
+                     note=f"fakeroot: --ignore-subuid: single mapping, uid 0 inside is uid {uid} outside and no "
+                          "other id exists inside")
     uid_range = pick_range(read_ranges(_read(subuid), user, uid))
     gid_range = pick_range(read_ranges(_read(subgid), user, uid))
     if uid_range is None or gid_range is None:

@@ -65,6 +65,8 @@ class BuildRequest(Record):
     disable_cache: bool = False  # --disable-cache: base images pulled into the work directory, not the cache
     no_cleanup: bool = False  # --no-cleanup: the work directory (the stages' trees) kept, whatever the outcome
     reproducible: bool = False  # --reproducible: dated by the last stage's OCI base (singpy.image.builddate)
+    ignore_subuid: bool = False  # --ignore-subuid (hidden): a user's build has the single mapping
+    ignore_userns: bool = False  # --ignore-userns (hidden): a user's build is refused (singpy.layers.fakeroot)
 
 
 def read_definition(request: BuildRequest) -> tuple[str, Definition]:
@@ -152,7 +154,8 @@ def build(request: BuildRequest, *, options: PullOptions, env: Mapping[str, str]
 def _launch_flags(request: BuildRequest) -> tuple[str, ...]:
     """The launcher's flags for %post and %test that the build's own flags ask for (as Apptainer's)."""
     flags = [flag for flag, wanted in (("--nv", request.nv), ("--nvccli", request.nvccli), ("--rocm", request.rocm),
-                                       ("--compat32", request.compat32)) if wanted]
+                                       ("--compat32", request.compat32),
+                                       ("--ignore-subuid", request.ignore_subuid)) if wanted]
     for mount in request.mounts:
         flags += ["--mount", mount]
     return tuple(flags)
@@ -220,7 +223,8 @@ def _id_map(request: BuildRequest) -> IdMap | None:
         return None
     from singpy.layers import fakeroot
 
-    idmap = fakeroot.own_id_map()
+    idmap = fakeroot.own_id_map(ignore_subuid=request.ignore_subuid, ignore_userns=request.ignore_userns,
+                                building=True)
     console.verbose(idmap.note)
     if not idmap.helper:
         console.info(f"{idmap.note.split(': ', 2)[1]}: %post runs as root with a single id mapping "

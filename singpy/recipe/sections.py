@@ -244,7 +244,8 @@ def _failure(what: str, status: int, idmap: IdMap | None) -> str:
     message = f"{what} failed ({said})"
     if what == "%post" and idmap is not None and not idmap.helper:
         reason = idmap.note.removeprefix("fakeroot: ").split(": single mapping", 1)[0]
+        remedy = "drop --ignore-subuid" if reason == "--ignore-subuid" else \
+            "ask the administrator for a subordinate id range in /etc/subuid and /etc/subgid"
         message += (f"; it ran with a single id mapping ({reason}), "
-                    "so commands that give files to other users (chown, apt-get, dnf) fail: ask the "
-                    "administrator for a subordinate id range in /etc/subuid and /etc/subgid")
+                    f"so commands that give files to other users (chown, apt-get, dnf) fail: {remedy}")
     return message
