@@ -12,7 +12,8 @@ SYSTEM_CACHE = "/etc/ld.so.cache"
 
 
 @pytest.mark.skipif(parse_ld_so_cache(SYSTEM_CACHE) is None, reason="this host's ld.so.cache is not glibc's new format")
-@pytest.mark.parametrize("prefixes", [("libc.",), ("libm", "libpthread.so"), ("lib",), ("no-such-library",), ()])
+@pytest.mark.parametrize("prefixes", [("libc.",), ("libm", "libpthread.so"), ("lib",), ("no-such-library",), (),
+                                      ("libc.so.6", "libcrypto", "libm.so", "libz.so.1"), ("", "libz")])
 def test_prefixes_keep_exactly_the_matching_names(prefixes: tuple[str, ...]) -> None:
     full = parse_ld_so_cache(SYSTEM_CACHE)
     assert full is not None and "libc.so.6" in full
