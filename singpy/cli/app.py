@@ -129,6 +129,10 @@ def _register_image_commands() -> None:
 
     app.command(name="sign")(sign_command)
     app.command(name="verify")(verify_command)
+    from singpy.cli.installation import buildcfg_command, confgen_command
+
+    app.command(name="buildcfg", hidden=True)(buildcfg_command)  # Apptainer's hidden installation commands
+    app.command(name="confgen", hidden=True)(confgen_command)
 
 
 _register_image_commands()

@@ -76,6 +76,15 @@ class ConfigFile:
             found += split_values(self.lines[index].partition("=")[2])
         return found
 
+    def names(self) -> list[str]:
+        """The directives the file sets, each once, in the order of their first lines."""
+        return list(dict.fromkeys(key for key in map(_key, self.lines) if key))
+
+    def first(self, name: str) -> str:
+        """The value of the directive's first line, as written (trimmed); "" when the file does not set it."""
+        where = self._where(name)
+        return self.lines[where[0]].partition("=")[2].strip() if where else ""
+
     def replace(self, name: str, values: list[str], *, one_per_line: bool) -> None:
         """The directive's lines replaced by `values`, written where its first line (or its example) was."""
         where = self._where(name)

@@ -212,6 +212,11 @@ def _shipped_paths() -> tuple[str, str]:
     return os.path.join(SHIPPED_DIR, "singpy.conf"), os.path.join(INSTALLED_DIR, "singpy.conf")
 
 
+def shipped_path() -> str:
+    """The singpy.conf shipped with singpy (every directive at its default), "" when neither copy exists."""
+    return next((path for path in _shipped_paths() if os.path.isfile(path)), "")
+
+
 def load(path: str) -> SysConfig:
     """Read and check `path` ("": the built-in defaults); a missing file is an error (an admin pointed at it).
 
