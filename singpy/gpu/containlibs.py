@@ -35,8 +35,10 @@ def contribution(values: tuple[str, ...], *, cwd: str, bind_control: bool) -> Gp
     """The binds of --containlibs `values` (each a comma list of PATH[:NAME]; relative paths from `cwd`)."""
     if not bind_control:
         return GpuContribution(warnings=(NOT_ALLOWED,))
+    # name -> host file: a name given twice gets the later file, as in Apptainer (the later bind over the first)
+    files = dict(_library(item, cwd) for value in values for item in value.split(",") if item)
     binds = [MountSpec(op=MountOp.BIND, source=path, dest=f"{LIBS_DIR}/{name}", readonly=True, stage=Stage.GPU)
-             for value in values for item in value.split(",") if item for name, path in [_library(item, cwd)]]
+             for name, path in files.items()]
     if not binds:
         return GpuContribution()
     return GpuContribution(mounts=(MountSpec(op=MountOp.TMPFS, dest=LIBS_DIR, stage=Stage.GPU), *binds,

@@ -58,6 +58,9 @@ def test_comma_lists_names_and_the_variable(singpy: Singpy, lib_host: simhost.Si
     assert ld_path.split(":")[-1] == LIBS
     flagged, _ = listing(singpy.ok("exec", "--containlibs", str(libnvml), str(image), "sh", "-c", LISTING))
     assert flagged == {libnvml.name: md5(libnvml)}
+    twice, _ = listing(singpy.ok("exec", "--containlibs", f"{libnvml}:x.so", "--containlibs", f"{libcuda}:x.so",
+                                 str(image), "sh", "-c", LISTING))
+    assert twice == {"x.so": md5(libcuda)}  # the later one, as Apptainer binds it over the first
 
 
 def test_the_libraries_are_read_only(singpy: Singpy, lib_host: simhost.SimHost, image: Path) -> None:
