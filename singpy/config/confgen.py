@@ -13,11 +13,11 @@ it is the same one line, naming its file and line. Apptainer's directives
 that mean nothing to singpy are not carried over (an INFO line names them),
 just as a directive Apptainer's newer template lacks is dropped.
 
-NEW is written whole or not at all: a temporary file beside it, renamed over
-it. An existing NEW keeps its mode and owner (singpy.config.edit.rewrite); a
-new one is made 0644 less the umask, as Apptainer's. A NEW that is a symbolic
-link is refused, as `config global` refuses one: the rename would replace the
-link, and writing through it would write a file the command was not given.
+NEW is written whole or not at all by singpy.config.edit.rewrite, as `config
+global` writes: a temporary file beside it, renamed over it. An existing NEW
+keeps its mode and owner; a new one is made 0644 less the umask, as Apptainer's.
+A NEW that is a symbolic link is refused: the rename would replace the link,
+and writing through it would write a file the command was not given.
 """
 
 from __future__ import annotations
@@ -62,37 +62,7 @@ def confgen(paths: list[str]) -> str:
         console.info(f"{shown(old)} does not exist: every directive at its default")
         old = None
     text, dropped = generate(old)
-    write(new, text)
+    edit.rewrite(new, text, create_mode=0o644)  # a symbolic link is refused there
     if dropped:
         console.info(f"not carried over (Apptainer directives singpy ignores): {', '.join(dropped)}")
     return f"wrote {shown(new)}" + (f" with the settings of {shown(old)}" if old else "")
-
-
-def write(path: str, text: str) -> None:
-    """NEW replaced, or made, atomically (the module's docstring)."""
-    if os.path.islink(path):
-        raise ConfigError(f"{shown(path)} is a symbolic link: refusing to write it")
-    if os.path.lexists(path):
-        edit.rewrite(path, text)
-        return
-    import tempfile
-
-    directory, base = os.path.split(os.path.abspath(path))
-    try:
-        handle, temporary = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
-    except OSError as error:
-        raise ConfigError(f"unable to create file {shown(path)}: {error.strerror}") from None
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(temporary, 0o644 & ~mask)
-        os.rename(temporary, path)
-    except OSError as error:
-        raise ConfigError(f"unable to create file {shown(path)}: {error.strerror}") from None
-    finally:
-        if os.path.lexists(temporary):
-            os.unlink(temporary)

@@ -156,22 +156,33 @@ def _default_text(directive: sysconf.Directive) -> str:
     return str(directive.default)
 
 
-def rewrite(path: str, text: str) -> None:
-    """Replace the file's content with `text` (see the module's docstring); its mode and owner are kept."""
+def rewrite(path: str, text: str, *, create_mode: int | None = None) -> None:
+    """Replace the file's content with `text` (see the module's docstring); its mode and owner are kept.
+
+    With `create_mode` (`singpy confgen`), a file that does not exist is made, the same way, with that mode
+    less the umask.
+    """
     import tempfile
 
+    owner: tuple[int, int] | None = None
     try:
         info = os.lstat(path)
     except OSError as error:
-        raise ConfigError(f"can't open {shown(path)}: {error.strerror}") from None
-    if not os.path.isfile(path) or os.path.islink(path):
-        raise ConfigError(f"{shown(path)} is not a regular file: refusing to rewrite it")
-    if _is_mount_point(path):  # nothing can be renamed over it: no temporary file beside it either
-        try:
-            _in_place(path, text)
-        except OSError as error:
-            raise ConfigError(f"can't write {shown(path)}: {error.strerror}") from None
-        return
+        if create_mode is None or error.errno != errno.ENOENT:
+            raise ConfigError(f"can't open {shown(path)}: {error.strerror}") from None
+        mask = os.umask(0)
+        os.umask(mask)
+        mode = create_mode & ~mask
+    else:
+        if not os.path.isfile(path) or os.path.islink(path):
+            raise ConfigError(f"{shown(path)} is not a regular file: refusing to rewrite it")
+        if _is_mount_point(path):  # nothing can be renamed over it: no temporary file beside it either
+            try:
+                _in_place(path, text)
+            except OSError as error:
+                raise ConfigError(f"can't write {shown(path)}: {error.strerror}") from None
+            return
+        mode, owner = info.st_mode & 0o7777, (info.st_uid, info.st_gid)
     directory, base = os.path.split(os.path.abspath(path))
     try:
         handle, temporary = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
@@ -182,8 +193,9 @@ def rewrite(path: str, text: str) -> None:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
-        os.chmod(temporary, info.st_mode & 0o7777)
-        os.chown(temporary, info.st_uid, info.st_gid)
+        os.chmod(temporary, mode)
+        if owner is not None:
+            os.chown(temporary, *owner)
         try:
             os.rename(temporary, path)
             return

@@ -125,9 +125,9 @@ def test_confgen_mistakes_write_nothing(singpy: Singpy, workdir: Path, case: str
     args = [str(old), str(target), *(["extra.conf"] if case == "three paths" else [])]
     before = sorted(path.name for path in here.iterdir())
     expected = {"bad old": ("old.conf:1: mount home must be yes or no", 255),
-                "symlink": ("is a symbolic link: refusing to write it", 255),
-                "directory": ("is not a regular file", 255),
-                "missing directory": ("unable to create file", 255),
+                "symlink": ("is not a regular file: refusing to rewrite it", 255),
+                "directory": ("is not a regular file: refusing to rewrite it", 255),
+                "missing directory": ("can't write beside", 255),
                 "three paths": ("confgen takes [OLD] NEW: 3 paths given", 1)}[case]
     result = singpy.run("confgen", *args)
     assert_one_fatal(result, expected[0], code=expected[1])
