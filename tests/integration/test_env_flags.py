@@ -21,7 +21,12 @@ from tests.support.envkeys import PENDING, SAMPLES, table_rows
 # Effects a sandbox image's dry run cannot show (unit-tested): these act while pulling a docker:// image, or
 # extract a SIF.
 NOT_IN_THE_PLAN = {"--docker-login", "--authfile", "--no-https", "--unsquash", "--docker-username", "--docker-password",
-                   "--tmpdir"}
+                   "--tmpdir",
+                   "--ignore-fakeroot-command"}  # no effect anywhere: singpy never runs the fakeroot command
+# Flags whose effect shows only beside others: the plan of `exec OTHERS FLAG` against that of `exec OTHERS`.
+# (The user's /etc/subuid range decides whether they show at all; tests/integration/test_fakeroot_switches.py
+# simulates one.)
+ALONGSIDE = {"--ignore-subuid": ["--fakeroot"], "--ignore-userns": ["--fakeroot", "--ignore-subuid"]}
 
 
 def _exec_cases() -> list[tuple[str, str]]:
@@ -46,10 +51,11 @@ def test_variable_gives_the_flags_plan(singpy: Singpy, image: Path, flag: str, k
         env_file.write_text("FROM_FILE=1\n")
         env_file.chmod(0o644)
         value = str(env_file)
-    flagged = _plan(singpy, image, [flag, value] if value is not None else [flag])
-    if flagged == _plan(singpy, image, []):  # root has every capability, a user always a user namespace
+    others = ALONGSIDE.get(flag, [])
+    flagged = _plan(singpy, image, [*others, flag, value] if value is not None else [*others, flag])
+    if flagged == _plan(singpy, image, others):  # root has every capability, a user always a user namespace
         pytest.skip(f"{flag} changes nothing in {singpy.profile}'s plan: checked for the other profile")
-    assert _plan(singpy, image, [], **{f"APPTAINER_{key}": value or "1"}) == flagged
+    assert _plan(singpy, image, others, **{f"APPTAINER_{key}": value or "1"}) == flagged
 
 
 def test_debug_variable_shows_a_traceback(singpy: Singpy, workdir: Path) -> None:
