@@ -22,11 +22,17 @@ from tests.support.envkeys import PENDING, SAMPLES, table_rows
 # extract a SIF.
 NOT_IN_THE_PLAN = {"--docker-login", "--authfile", "--no-https", "--unsquash", "--docker-username", "--docker-password",
                    "--tmpdir",
-                   "--ignore-fakeroot-command"}  # no effect anywhere: singpy never runs the fakeroot command
+                   "--ignore-fakeroot-command",  # no effect anywhere: singpy never runs the fakeroot command
+                   # checked by effect, flag and variable, in tests/integration/test_workdir_noenv_nocache_flags.py:
+                   # they cancel a singpy.conf directive (`always use nv|rocm`), or act while pulling
+                   "--no-nv", "--no-rocm", "--disable-cache"}
 # Flags whose effect shows only beside others: the plan of `exec OTHERS FLAG` against that of `exec OTHERS`.
 # (The user's /etc/subuid range decides whether they show at all; tests/integration/test_fakeroot_switches.py
 # simulates one.)
-ALONGSIDE = {"--ignore-subuid": ["--fakeroot"], "--ignore-userns": ["--fakeroot", "--ignore-subuid"]}
+ALONGSIDE = {"--ignore-subuid": ["--fakeroot"], "--ignore-userns": ["--fakeroot", "--ignore-subuid"],
+             "--no-pid": ["--pid"]}
+# Flags whose effect shows only where the host has something for them: host variables every plan of the case sees.
+HOST_VARIABLES = {"--no-env": {"FOO": "from-the-host"}}  # SAMPLES' `--no-env FOO` keeps it out of the container
 
 
 def _exec_cases() -> list[tuple[str, str]]:
@@ -37,8 +43,9 @@ def _exec_cases() -> list[tuple[str, str]]:
             and flag not in NOT_IN_THE_PLAN and (command, flag) not in PENDING for key in keys]
 
 
-def _plan(singpy: Singpy, image: Path, flags: list[str], **variables: str) -> tuple[int, str, str]:
-    result = singpy.run("exec", "--dry-run", *flags, str(image), "true", env=singpy.env(**variables))
+def _plan(singpy: Singpy, image: Path, flags: list[str], host: dict[str, str],
+          **variables: str) -> tuple[int, str, str]:
+    result = singpy.run("exec", "--dry-run", *flags, str(image), "true", env=singpy.env(**host, **variables))
     # a container's cgroup has a name of its own each run (singpy.cgroups.hierarchy): the same plan otherwise
     return result.returncode, re.sub(r"singpy-\d+-[0-9a-f]+", "singpy-PID-RANDOM", result.stdout), result.stderr
 
@@ -51,11 +58,11 @@ def test_variable_gives_the_flags_plan(singpy: Singpy, image: Path, flag: str, k
         env_file.write_text("FROM_FILE=1\n")
         env_file.chmod(0o644)
         value = str(env_file)
-    others = ALONGSIDE.get(flag, [])
-    flagged = _plan(singpy, image, [*others, flag, value] if value is not None else [*others, flag])
-    if flagged == _plan(singpy, image, others):  # root has every capability, a user always a user namespace
+    others, host = ALONGSIDE.get(flag, []), HOST_VARIABLES.get(flag, {})
+    flagged = _plan(singpy, image, [*others, flag, value] if value is not None else [*others, flag], host)
+    if flagged == _plan(singpy, image, others, host):  # root has every capability, a user always a user namespace
         pytest.skip(f"{flag} changes nothing in {singpy.profile}'s plan: checked for the other profile")
-    assert _plan(singpy, image, others, **{f"APPTAINER_{key}": value or "1"}) == flagged
+    assert _plan(singpy, image, others, host, **{f"APPTAINER_{key}": value or "1"}) == flagged
 
 
 def test_debug_variable_shows_a_traceback(singpy: Singpy, workdir: Path) -> None:
