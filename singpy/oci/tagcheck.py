@@ -68,13 +68,14 @@ def send_ahead(text: str, options: PullOptions, env: Mapping[str, str], home: st
     if options.login or not text.startswith(("docker://", "oras://")):
         return False
     from singpy.errors import SingpyError
-    from singpy.oci import quickhead
 
     early = None
     try:
         ref, key = _parsed(text)
         if ref.digest:
-            return False  # by digest: no request at all, or the full client's
+            return False  # by digest: no request at all, or the full client's (nor the quick client's imports)
+        from singpy.oci import quickhead
+
         early = quickhead.send(ref, ref.manifest_reference, https=_https(options, env), env=env, home=home)
         if early is None or not _cached(ref, key, options, env, home):
             return False  # not cached: the full client pulls it
