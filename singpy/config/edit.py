@@ -28,7 +28,7 @@ import os
 
 from singpy.config import sysconf
 from singpy.errors import ConfigError, UsageError
-from singpy.host.hostfiles import read_text, shown
+from singpy.host.hostfiles import current_umask, read_text, shown
 
 OPERATIONS = ("set", "unset", "get", "reset")
 # The list directives whose template sets values (Apptainer's `default:` tag, `bind path` in its apptainer.conf and
@@ -170,9 +170,7 @@ def rewrite(path: str, text: str, *, create_mode: int | None = None) -> None:
     except OSError as error:
         if create_mode is None or error.errno != errno.ENOENT:
             raise ConfigError(f"can't open {shown(path)}: {error.strerror}") from None
-        mask = os.umask(0)
-        os.umask(mask)
-        mode = create_mode & ~mask
+        mode = create_mode & ~current_umask()
     else:
         if not os.path.isfile(path) or os.path.islink(path):
             raise ConfigError(f"{shown(path)} is not a regular file: refusing to rewrite it")

@@ -217,3 +217,18 @@ def which(name: str, path: str) -> str | None:
 
 def _is_program(path: str) -> bool:
     return os.access(path, os.X_OK) and not os.path.isdir(path)
+
+
+def current_umask() -> int:
+    """The process's umask, read from /proc/self/status (Linux 4.7+) without setting it even for a moment
+    (another thread could create a file then); where that can't be read, set and restored."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

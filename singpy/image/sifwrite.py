@@ -219,21 +219,10 @@ def _copy_exactly(src: BinaryIO, out: BinaryIO, size: int, shown: str) -> None:
 
 
 def sif_mode() -> int:
-    """0755 less the umask: a SIF is executable through its launch script, readable by whom the user lets read.
+    """0755 less the umask: a SIF is executable through its launch script, readable by whom the user lets read."""
+    from singpy.host.hostfiles import current_umask
 
-    The umask is read from /proc/self/status (Linux 4.7+), without setting
-    it even for a moment (another thread could create a file then).
-    """
-    try:
-        with open("/proc/self/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Umask:"):
-                    return 0o755 & ~int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o755 & ~mask
+    return 0o755 & ~current_umask()
 
 
 def _alignment(obj: SifObject) -> int:

@@ -42,6 +42,7 @@ def default_name(url: str) -> str:
 
 def pull_url(url: str, target: str, *, force: bool, env: Mapping[str, str] | None = None) -> str:
     """Download `url` to `target` (default: its name in the working directory). Returns a summary."""
+    from singpy.image.sifwrite import sif_mode
     from singpy.image.tools import Interruptible
     from singpy.oci.pull import check_target
 
@@ -51,7 +52,7 @@ def pull_url(url: str, target: str, *, force: bool, env: Mapping[str, str] | Non
         temporary = download(url, target, env=os.environ if env is None else env)
         try:
             check_image(url, temporary)
-            os.chmod(temporary, 0o755 & ~_umask())  # as Apptainer leaves a pulled image: executable (its launch line)
+            os.chmod(temporary, sif_mode())  # as Apptainer leaves a pulled image: executable (its launch line)
             os.replace(temporary, target)
         except BaseException:
             remove(temporary)
@@ -275,12 +276,6 @@ def check_image(url: str, path: str) -> None:
         kind = ""
     if kind not in ("sif", "squashfs", "ext3"):
         raise ImageError(f"{url} is not a container image (not a SIF, squashfs or Singularity 2.x file)")
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def remove(path: str) -> None:

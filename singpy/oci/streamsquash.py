@@ -33,6 +33,7 @@ from typing import Any
 
 from singpy import console
 from singpy.errors import ImageError
+from singpy.host.hostfiles import current_umask
 from singpy.image.tools import start_thread
 from singpy.oci.layertree import EntryError, sparse_regions
 from singpy.oci.streamdata import Offsets, copy_data, header, send_ranges, send_sparse
@@ -73,8 +74,7 @@ def squash(blobs: Any, steps: Any, descriptors: list[dict[str, Any]], what: str,
         console.debug("tar2sqfs is not installed: the image is converted through a tree")
         return None
     as_root = os.getuid() == 0
-    umask = os.umask(0o022)
-    os.umask(umask)
+    umask = current_umask()
     scratch, output = f"{work}/skeleton", f"{work}/rootfs.squashfs"
     try:
         if as_root and umask & 0o755:
