@@ -21,7 +21,7 @@ import pytest
 from tests.conftest import Singpy
 from tests.gpu import simhost
 from tests.support.cdi_specs import cdi_spec_dir
-from tests.support.simhost_runs import SimHostRun, build_cuda_check_image, sim_host, sim_run
+from tests.support.simhost_runs import SimHostRun, sim_host, sim_run
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
 
@@ -100,11 +100,6 @@ def cdi_host(workdir: Path) -> simhost.SimHost:
 
 
 @pytest.fixture(scope="session")
-def cdi_image(workdir: Path) -> Path:
-    return build_cuda_check_image(workdir / "cdi-check-image")
-
-
-@pytest.fixture(scope="session")
 def spec_dirs(workdir: Path, cdi_host: simhost.SimHost) -> dict[str, Path]:
     """One directory per format holding the simulated host's spec."""
     spec = nvidia_spec(cdi_host)
@@ -134,10 +129,10 @@ NODES = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
 
 
 @pytest.mark.parametrize("fmt", ["yaml", "json"])
-def test_all_devices_libraries_links_and_env(sim: SimHostRun, cdi_image: Path, spec_dirs: dict[str, Path],
-                                             fmt: str) -> None:
+def test_all_devices_libraries_links_and_env(sim: SimHostRun, cuda_check_image: Path,
+                                             spec_dirs: dict[str, Path], fmt: str) -> None:
     out = sim.ok("exec", "--contain", "--device", "nvidia.com/gpu=all", "--cdi-dirs", str(spec_dirs[fmt]),
-                 str(cdi_image), "sh", "-c",
+                 str(cuda_check_image), "sh", "-c",
                  "ls /dev; echo ---; cuda-check; echo ---; readlink /.singularity.d/libs/libcuda.so.1;"
                  f" readlink /.singularity.d/libs/libcuda.so; cmp {LIB_DIR}/libcuda.so"
                  f" {LIB_DIR}/libcuda.so.{simhost.DRIVER} && echo same; nvidia-smi | grep -o 'Driver Version';"
@@ -166,9 +161,10 @@ def test_env_survives_cleanenv_and_env_flag_wins(sim: SimHostRun, image: Path, s
     assert sim.ok(*common, "--env", "NVIDIA_VISIBLE_DEVICES=mine", str(image), *show).split() == ["mine", LIB_DIR]
 
 
-def test_nv_and_device_both_apply(sim: SimHostRun, cdi_image: Path, spec_dirs: dict[str, Path]) -> None:
+def test_nv_and_device_both_apply(sim: SimHostRun, cuda_check_image: Path, spec_dirs: dict[str, Path]) -> None:
     out = sim.ok("exec", "--nv", "--contain", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(spec_dirs["yaml"]),
-                 str(cdi_image), "sh", "-c", f"cuda-check; echo $NVIDIA_VISIBLE_DEVICES; ls {LIB_DIR}/libcuda.so")
+                 str(cuda_check_image), "sh", "-c",
+                 f"cuda-check; echo $NVIDIA_VISIBLE_DEVICES; ls {LIB_DIR}/libcuda.so")
     assert out.split() == ["cuInit=0", "driver=12040", "void", f"{LIB_DIR}/libcuda.so"]
 
 
@@ -263,14 +259,14 @@ def test_newer_version_and_unknown_hook(sim: SimHostRun, image: Path, cdi_host: 
     assert "hook `/usr/bin/nvidia-cdi-hook chmod --mode 755`" in line
 
 
-def test_update_ldcache_links_to_the_spec_mounts(sim: SimHostRun, cdi_image: Path, spec_dirs: dict[str, Path],
-                                                 cdi_host: simhost.SimHost) -> None:
+def test_update_ldcache_links_to_the_spec_mounts(sim: SimHostRun, cuda_check_image: Path,
+                                                 spec_dirs: dict[str, Path], cdi_host: simhost.SimHost) -> None:
     """Each library is bound once, where the spec mounts it; /.singularity.d/libs holds only links to it, under
     the names ldconfig would enter in its cache: sonames and the create-symlinks links, not the files' own names."""
     libs = "/.singularity.d/libs"
     real = f"libcuda.so.{simhost.DRIVER}"
     out = sim.ok("exec", "--contain", "--device", "nvidia.com/gpu=0", "--cdi-dirs", str(spec_dirs["json"]),
-                 str(cdi_image), "sh", "-c",
+                 str(cuda_check_image), "sh", "-c",
                  f"readlink {libs}/libcuda.so.1; readlink -f {libs}/libcuda.so;"
                  f" cmp {libs}/libcuda.so.1 {LIB_DIR}/{real}"
                  f" && echo same; grep -c ' {libs}/' /proc/self/mountinfo; grep -c ' {LIB_DIR}/' /proc/self/mountinfo;"

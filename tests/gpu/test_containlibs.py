@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import Singpy, assert_one_fatal
 from tests.gpu import simhost
 from tests.support.configs import readable_config
-from tests.support.simhost_runs import build_cuda_check_image, sim_host, sim_run
+from tests.support.simhost_runs import sim_host, sim_run
 
 LIBS = "/.singularity.d/libs"
 LISTING = f"for f in {LIBS}/*; do echo \"$(basename $f) $(md5sum < $f | cut -c1-32)\"; done; echo \"$LD_LIBRARY_PATH\""
@@ -25,11 +25,6 @@ LISTING = f"for f in {LIBS}/*; do echo \"$(basename $f) $(md5sum < $f | cut -c1-
 @pytest.fixture(scope="session")
 def lib_host(workdir: Path) -> simhost.SimHost:
     return sim_host(workdir, "sim-nvidia-containlibs", simhost.build_nvidia_host)
-
-
-@pytest.fixture(scope="session")
-def check_image(workdir: Path) -> Path:
-    return build_cuda_check_image(workdir / "containlibs-check-image")
 
 
 def md5(path: Path) -> str:
@@ -42,11 +37,11 @@ def listing(out: str) -> tuple[dict[str, str], str]:
     return dict(line.split() for line in entries), ld_path
 
 
-def test_a_program_loads_the_library(singpy: Singpy, lib_host: simhost.SimHost, check_image: Path) -> None:
+def test_a_program_loads_the_library(singpy: Singpy, lib_host: simhost.SimHost, cuda_check_image: Path) -> None:
     libcuda = lib_host.libs["libcuda.so.1"]
-    without = singpy.run("exec", str(check_image), "cuda-check")
+    without = singpy.run("exec", str(cuda_check_image), "cuda-check")
     assert without.returncode != 0 and "cuInit" not in without.stdout
-    out = singpy.ok("exec", "--containlibs", f"{libcuda}:libcuda.so.1", str(check_image), "cuda-check")
+    out = singpy.ok("exec", "--containlibs", f"{libcuda}:libcuda.so.1", str(cuda_check_image), "cuda-check")
     assert out == "cuInit=0 driver=12040\n"
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import Singpy
 from tests.gpu import simhost
-from tests.support.simhost_runs import SimHostRun, build_cuda_check_image, sim_host, sim_run
+from tests.support.simhost_runs import SimHostRun, sim_host, sim_run
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="the simulated GPU host needs root (mknod)")
 
@@ -43,11 +43,6 @@ def no_uvm_host(workdir: Path) -> simhost.SimHost:
 @pytest.fixture(scope="session")
 def rocm_host(workdir: Path) -> simhost.SimHost:
     return sim_host(workdir, "sim-rocm", simhost.build_rocm_host)
-
-
-@pytest.fixture(scope="session")
-def cuda_image(workdir: Path) -> Path:
-    return build_cuda_check_image(workdir / "cuda-check-image")
 
 
 @pytest.fixture
@@ -85,9 +80,9 @@ def test_nv_libraries_bound_read_only_64_bit_only(nv: SimHostRun, image: Path) -
     assert "Read-only file system" in rest
 
 
-def test_program_without_cuda_calls_into_host_libcuda(nv: SimHostRun, cuda_image: Path) -> None:
-    assert nv.ok("exec", "--nv", str(cuda_image), "cuda-check") == "cuInit=0 driver=12040\n"
-    without = nv.run("exec", str(cuda_image), "cuda-check")
+def test_program_without_cuda_calls_into_host_libcuda(nv: SimHostRun, cuda_check_image: Path) -> None:
+    assert nv.ok("exec", "--nv", str(cuda_check_image), "cuda-check") == "cuInit=0 driver=12040\n"
+    without = nv.run("exec", str(cuda_check_image), "cuda-check")
     assert without.returncode == 1 and "dlopen failed" in without.stdout
 
 
