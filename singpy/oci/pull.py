@@ -63,6 +63,7 @@ class Resolved(Record):
     manifest: Any  # singpy.oci.manifest.Manifest of the platform's image
     source: Any  # Source
     epoch: int | None = None  # the date of a reproducible SIF (singpy.image.builddate), None: a SIF of now
+    config: dict[str, Any] | None = None  # the image config once read: a --reproducible pull's date, then its SIF
 
 
 def nohttps(env: Mapping[str, str]) -> bool:
@@ -115,7 +116,10 @@ def pull(text: str, target: str, options: PullOptions, env: Mapping[str, str], h
     from singpy.image import builddate
 
     if builddate.wanted(options.reproducible):  # made in a temporary cache then (singpy.cli)
-        created = builddate.of_config(_config(resolved), str(ref)) if options.reproducible else None
+        created = None
+        if options.reproducible:  # dated by the image's config, kept for the conversion: one request for it
+            config = _config(resolved)
+            resolved, created = resolved.replace(config=config), builddate.of_config(config, str(ref))
         resolved = resolved.replace(epoch=builddate.chosen(options.reproducible, created, str(ref)))
     sif = ensure_sif(resolved, location, env)
     _copy(sif, target)
@@ -330,6 +334,8 @@ def _ownership() -> Any:
 
 
 def _config(resolved: Resolved) -> dict[str, Any]:
+    if resolved.config is not None:
+        return resolved.config
     import json
 
     descriptor = resolved.manifest.body.get("config")

@@ -92,6 +92,21 @@ def test_without_a_date_two_pulls_differ(singpy: Singpy, workdir: Path, layout: 
     assert first.read_bytes()[_UUID_AT:_UUID_AT + 16] != NIL_UUID
 
 
+def test_a_reproducible_pull_asks_the_registry_for_the_config_once(singpy: Singpy, workdir: Path,
+                                                                     registry_plain: RegistryServer) -> None:
+    """The image config dates the SIF and goes into it: one request for it, as a plain pull makes."""
+    image = busybox_image(extra=[file("etc/marker", f"once as {singpy.profile}\n")])
+    name = f"reproducible/once-{singpy.profile}"
+    registry_plain.upload(image, name)
+    out = user_dir(singpy, workdir, "pull-once", folder="reproducible")
+    env = cache_env(singpy, workdir, "reproducible-once")
+    singpy.ok("pull", "--reproducible", "--no-https", str(out / "once.sif"), registry_plain.ref(name), env=env)
+    assert f"org.label-schema.build-date: {CREATED}\n" in labels(singpy, out / "once.sif")
+    asked = [line for line in registry_plain.log.read_text(errors="replace").splitlines()
+             if f"GET /v2/{name}/blobs/{image.config_digest}" in line]
+    assert len(asked) == 1, asked
+
+
 def test_source_date_epoch_dates_a_pull_from_a_registry(singpy: Singpy, workdir: Path,
                                                          registry_plain: RegistryServer) -> None:
     registry_plain.upload(busybox_image(), "reproducible/epoch")
