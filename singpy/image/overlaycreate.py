@@ -63,8 +63,8 @@ def create(path: str, *, size_mb: int, sparse: bool, dirs: list[str], fakeroot: 
             raise ImageError(f"can't create {path}: {error.strerror}") from None
         try:
             _allocate(fd, size_mb << 20, sparse=sparse, path=path)
-            os.close(fd)
-            fd = -1
+            closing, fd = fd, -1  # forgotten, then closed: a signal's exception between never closes it twice
+            os.close(closing)
             _make_filesystem(mkfs, scratch, relative_dirs, sparse=sparse, fakeroot=fakeroot, tmpdir=tmpdir)
             if into_sif:
                 _append_to_sif(path, scratch)

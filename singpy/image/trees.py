@@ -48,8 +48,8 @@ class _Cursor:
         child = self._open(self.fd, name)
         info = os.fstat(self.fd)
         self.trail.append((name, (info.st_dev, info.st_ino)))
-        os.close(self.fd)
-        self.fd = child
+        left, self.fd = self.fd, child  # forgotten, then closed: never closed twice (`close`)
+        os.close(left)
 
     def up(self) -> str:
         """Back to the directory above (the caller's `parent` at the top); returns the name just left."""
@@ -62,14 +62,17 @@ class _Cursor:
                 raise OSError(errno.ESTALE, f"{name} was moved while it was being walked")
         else:
             parent = self.top
-        os.close(self.fd)
-        self.fd = parent
+        left, self.fd = self.fd, parent
+        os.close(left)
         return name
 
     def close(self) -> None:
+        """Close the open directory (not the caller's). A descriptor is forgotten before it is closed, here and on
+        the way down and up: a signal's exception (image.tools.Interruptible) between the two leaves it open until
+        the exit, where closing it twice would close what another thread opened meanwhile under that number."""
         if self.fd != self.top:
-            os.close(self.fd)
-            self.fd = self.top
+            left, self.fd = self.fd, self.top
+            os.close(left)
 
     def _open(self, parent: int, name: str) -> int:
         if not self.writable:

@@ -114,9 +114,9 @@ class _Applier:
 
     def close(self) -> None:
         self.forget_link_dir()
-        if self.staged is not None:
-            os.close(self.staged.target)
-            self.staged = None
+        if self.staged is not None:  # forgotten, then closed (singpy.mounts.rootpath.Tree._release says why)
+            staged, self.staged = self.staged, None
+            os.close(staged.target)
 
     def apply(self, number: int, spec: MountSpec) -> None:
         if spec.op != MountOp.SYMLINK:
@@ -417,9 +417,9 @@ class _Applier:
         self.link_dir = (directory, os.dup(found.parent), found.path.rsplit("/", 1)[0] or "/")
 
     def forget_link_dir(self) -> None:
-        if self.link_dir is not None:
-            os.close(self.link_dir[1])
-            self.link_dir = None
+        if self.link_dir is not None:  # forgotten, then closed
+            link_dir, self.link_dir = self.link_dir, None
+            os.close(link_dir[1])
 
     def _remount(self, found: Lookup, flags: int, shown: str, clear: int = 0) -> None:
         """Add `flags` to what was just mounted on `found` (reopened: its descriptor is the mount point below)."""

@@ -114,9 +114,9 @@ class Tree:
 
     @staticmethod
     def _without_fd(found: Lookup) -> Lookup:
-        if found.fd is not None:
-            os.close(found.fd)
-            found.fd = None
+        if found.fd is not None:  # forgotten, then closed (`_release` says why)
+            fd, found.fd = found.fd, None
+            os.close(fd)
         return found
 
     def lookup(self, guest: str, *, follow: bool = True) -> Lookup:
@@ -319,35 +319,39 @@ class Tree:
             fd, name = stack.pop()
             return self._result(stack, name, fd, ())
         except BaseException:
-            for fd, _ in stack:
-                os.close(fd)
+            while stack:
+                os.close(stack.pop()[0])
             raise
 
     def _result(self, stack: list[tuple[int, str]], name: str, fd: int | None, missing: tuple[str, ...]) -> Lookup:
         """Close the walk's descriptors but the parent's, which the Tree holds until the next lookup."""
         path = _join(stack, name) + "".join(f"/{part}" for part in missing[1:])
         parent = stack.pop()[0] if stack else self.fd
-        for other, _ in stack:
+        others = [other for other, _ in stack]
+        stack.clear()  # before the closes: a signal's exception between them must not close one twice (_walk's)
+        for other in others:
             os.close(other)
-        stack.clear()
         if parent != self.fd:
             self._held = parent
         return Lookup(parent, name, path, fd, missing)
 
+    # Each descriptor is forgotten before it is closed: a signal's exception (image.tools.Interruptible) that
+    # comes between the two then leaves one open until the exit, never one closed twice, which would close
+    # what another thread opened meanwhile under that number (seen: a pull's FATAL "Bad file descriptor").
     def _release(self) -> None:
         if self._held is not None:
-            os.close(self._held)
-            self._held = None
+            held, self._held = self._held, None
+            os.close(held)
 
     def _forget_absent(self) -> None:
         if self._absent is not None:
-            os.close(self._absent[1].parent)
-            self._absent = None
+            absent, self._absent = self._absent, None
+            os.close(absent[1].parent)
 
     def _drop_cache(self) -> None:
         if self._cached is not None:
-            os.close(self._cached[1])
-            self._cached = None
+            cached, self._cached = self._cached, None
+            os.close(cached[1])
 
 
 def _join(stack: list[tuple[int, str]], name: str) -> str:

@@ -143,8 +143,8 @@ class LayerTree:
             for index in range(start, len(parts)):
                 step = self._step(fd, path, parts[index], create=create, follow=follow)
                 if spare != -1:
-                    os.close(spare)
-                    spare = -1
+                    closing, spare = spare, -1  # forgotten first: never closed twice (drop_cache says why)
+                    os.close(closing)
                 if step is None:
                     return None
                 fd, path = step
@@ -205,12 +205,16 @@ class LayerTree:
     def drop_cache(self, keep: str | None = None) -> None:
         """Close the cached descriptors, but `keep`'s: a deep tree's next entry starts there, not at the root."""
         kept = self.cache.pop(keep, None) if keep is not None else None
-        for fd, _ in self.cache.values():
-            os.close(fd)
+        # Forgotten, then closed: a signal's exception (image.tools.Interruptible) between the closes leaves the
+        # rest open until the exit, where `close` closing them again would close what another thread opened
+        # meanwhile under those numbers.
+        closing = [fd for fd, _ in self.cache.values()]
         self.cache.clear()
         if kept is not None and keep is not None:
             self.cache[keep] = kept
         self.stale = False
+        for fd in closing:
+            os.close(fd)
 
     def clear(self, parent: int, name: str, path: str) -> None:
         """Remove what is at `name` (never following it), for an entry of another kind or a whiteout."""
